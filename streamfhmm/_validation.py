@@ -1,0 +1,185 @@
+"""Input validation for the public API: every check raises a ``ValueError`` that names
+the argument and says what was expected."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = [
+    "check_observations",
+    "check_lengths",
+    "check_W",
+    "check_covariance",
+    "check_transmat",
+    "check_startprob",
+    "check_random_state",
+    "check_positive_int",
+]
+
+
+def _describe(x) -> str:
+    if isinstance(x, np.ndarray):
+        return f"an array of shape {x.shape} and dtype {x.dtype}"
+    return f"{type(x).__name__}"
+
+
+def check_positive_int(value, name: str, minimum: int = 1) -> int:
+    """Return ``value`` as ``int`` if it is an integer ≥ ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return int(value)
+
+
+def _as_float_array(x, name: str) -> np.ndarray:
+    if isinstance(x, (str, bytes)):
+        raise ValueError(f"{name} must be numeric, got {_describe(x)}")
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise ValueError(f"{name} must be a numeric array, got {_describe(x)}: {exc}") from None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+        raise ValueError(f"{name} must be a numeric array, got {_describe(arr)}")
+    if np.iscomplexobj(arr):
+        raise ValueError(f"{name} must be real-valued, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float64)
+
+
+def check_observations(X, name: str = "X", n_features: int | None = None,
+                       allow_nan: bool = False, min_samples: int = 1) -> np.ndarray:
+    """Validate an observation matrix.
+
+    Parameters
+    ----------
+    X : array_like, shape (T, D)
+    n_features : int, optional
+        The expected D.
+    allow_nan : bool
+        NaN marks a missing value when True; infinities are always refused.
+    min_samples : int
+        The least T accepted.
+
+    Returns
+    -------
+    X : ndarray of float64, shape (T, D), C-contiguous
+    """
+    X = _as_float_array(X, name)
+    if X.ndim == 1 and n_features == 1:
+        X = X[:, None]
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array of shape (n_samples, n_features), "
+                         f"got an array of shape {X.shape}")
+    if n_features is not None and X.shape[1] != n_features:
+        raise ValueError(f"{name} must have {n_features} features (columns), got {X.shape[1]}")
+    if X.shape[0] < min_samples:
+        raise ValueError(f"{name} must have at least {min_samples} samples (rows), got {X.shape[0]}")
+    if X.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one feature (column), got 0")
+    if np.isinf(X).any():
+        r, c = np.argwhere(np.isinf(X))[0]
+        raise ValueError(f"{name} must not contain infinities; found {X[r, c]} at row {r}, column {c}")
+    if not allow_nan and np.isnan(X).any():
+        r, c = np.argwhere(np.isnan(X))[0]
+        raise ValueError(f"{name} must not contain NaN here (missing values are not supported by this "
+                         f"method); found NaN at row {r}, column {c}")
+    if allow_nan and np.isnan(X).all(axis=1).any():
+        r = int(np.flatnonzero(np.isnan(X).all(axis=1))[0])
+        raise ValueError(f"{name} has a row with every value missing (row {r}); drop it or "
+                         f"interpolate it: at least one observed value per sample is expected")
+    return X
+
+
+def check_lengths(lengths, n_samples: int, min_length: int = 1) -> np.ndarray:
+    """Validate hmmlearn-style ``lengths`` and return them as an int64 array.
+
+    ``None`` means one sequence of ``n_samples``.
+    """
+    if lengths is None:
+        lengths = np.array([n_samples], dtype=np.int64)
+    else:
+        arr = np.asarray(lengths)
+        if arr.ndim != 1 or arr.size == 0:
+            raise ValueError(f"lengths must be a non-empty 1-D sequence of positive integers, "
+                             f"got {_describe(arr)}")
+        if not np.issubdtype(arr.dtype, np.integer):
+            if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+                arr = arr.astype(np.int64)
+            else:
+                raise ValueError(f"lengths must hold integers, got dtype {arr.dtype}")
+        lengths = arr.astype(np.int64)
+        if (lengths < 1).any():
+            raise ValueError(f"lengths must all be positive, got {lengths.min()}")
+        if lengths.sum() != n_samples:
+            raise ValueError(f"lengths must sum to the number of samples in X ({n_samples}), "
+                             f"got sum(lengths) = {int(lengths.sum())}")
+    if (lengths < min_length).any():
+        raise ValueError(f"every sequence must have at least {min_length} samples, got a sequence "
+                         f"of length {int(lengths.min())}")
+    return np.ascontiguousarray(lengths, dtype=np.int64)
+
+
+def check_W(W, name: str = "W") -> np.ndarray:
+    """W: (M+1, D), finite, M ≥ 1."""
+    W = _as_float_array(W, name)
+    if W.ndim != 2 or W.shape[0] < 2 or W.shape[1] < 1:
+        raise ValueError(f"{name} must be a 2-D array of shape (n_chains + 1, n_features) with "
+                         f"n_chains >= 1 (the last row is the bias), got shape {W.shape}")
+    if not np.isfinite(W).all():
+        raise ValueError(f"{name} must be finite")
+    return W
+
+
+def check_covariance(covariance, n_features: int, name: str = "covariance") -> np.ndarray:
+    """A symmetric positive-definite (D, D) matrix; returns its Cholesky factor L."""
+    S = _as_float_array(covariance, name)
+    if S.shape != (n_features, n_features):
+        raise ValueError(f"{name} must have shape ({n_features}, {n_features}), got {S.shape}")
+    if not np.isfinite(S).all():
+        raise ValueError(f"{name} must be finite")
+    if not np.allclose(S, S.T, rtol=1e-10, atol=1e-12 * max(1.0, np.abs(S).max())):
+        raise ValueError(f"{name} must be symmetric")
+    try:
+        L = np.linalg.cholesky(0.5 * (S + S.T))
+    except np.linalg.LinAlgError:
+        raise ValueError(f"{name} must be positive definite") from None
+    if not (np.diag(L) > 0).all():
+        raise ValueError(f"{name} must be positive definite")
+    return L
+
+
+def check_transmat(transmat, n_chains: int, name: str = "transmat") -> np.ndarray:
+    """(M, 2, 2) row-stochastic matrices, one per chain."""
+    A = _as_float_array(transmat, name)
+    if A.shape != (n_chains, 2, 2):
+        raise ValueError(f"{name} must have shape ({n_chains}, 2, 2), one 2x2 matrix per chain, "
+                         f"got {A.shape}")
+    if not np.isfinite(A).all() or (A < 0).any() or (A > 1).any():
+        raise ValueError(f"{name} entries must be probabilities in [0, 1]")
+    if not np.allclose(A.sum(axis=2), 1.0, rtol=0, atol=1e-8):
+        raise ValueError(f"{name} rows must sum to 1 (each transmat[m, i, :] is a distribution)")
+    return A
+
+
+def check_startprob(startprob, n_chains: int, name: str = "startprob") -> np.ndarray:
+    """(M,) probabilities P(s_1^m = 1)."""
+    p = _as_float_array(startprob, name)
+    if p.shape != (n_chains,):
+        raise ValueError(f"{name} must have shape ({n_chains},), P(s_1^m = 1) per chain, got {p.shape}")
+    if not np.isfinite(p).all() or (p < 0).any() or (p > 1).any():
+        raise ValueError(f"{name} entries must be probabilities in [0, 1]")
+    return p
+
+
+def check_random_state(random_state) -> np.random.Generator:
+    """None, an int seed, a ``np.random.Generator`` or a ``RandomState``."""
+    if random_state is None or isinstance(random_state, (numbers.Integral, np.random.SeedSequence)):
+        if isinstance(random_state, (bool, np.bool_)):
+            raise ValueError("random_state must be None, an int or a numpy Generator, got a bool")
+        return np.random.default_rng(random_state)
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.default_rng(random_state.randint(0, 2**63 - 1, dtype=np.int64))
+    raise ValueError(f"random_state must be None, an int or a numpy Generator, got {_describe(random_state)}")
