@@ -1,5 +1,14 @@
-"""streamfhmm: streaming online inference for Factorial Hidden Markov Models."""
+"""streamfhmm: streaming online inference for Factorial Hidden Markov Models.
+
+The public API: :class:`FHMM` (the estimator) and :class:`FHMMParams` (an immutable
+parameter set).
+"""
+import logging as _logging
+
+from .estimator import FHMM
 from .model import FHMMParams
 
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
+
 __version__ = "0.1.0"
-__all__ = ["FHMMParams", "__version__"]
+__all__ = ["FHMM", "FHMMParams", "__version__"]

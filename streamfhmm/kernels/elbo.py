@@ -1,0 +1,549 @@
+"""The ELBO of the copula-chain variational family, position by position, with its
+gradients (MATH.md §2 and §4).
+
+The variational parameters ``theta`` (n, M) and ``rho`` (n, M) are taken as explicit
+inputs (already kept off their bounds, MATH.md §2); the recognition networks that
+produce them are composed with these gradients by the caller.
+
+Per position ``t ≥ 2`` of a sequence (MATH.md §4)::
+
+    ℓ_t = E_q[log N(y_t; Wᵀŝ_t, Σ)]
+        + Σ_m { Σ_ij q^m_t(i,j) log A_m(i,j) - Σ_ij q^m_t(i,j) log q^m_t(i,j)
+                + θ_{t-1,m} log θ_{t-1,m} + (1-θ_{t-1,m}) log(1-θ_{t-1,m}) }
+
+and ``ℓ_1 = E log p(y_1|s_1) + Σ_m (E log p(s_1^m) + H[q(s_1^m)])``.
+
+Conventions
+-----------
+* A *subchain* is ``n`` consecutive rows of ``Y``, ``theta``, ``rho``. If it starts a
+  sequence (``first_is_start``) row 0 is time ``t = 1`` and contributes ``ℓ_1``;
+  otherwise row 0 is context only: it contributes no term of its own, but its θ enters
+  ``ℓ`` of row 1 as ``θ_{t-1}`` (its ``Y`` row is ignored). Rows ``1..n-1`` contribute
+  ``ℓ_t`` with the pair (row-1, row). ``rho`` of row 0 is never used (gradient 0).
+  Consecutive subchains that cover a sequence, each after the first repeating the
+  previous one's last row as its context row, sum to the full ELBO.
+* A missing value is ``NaN`` in ``Y``. The emission term of a row with missing
+  dimensions is that of the marginal Gaussian of its observed dimensions; a row with
+  every dimension missing has no emission term.
+* Every gradient output is **accumulated** (``+=``), so a batch of subchains, and
+  subchains that share rows, can share the outputs; zero them before the first call.
+* Inside logarithms ``q_ij``, ``θ`` and ``1-θ`` are floored at ``Q_FLOOR = 1e-300``
+  (``x log x`` becomes ``x log Q_FLOOR`` below it) and the gradients are those of the
+  floored expression. Flooring a pair cell only lowers ``-q log q``, so the bound stays
+  a lower bound; with ``θ ∈ [EPS_THETA, 1-EPS_THETA]`` the node floors never act.
+* ``P`` must be ``Σ⁻¹`` for ``Σ = L Lᵀ`` (the caller computes it once per parameter
+  set); ``log |Σ| = 2 Σ_d log L_dd`` is read from ``L``.
+"""
+import math
+
+import numpy as np
+
+from ._jit import jit
+from .bvn import copula_cells
+
+__all__ = ["Q_FLOOR", "elbo_subchain", "elbo_batch", "sigma_grad_to_chol"]
+
+#: floor of the cells ``q_ij`` (and of ``θ``, ``1-θ``) inside logarithms
+Q_FLOOR = 1e-300
+LOG_Q_FLOOR = math.log(Q_FLOOR)
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+# --------------------------------------------------------------------------------------
+# small pieces
+# --------------------------------------------------------------------------------------
+@jit
+def _xlogx(x):
+    """``x log max(x, Q_FLOOR)`` and its derivative."""
+    if x > Q_FLOOR:
+        lx = math.log(x)
+        return x * lx, lx + 1.0
+    return x * LOG_Q_FLOOR, LOG_Q_FLOOR
+
+
+@jit
+def _neg_entropy(theta):
+    """``θ log θ + (1-θ) log(1-θ)`` (floored) and its derivative in ``θ``."""
+    f1, d1 = _xlogx(theta)
+    f0, d0 = _xlogx(1.0 - theta)
+    return f1 + f0, d1 - d0
+
+
+@jit
+def _cholesky_inplace(A, n):
+    """Lower Cholesky factor of the leading ``n × n`` block of ``A``, in place."""
+    for j in range(n):
+        s = A[j, j]
+        for k in range(j):
+            s -= A[j, k] * A[j, k]
+        ljj = math.sqrt(s)
+        A[j, j] = ljj
+        for i in range(j + 1, n):
+            s = A[i, j]
+            for k in range(j):
+                s -= A[i, k] * A[j, k]
+            A[i, j] = s / ljj
+        for i in range(j):
+            A[i, j] = 0.0
+
+
+@jit
+def _spd_inverse_from_chol(Lc, n, Linv, out):
+    """``out = (Lc Lcᵀ)⁻¹`` for the leading ``n × n`` blocks; ``Linv`` is scratch."""
+    for j in range(n):
+        Linv[j, j] = 1.0 / Lc[j, j]
+        for i in range(j + 1, n):
+            acc = 0.0
+            for k in range(j, i):
+                acc += Lc[i, k] * Linv[k, j]
+            Linv[i, j] = -acc / Lc[i, i]
+        for i in range(j):
+            Linv[i, j] = 0.0
+    for i in range(n):
+        for j in range(i + 1):
+            acc = 0.0
+            for k in range(i, n):  # (Linvᵀ Linv)[i, j] = Σ_k Linv[k, i] Linv[k, j], k ≥ i ≥ j
+                acc += Linv[k, i] * Linv[k, j]
+            out[i, j] = acc
+            out[j, i] = acc
+
+
+# --------------------------------------------------------------------------------------
+# the per-call workspace and its final reduction
+# --------------------------------------------------------------------------------------
+@jit
+def _workspace(M, D):
+    """Scratch arrays for one kernel call (allocated once per call, never per position).
+
+    ``mats`` (5, D, D): Σ, Q = Σ_t (P r_t)(P r_t)ᵀ over fully observed rows, and the
+    missing-pattern scratch ``L_oo``, ``L_oo⁻¹``, ``P_oo``. ``vecs`` (5, D): ``r``,
+    ``P r``, and the missing-row ``r_o``, ``P_oo r_o``, ``P_oo w_{m,o}``.
+    ``chain`` (3, M+1): ``μ``, ``v`` and ``Σ_t v_t`` over fully observed rows.
+    ``WP`` (M+1, D): rows ``P w_k``. ``c`` (M,): ``w_mᵀ P w_m``.
+    ``scal`` (3,): number of fully observed rows, ``log|Σ_oo|`` of the cached missing
+    pattern, whether a pattern is cached. ``obs`` (D,): observed indices of the row,
+    ``obs_prev`` (D+1,): the cached pattern (its count last). ``q`` (4,), ``dq`` (4, 3).
+    """
+    mats = np.zeros((5, D, D))
+    vecs = np.zeros((5, D))
+    chain = np.zeros((3, M + 1))
+    WP = np.zeros((M + 1, D))
+    c = np.zeros(M)
+    scal = np.zeros(3)
+    obs = np.zeros(D, dtype=np.int64)
+    obs_prev = np.zeros(D + 1, dtype=np.int64)
+    q = np.zeros(4)
+    dq = np.zeros((4, 3))
+    return mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq
+
+
+@jit
+def _prepare(W, L, P, mats, WP, c):
+    """Per-call constants: Σ = L Lᵀ, ``P w_k``, ``w_mᵀ P w_m``; returns ``Σ_d log L_dd``."""
+    M = W.shape[0] - 1
+    D = W.shape[1]
+    Sigma = mats[0]
+    for i in range(D):
+        for j in range(i + 1):
+            acc = 0.0
+            for k in range(j + 1):
+                acc += L[i, k] * L[j, k]
+            Sigma[i, j] = acc
+            Sigma[j, i] = acc
+    for k in range(M + 1):
+        for i in range(D):
+            acc = 0.0
+            for j in range(D):
+                acc += P[i, j] * W[k, j]
+            WP[k, i] = acc
+    for m in range(M):
+        acc = 0.0
+        for i in range(D):
+            acc += W[m, i] * WP[m, i]
+        c[m] = acc
+    half_logdet = 0.0
+    for d in range(D):
+        half_logdet += math.log(L[d, d])
+    return half_logdet
+
+
+@jit
+def _finish(P, mats, chain, WP, scal, gW, gSigma):
+    """Add the fully-observed rows' batched terms: ``-diag(Σv) W P`` to ``gW`` and
+    ``½(P S P - n P)`` to ``gSigma`` with ``P S P = Q + Σ_m (Σ_t v_{t,m}) P w_m w_mᵀ P``."""
+    M = WP.shape[0] - 1
+    D = WP.shape[1]
+    Q = mats[1]
+    vsum = chain[2]
+    n_full = scal[0]
+    for m in range(M):
+        for d in range(D):
+            gW[m, d] -= vsum[m] * WP[m, d]
+    for i in range(D):
+        for j in range(D):
+            acc = Q[i, j] - n_full * P[i, j]
+            for m in range(M):
+                acc += vsum[m] * WP[m, i] * WP[m, j]
+            gSigma[i, j] += 0.5 * acc
+
+
+# --------------------------------------------------------------------------------------
+# one row's emission term
+# --------------------------------------------------------------------------------------
+@jit
+def _emission_full(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, chain, scal, gW):
+    """``E log N(y; Wᵀŝ, Σ)`` of a fully observed row; θ and the μ-part of W gradients
+    directly, the Σ-part and the v-part of W batched into ``mats``/``chain``."""
+    M = W.shape[0] - 1
+    D = W.shape[1]
+    r = vecs[0]
+    Pr = vecs[1]
+    Q = mats[1]
+    vsum = chain[2]
+    for d in range(D):
+        r[d] = y[d] - W[M, d]
+    quad_v = 0.0
+    for m in range(M):
+        th = theta_row[m]
+        quad_v += th * (1.0 - th) * c[m]
+        for d in range(D):
+            r[d] -= th * W[m, d]
+    quad_r = 0.0
+    for i in range(D):
+        acc = 0.0
+        for j in range(D):
+            acc += P[i, j] * r[j]
+        Pr[i] = acc
+        quad_r += r[i] * acc
+    for m in range(M):
+        th = theta_row[m]
+        acc = 0.0
+        for d in range(D):
+            acc += W[m, d] * Pr[d]
+            gW[m, d] += th * Pr[d]
+        g_theta_row[m] += acc - 0.5 * (1.0 - 2.0 * th) * c[m]
+        vsum[m] += th * (1.0 - th)
+    for d in range(D):
+        gW[M, d] += Pr[d]
+    for i in range(D):
+        for j in range(D):
+            Q[i, j] += Pr[i] * Pr[j]
+    scal[0] += 1.0
+    return const - 0.5 * (quad_r + quad_v)
+
+
+@jit
+def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, vecs, scal,
+                      gW, gSigma):
+    """Emission term of a row with ``0 < n_obs < D`` observed dimensions ``obs``: the
+    marginal ``N(y_o; (Wᵀŝ)_o, Σ_oo)``; all of its gradients are added directly."""
+    M = W.shape[0] - 1
+    Sigma = mats[0]
+    Lo = mats[2]
+    Linv = mats[3]
+    Po = mats[4]
+    ro = vecs[2]
+    Pro = vecs[3]
+    z = vecs[4]
+    no = n_obs
+    # factorise Σ_oo unless the previous missing row had the same pattern
+    same = scal[2] > 0.0 and obs_prev[no] == no
+    if same:
+        for i in range(no):
+            if obs_prev[i] != obs[i]:
+                same = False
+                break
+    if not same:
+        for i in range(no):
+            for j in range(no):
+                Lo[i, j] = Sigma[obs[i], obs[j]]
+        _cholesky_inplace(Lo, no)
+        _spd_inverse_from_chol(Lo, no, Linv, Po)
+        logdet = 0.0
+        for i in range(no):
+            logdet += 2.0 * math.log(Lo[i, i])
+        scal[1] = logdet
+        scal[2] = 1.0
+        for i in range(no):
+            obs_prev[i] = obs[i]
+        obs_prev[no] = no
+        for i in range(no, obs_prev.shape[0] - 1):
+            obs_prev[i] = -1
+    logdet = scal[1]
+    for i in range(no):
+        d = obs[i]
+        acc = y[d] - W[M, d]
+        for m in range(M):
+            acc -= theta_row[m] * W[m, d]
+        ro[i] = acc
+    quad = 0.0
+    for i in range(no):
+        acc = 0.0
+        for j in range(no):
+            acc += Po[i, j] * ro[j]
+        Pro[i] = acc
+        quad += ro[i] * acc
+    for m in range(M):
+        th = theta_row[m]
+        v = th * (1.0 - th)
+        cm = 0.0
+        wPr = 0.0
+        for i in range(no):
+            acc = 0.0
+            for j in range(no):
+                acc += Po[i, j] * W[m, obs[j]]
+            z[i] = acc
+            cm += W[m, obs[i]] * acc
+            wPr += W[m, obs[i]] * Pro[i]
+        quad += v * cm
+        g_theta_row[m] += wPr - 0.5 * (1.0 - 2.0 * th) * cm
+        for i in range(no):
+            gW[m, obs[i]] += th * Pro[i] - v * z[i]
+        if v != 0.0:
+            for i in range(no):
+                for j in range(no):
+                    gSigma[obs[i], obs[j]] += 0.5 * v * z[i] * z[j]
+    for i in range(no):
+        gW[M, obs[i]] += Pro[i]
+        for j in range(no):
+            gSigma[obs[i], obs[j]] += 0.5 * (Pro[i] * Pro[j] - Po[i, j])
+    return -0.5 * no * LOG_2PI - 0.5 * logdet - 0.5 * quad
+
+
+@jit
+def _emission(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, chain, scal, obs,
+              obs_prev, gW, gSigma):
+    """Dispatch one row to the fully observed or the missing-value path."""
+    D = W.shape[1]
+    n_obs = 0
+    for d in range(D):
+        if not math.isnan(y[d]):
+            obs[n_obs] = d
+            n_obs += 1
+    if n_obs == D:
+        return _emission_full(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, chain,
+                              scal, gW)
+    if n_obs == 0:
+        return 0.0
+    return _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, vecs,
+                             scal, gW, gSigma)
+
+
+# --------------------------------------------------------------------------------------
+# one subchain
+# --------------------------------------------------------------------------------------
+@jit
+def _subchain(Y, theta, rho, row0, n, first_is_start, W, P, log_A, log_pi, const, mats, vecs,
+              chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho, gW, gSigma, g_alpha,
+              g_beta, g_logpi):
+    """Σ ℓ over the counted rows of the subchain in rows ``row0 .. row0+n-1``."""
+    M = W.shape[0] - 1
+    total = 0.0
+    if n <= 0:
+        return 0.0
+    if first_is_start:
+        t = row0
+        total += _emission(Y[t], theta[t], g_theta[t], W, P, WP, c, const, mats, vecs, chain,
+                           scal, obs, obs_prev, gW, gSigma)
+        for m in range(M):
+            th = theta[t, m]
+            ne, dne = _neg_entropy(th)
+            total += (1.0 - th) * log_pi[m, 0] + th * log_pi[m, 1] - ne
+            g_theta[t, m] += log_pi[m, 1] - log_pi[m, 0] - dne
+            g_logpi[m, 0] += 1.0 - th
+            g_logpi[m, 1] += th
+    for t in range(row0 + 1, row0 + n):
+        total += _emission(Y[t], theta[t], g_theta[t], W, P, WP, c, const, mats, vecs, chain,
+                           scal, obs, obs_prev, gW, gSigma)
+        for m in range(M):
+            tp = theta[t - 1, m]
+            copula_cells(tp, theta[t, m], rho[t, m], q, dq)
+            ne, dne = _neg_entropy(tp)
+            val = ne
+            g_prev = dne
+            g_cur = 0.0
+            g_r = 0.0
+            for i in range(4):
+                la = log_A[m, i >> 1, i & 1]
+                qi = q[i]
+                if qi > Q_FLOOR:
+                    lq = math.log(qi)
+                    dlq = lq + 1.0
+                else:
+                    lq = LOG_Q_FLOOR
+                    dlq = LOG_Q_FLOOR
+                val += qi * (la - lq)
+                ci = la - dlq
+                g_prev += ci * dq[i, 0]
+                g_cur += ci * dq[i, 1]
+                g_r += ci * dq[i, 2]
+            total += val
+            g_theta[t - 1, m] += g_prev
+            g_theta[t, m] += g_cur
+            g_rho[t, m] += g_r
+            a = math.exp(log_A[m, 0, 1])
+            b = math.exp(log_A[m, 1, 0])
+            g_alpha[m] += (1.0 - a) * q[1] - a * q[0]
+            g_beta[m] += (1.0 - b) * q[2] - b * q[3]
+    return total
+
+
+# --------------------------------------------------------------------------------------
+# public kernels
+# --------------------------------------------------------------------------------------
+@jit
+def elbo_subchain(Y, theta, rho, first_is_start, W, L, P, log_A, log_pi, g_theta, g_rho, gW,
+                  gSigma, g_alpha, g_beta, g_logpi):
+    """ELBO terms ``Σ ℓ_t`` of one subchain and their gradients (accumulated).
+
+    Parameters
+    ----------
+    Y : ndarray, shape (n, D)
+        Observations, ``NaN`` = missing. Row 0 is ignored unless ``first_is_start``.
+    theta : ndarray, shape (n, M)
+        ``q(s_t^m = 1)``, inside ``(0, 1)``.
+    rho : ndarray, shape (n, M)
+        Copula correlation between rows ``t-1`` and ``t``, inside ``(-1, 1)``; row 0 unused.
+    first_is_start : bool
+        Row 0 is the first time step of a sequence (contributes ``ℓ_1``); otherwise it
+        is a context row that only supplies ``θ_{t-1}`` to row 1.
+    W : ndarray, shape (M+1, D)
+        Chain contributions, bias last.
+    L : ndarray, shape (D, D)
+        Lower Cholesky factor of Σ (only its diagonal is read, for ``log|Σ|``, and Σ
+        itself for rows with missing values).
+    P : ndarray, shape (D, D)
+        ``Σ⁻¹``.
+    log_A : ndarray, shape (M, 2, 2)
+        ``log A_m(i, j)``, finite.
+    log_pi : ndarray, shape (M, 2)
+        ``log p(s_1^m = j)``.
+    g_theta, g_rho : ndarray, shape (n, M)
+        Out, accumulated: ``∂value/∂θ``, ``∂value/∂ρ`` (``g_rho[0]`` receives nothing).
+    gW : ndarray, shape (M+1, D)
+        Out, accumulated: ``∂value/∂W``.
+    gSigma : ndarray, shape (D, D)
+        Out, accumulated: ``∂value/∂Σ`` as a symmetric matrix (entries of Σ taken as
+        independent); convert with :func:`sigma_grad_to_chol`.
+    g_alpha, g_beta : ndarray, shape (M,)
+        Out, accumulated: gradients wrt the logits of ``a_m = A_m(0,1)`` and
+        ``b_m = A_m(1,0)``.
+    g_logpi : ndarray, shape (M, 2)
+        Out, accumulated: ``∂value/∂log_pi``.
+
+    Returns
+    -------
+    value : float
+        Sum of ``ℓ`` over the counted rows.
+
+    Notes
+    -----
+    MATH.md §4 (ℓ_t, the emission, transition and entropy gradients), with the pair
+    cells and their derivatives of §2. The Σ-gradient of the fully observed rows is
+    formed once per call as ``½(P S P - n P)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> M, D, n = 1, 1, 3
+    >>> Y = np.zeros((n, D)); theta = np.full((n, M), 0.5); rho = np.zeros((n, M))
+    >>> W = np.array([[1.0], [0.0]]); L = np.eye(1); P = np.eye(1)
+    >>> log_A = np.log(np.full((M, 2, 2), 0.5)); log_pi = np.log(np.full((M, 2), 0.5))
+    >>> g = [np.zeros_like(theta), np.zeros_like(rho), np.zeros_like(W), np.zeros((D, D)),
+    ...      np.zeros(M), np.zeros(M), np.zeros((M, 2))]
+    >>> v = elbo_subchain(Y, theta, rho, True, W, L, P, log_A, log_pi, *g)
+    >>> bool(abs(v - 3 * (-0.5 * np.log(2 * np.pi) - 0.5 * (0.25 + 0.25)))< 1e-12)
+    True
+    """
+    M = W.shape[0] - 1
+    D = W.shape[1]
+    mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
+    half_logdet = _prepare(W, L, P, mats, WP, c)
+    const = -0.5 * D * LOG_2PI - half_logdet
+    total = _subchain(Y, theta, rho, 0, Y.shape[0], first_is_start, W, P, log_A, log_pi, const,
+                      mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho, gW,
+                      gSigma, g_alpha, g_beta, g_logpi)
+    _finish(P, mats, chain, WP, scal, gW, gSigma)
+    return total
+
+
+@jit
+def elbo_batch(Y, starts, n_pos, seq_start_flags, theta, rho, W, L, P, log_A, log_pi, g_theta,
+               g_rho, gW, gSigma, g_alpha, g_beta, g_logpi):
+    """:func:`elbo_subchain` over ``B`` subchains in one call (gradients accumulated).
+
+    Layout: subchain ``b`` is rows ``starts[b] .. starts[b] + n_pos[b] - 1`` of ``Y``,
+    ``theta``, ``rho`` (and of ``g_theta``, ``g_rho``), row ``starts[b]`` being its
+    context row unless ``seq_start_flags[b]``. The subchains are usually stacked back to
+    back (``starts = cumsum([0] + n_pos[:-1])``), but any row ranges work, overlapping
+    ones included: shared rows then receive the sum of the gradients.
+
+    Parameters
+    ----------
+    Y : ndarray, shape (N, D)
+    starts, n_pos : ndarray of int64, shape (B,)
+        First row and number of rows (context row included) of each subchain.
+    seq_start_flags : ndarray of bool, shape (B,)
+        Whether each subchain's first row is the first step of a sequence.
+    theta, rho : ndarray, shape (N, M)
+    W, L, P, log_A, log_pi
+        As in :func:`elbo_subchain`.
+    g_theta, g_rho : ndarray, shape (N, M)
+    gW, gSigma, g_alpha, g_beta, g_logpi
+        Out, accumulated, as in :func:`elbo_subchain`.
+
+    Returns
+    -------
+    value : float
+        Sum over the subchains of their counted ``ℓ`` terms.
+
+    Notes
+    -----
+    MATH.md §4 and §5 (one minibatch of subchains); the Σ-gradient of all fully
+    observed rows of the batch is formed once.
+    """
+    M = W.shape[0] - 1
+    D = W.shape[1]
+    mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
+    half_logdet = _prepare(W, L, P, mats, WP, c)
+    const = -0.5 * D * LOG_2PI - half_logdet
+    total = 0.0
+    for b in range(starts.shape[0]):
+        total += _subchain(Y, theta, rho, starts[b], n_pos[b], seq_start_flags[b], W, P, log_A,
+                           log_pi, const, mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq,
+                           g_theta, g_rho, gW, gSigma, g_alpha, g_beta, g_logpi)
+    _finish(P, mats, chain, WP, scal, gW, gSigma)
+    return total
+
+
+@jit
+def sigma_grad_to_chol(gSigma, L, out):
+    """Gradient wrt the Cholesky factor, with the diagonal as ``λ_d = log L_dd``.
+
+    Parameters
+    ----------
+    gSigma : ndarray, shape (D, D)
+        ``∂F/∂Σ`` (symmetrised here: ``G = ½(gSigma + gSigmaᵀ)``).
+    L : ndarray, shape (D, D)
+        Lower Cholesky factor of Σ.
+    out : ndarray, shape (D, D)
+        Overwritten: ``(2 G L)_ij`` for ``i > j``, ``(2 G L)_dd L_dd = ∂F/∂λ_d`` on the
+        diagonal, 0 above it.
+
+    Notes
+    -----
+    MATH.md §4: with ``Σ = L Lᵀ``, ``dF = tr(G dΣ) = tr(2 Lᵀ G dL)``, so
+    ``∂F/∂L = 2 G L`` on the lower triangle and ``∂F/∂λ_d = L_dd ∂F/∂L_dd``.
+    """
+    D = L.shape[0]
+    for i in range(D):
+        for j in range(D):
+            if j > i:
+                out[i, j] = 0.0
+                continue
+            acc = 0.0
+            for k in range(j, D):  # L[k, j] = 0 for k < j
+                acc += (gSigma[i, k] + gSigma[k, i]) * L[k, j]
+            if i == j:
+                acc *= L[j, j]
+            out[i, j] = acc

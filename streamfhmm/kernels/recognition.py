@@ -1,0 +1,406 @@
+"""Recognition-network kernels: windows of observations to every chain's θ and ρ
+(MATH.md §3).
+
+Conventions
+-----------
+* A window holds ``window = 2h+1`` samples; its input vector has ``K = window * D``
+  entries, time-major: ``x[k*D + d] = y[t - off + k, d]``, with ``off = h`` for centred
+  windows (smoothing, lag h) and ``off = window - 1`` for causal ones (filtering, lag 0).
+* Rows outside a sequence ``[seq_start, seq_end)`` repeat the edge sample (the row
+  index is clamped into ``[seq_start, seq_end - 1]``).
+* Inputs are standardised, ``(y - mean) / scale``; a missing value (NaN) becomes 0, the
+  standardised mean.
+* Hidden units come in ``G`` groups of ``Hg`` units (``G = 1``: one layer shared by all
+  heads; ``G = M``: one group per chain), every unit sees the whole window:
+  ``z = tanh(U x + c)``. Group ``g`` feeds ``P = 2M / G`` heads.
+* **Head / column mapping.** Head ``p`` of group ``g`` writes column ``j = g*P + p`` of
+  the pre-activation row ``(2M,)``; column ``2m`` is chain m's θ pre-activation ``a``,
+  column ``2m + 1`` its ρ pre-activation ``b``. So with one shared group head ``2m`` is
+  θ_m and head ``2m+1`` is ρ_m; with one group per chain, group m's head 0 is θ_m and
+  head 1 is ρ_m.
+* Outputs: ``θ = ε + (1 - 2ε) σ(a)``, ``ρ = (1 - ε_ρ) tanh(b)``, ``ε = ε_ρ = 1e-6``.
+
+Weight layout
+-------------
+All weights live in one flat float64 vector, blocks in this order (C order inside each
+block)::
+
+    U (G, Hg, K) | c (G, Hg) | V (G, P, Hg) | e (G, P)
+
+``U`` read as one ``(G*Hg, K)`` matrix is the first layer of every group at once, so the
+first layer is a single matrix product in both sharing modes. The offsets and sizes
+travel with the weights in an int64 ``layout`` vector (:func:`weight_layout`, indices
+``LAYOUT_*``), so every kernel takes ``(weights, layout)``.
+"""
+import math
+
+import numpy as np
+
+from ._jit import jit
+
+__all__ = [
+    "LAYOUT_N_CHAINS", "LAYOUT_N_FEATURES", "LAYOUT_WINDOW", "LAYOUT_N_GROUPS",
+    "LAYOUT_N_HIDDEN", "LAYOUT_N_HEADS", "LAYOUT_N_INPUTS", "LAYOUT_OFF_U",
+    "LAYOUT_OFF_C", "LAYOUT_OFF_V", "LAYOUT_OFF_E", "LAYOUT_N_WEIGHTS", "LAYOUT_SIZE",
+    "weight_layout", "scratch_size",
+    "build_windows", "forward_batch", "backward_batch", "forward_one",
+]
+
+# indices into the int64 ``layout`` vector
+LAYOUT_N_CHAINS = 0     # M
+LAYOUT_N_FEATURES = 1   # D
+LAYOUT_WINDOW = 2       # samples per window
+LAYOUT_N_GROUPS = 3     # G
+LAYOUT_N_HIDDEN = 4     # Hg, hidden units per group
+LAYOUT_N_HEADS = 5      # P = 2M / G, heads per group
+LAYOUT_N_INPUTS = 6     # K = window * D
+LAYOUT_OFF_U = 7
+LAYOUT_OFF_C = 8
+LAYOUT_OFF_V = 9
+LAYOUT_OFF_E = 10
+LAYOUT_N_WEIGHTS = 11   # length of the flat weight vector
+LAYOUT_SIZE = 12
+
+# TODO: use bvn.clip_theta / bvn.clip_rho and bvn.EPS_THETA / bvn.EPS_RHO
+_EPS_THETA = 1e-6
+_EPS_RHO = 1e-6
+
+
+def weight_layout(n_chains, n_features, window, n_groups, n_hidden):
+    """The int64 layout vector describing a flat weight vector.
+
+    Parameters
+    ----------
+    n_chains, n_features, window : int
+        M, D and the number of samples per window.
+    n_groups : int
+        G: 1 (one hidden layer for all heads) or M (one group per chain).
+    n_hidden : int
+        Hg, hidden units per group.
+
+    Returns
+    -------
+    layout : ndarray of int64, shape (LAYOUT_SIZE,)
+
+    Notes
+    -----
+    MATH.md §3. Block order ``U (G, Hg, K) | c (G, Hg) | V (G, P, Hg) | e (G, P)``.
+
+    Examples
+    --------
+    >>> lay = weight_layout(2, 3, 5, 1, 4)
+    >>> int(lay[LAYOUT_N_INPUTS]), int(lay[LAYOUT_N_WEIGHTS])
+    (15, 84)
+    """
+    M, D, W, G, Hg = (int(n_chains), int(n_features), int(window), int(n_groups), int(n_hidden))
+    if (2 * M) % G != 0:
+        raise ValueError(f"n_groups must divide 2 * n_chains = {2 * M}, got {G}")
+    P = 2 * M // G
+    K = W * D
+    lay = np.zeros(LAYOUT_SIZE, dtype=np.int64)
+    lay[LAYOUT_N_CHAINS] = M
+    lay[LAYOUT_N_FEATURES] = D
+    lay[LAYOUT_WINDOW] = W
+    lay[LAYOUT_N_GROUPS] = G
+    lay[LAYOUT_N_HIDDEN] = Hg
+    lay[LAYOUT_N_HEADS] = P
+    lay[LAYOUT_N_INPUTS] = K
+    lay[LAYOUT_OFF_U] = 0
+    lay[LAYOUT_OFF_C] = G * Hg * K
+    lay[LAYOUT_OFF_V] = lay[LAYOUT_OFF_C] + G * Hg
+    lay[LAYOUT_OFF_E] = lay[LAYOUT_OFF_V] + G * P * Hg
+    lay[LAYOUT_N_WEIGHTS] = lay[LAYOUT_OFF_E] + G * P
+    return lay
+
+
+def scratch_size(layout):
+    """Length of the float64 scratch vector :func:`forward_one` needs: ``K + G*Hg + 2M``."""
+    return int(layout[LAYOUT_N_INPUTS] + layout[LAYOUT_N_GROUPS] * layout[LAYOUT_N_HIDDEN]
+               + 2 * layout[LAYOUT_N_CHAINS])
+
+
+@jit
+def _clip_theta(a):
+    """θ = ε + (1-2ε) σ(a), σ evaluated without overflow."""
+    # TODO: use bvn.clip_theta
+    if a >= 0.0:
+        s = 1.0 / (1.0 + math.exp(-a))
+    else:
+        u = math.exp(a)
+        s = u / (1.0 + u)
+    return _EPS_THETA + (1.0 - 2.0 * _EPS_THETA) * s
+
+
+@jit
+def _clip_rho(b):
+    """ρ = (1-ε_ρ) tanh(b)."""
+    # TODO: use bvn.clip_rho
+    return (1.0 - _EPS_RHO) * math.tanh(b)
+
+
+@jit
+def _dtheta_da(theta):
+    """dθ/da = (1-2ε) σ(1-σ), written with the clipped θ itself."""
+    return (theta - _EPS_THETA) * (1.0 - _EPS_THETA - theta) / (1.0 - 2.0 * _EPS_THETA)
+
+
+@jit
+def _drho_db(rho):
+    """dρ/db = (1-ε_ρ)(1 - tanh² b), written with the clipped ρ itself."""
+    return (1.0 - _EPS_RHO) - rho * rho / (1.0 - _EPS_RHO)
+
+
+@jit
+def build_windows(Y, seq_start, seq_end, positions, window, off, mean, scale, out):
+    """Stack the standardised, edge-padded, NaN-imputed windows of ``positions``.
+
+    Parameters
+    ----------
+    Y : ndarray, shape (T, D)
+        Raw observations of all sequences, concatenated; NaN marks a missing value.
+    seq_start, seq_end : ndarray of int64, shape (n,)
+        Bounds ``[seq_start[i], seq_end[i])`` of the sequence holding ``positions[i]``.
+    positions : ndarray of int64, shape (n,)
+        Absolute row indices into ``Y`` of the windows' positions t.
+    window : int
+        Samples per window.
+    off : int
+        Row ``t - off`` is the window's first sample: ``h`` for centred windows,
+        ``window - 1`` for causal ones.
+    mean, scale : ndarray, shape (D,)
+        Standardisation: ``(y - mean) / scale``.
+    out : ndarray, shape (n, window * D), C-contiguous
+        Overwritten: ``out[i, k*D + d] = (Y[r, d] - mean[d]) / scale[d]`` with
+        ``r = clip(positions[i] - off + k, seq_start[i], seq_end[i] - 1)``, 0 for NaN.
+
+    Notes
+    -----
+    MATH.md §3 (windows) and §5 (edge padding).
+    """
+    n = positions.shape[0]
+    D = Y.shape[1]
+    for i in range(n):
+        lo = seq_start[i]
+        hi = seq_end[i] - 1
+        first = positions[i] - off
+        for k in range(window):
+            r = first + k
+            if r < lo:
+                r = lo
+            elif r > hi:
+                r = hi
+            base = k * D
+            for d in range(D):
+                v = Y[r, d]
+                if v != v:
+                    out[i, base + d] = 0.0
+                else:
+                    out[i, base + d] = (v - mean[d]) / scale[d]
+
+
+@jit
+def forward_batch(Xw, weights, layout, out_theta, out_rho, hidden):
+    """θ and ρ of every chain for a stack of windows (the throughput path).
+
+    Parameters
+    ----------
+    Xw : ndarray, shape (n, K), C-contiguous
+        Standardised windows (:func:`build_windows`).
+    weights : ndarray, shape (n_weights,)
+        Flat weight vector (module docstring).
+    layout : ndarray of int64, shape (LAYOUT_SIZE,)
+        From :func:`weight_layout`.
+    out_theta, out_rho : ndarray, shape (n, M)
+        Overwritten with the clipped θ and ρ.
+    hidden : ndarray, shape (n, G*Hg), C-contiguous
+        Overwritten with the hidden activations ``z = tanh(U x + c)`` (group g in columns
+        ``g*Hg : (g+1)*Hg``); :func:`backward_batch` needs them.
+
+    Notes
+    -----
+    MATH.md §3. The first layer is one BLAS product ``Xw @ U.T`` with ``U`` read as
+    ``(G*Hg, K)``; the second is one more product when ``G = 1``.
+    """
+    n = Xw.shape[0]
+    M = layout[LAYOUT_N_CHAINS]
+    G = layout[LAYOUT_N_GROUPS]
+    Hg = layout[LAYOUT_N_HIDDEN]
+    P = layout[LAYOUT_N_HEADS]
+    K = layout[LAYOUT_N_INPUTS]
+    GH = G * Hg
+    U = weights[layout[LAYOUT_OFF_U]:layout[LAYOUT_OFF_U] + GH * K].reshape((GH, K))
+    c = weights[layout[LAYOUT_OFF_C]:layout[LAYOUT_OFF_C] + GH]
+    oV = layout[LAYOUT_OFF_V]
+    oE = layout[LAYOUT_OFF_E]
+    np.dot(Xw, U.T, hidden)
+    for i in range(n):
+        for j in range(GH):
+            hidden[i, j] = math.tanh(hidden[i, j] + c[j])
+    if G == 1:
+        V = weights[oV:oV + P * Hg].reshape((P, Hg))
+        pre = np.dot(hidden, V.T)
+        for i in range(n):
+            for m in range(M):
+                out_theta[i, m] = _clip_theta(pre[i, 2 * m] + weights[oE + 2 * m])
+                out_rho[i, m] = _clip_rho(pre[i, 2 * m + 1] + weights[oE + 2 * m + 1])
+    else:
+        for i in range(n):
+            for g in range(G):
+                for p in range(P):
+                    j = g * P + p
+                    vo = oV + j * Hg
+                    acc = weights[oE + j]
+                    for h in range(Hg):
+                        acc += weights[vo + h] * hidden[i, g * Hg + h]
+                    m = j // 2
+                    if j % 2 == 0:
+                        out_theta[i, m] = _clip_theta(acc)
+                    else:
+                        out_rho[i, m] = _clip_rho(acc)
+
+
+@jit
+def backward_batch(Xw, hidden, theta, rho, g_theta, g_rho, weights, layout, grad):
+    """Gradient of ``Σ_i Σ_m (g_theta θ + g_rho ρ)`` with respect to every weight.
+
+    Parameters
+    ----------
+    Xw : ndarray, shape (n, K), C-contiguous
+        The windows given to :func:`forward_batch`.
+    hidden, theta, rho : ndarray, shapes (n, G*Hg), (n, M), (n, M)
+        What :func:`forward_batch` returned for ``Xw``.
+    g_theta, g_rho : ndarray, shape (n, M)
+        Upstream gradients of a scalar objective with respect to the clipped θ and ρ.
+    weights : ndarray, shape (n_weights,)
+    layout : ndarray of int64, shape (LAYOUT_SIZE,)
+    grad : ndarray, shape (n_weights,)
+        **Overwritten** with the gradient, laid out like ``weights``.
+
+    Notes
+    -----
+    MATH.md §3: ``dθ/da = (1-2ε) σ(a)(1-σ(a))``, ``dρ/db = (1-ε_ρ)(1 - tanh² b)``, then
+    the usual backpropagation. ``dU = dZᵀ Xw`` is one BLAS product; so are ``dV`` and
+    ``dZ`` when ``G = 1``. Allocates ``(n, 2M)`` and ``(n, G*Hg)`` work arrays.
+    """
+    n = Xw.shape[0]
+    M = layout[LAYOUT_N_CHAINS]
+    G = layout[LAYOUT_N_GROUPS]
+    Hg = layout[LAYOUT_N_HIDDEN]
+    P = layout[LAYOUT_N_HEADS]
+    K = layout[LAYOUT_N_INPUTS]
+    GH = G * Hg
+    oU = layout[LAYOUT_OFF_U]
+    oC = layout[LAYOUT_OFF_C]
+    oV = layout[LAYOUT_OFF_V]
+    oE = layout[LAYOUT_OFF_E]
+    # gradient with respect to the pre-activations, columns as in the head mapping
+    delta = np.empty((n, 2 * M))
+    for i in range(n):
+        for m in range(M):
+            delta[i, 2 * m] = g_theta[i, m] * _dtheta_da(theta[i, m])
+            delta[i, 2 * m + 1] = g_rho[i, m] * _drho_db(rho[i, m])
+    gE = grad[oE:oE + G * P]
+    gE[:] = 0.0
+    for i in range(n):
+        for j in range(2 * M):
+            gE[j] += delta[i, j]
+    if G == 1:
+        V = weights[oV:oV + P * Hg].reshape((P, Hg))
+        gV = grad[oV:oV + P * Hg].reshape((P, Hg))
+        np.dot(delta.T, hidden, gV)
+        dz = np.dot(delta, V)
+    else:
+        gV = grad[oV:oV + G * P * Hg]
+        gV[:] = 0.0
+        dz = np.zeros((n, GH))
+        for i in range(n):
+            for g in range(G):
+                for p in range(P):
+                    j = g * P + p
+                    dj = delta[i, j]
+                    vo = oV + j * Hg
+                    go = j * Hg
+                    for h in range(Hg):
+                        gV[go + h] += dj * hidden[i, g * Hg + h]
+                        dz[i, g * Hg + h] += dj * weights[vo + h]
+    gC = grad[oC:oC + GH]
+    gC[:] = 0.0
+    for i in range(n):
+        for j in range(GH):
+            zij = hidden[i, j]
+            v = dz[i, j] * (1.0 - zij * zij)
+            dz[i, j] = v
+            gC[j] += v
+    gU = grad[oU:oU + GH * K].reshape((GH, K))
+    np.dot(dz.T, Xw, gU)
+
+
+@jit
+def forward_one(window_buf, start, weights, layout, mean, scale, scratch, out_theta, out_rho):
+    """θ and ρ of every chain for ONE window read from a buffer (the streaming path).
+
+    Parameters
+    ----------
+    window_buf : ndarray, shape (N,), C-contiguous
+        Flat buffer of raw samples (a double-written ring's ``ring.reshape(-1)``, made
+        once); the window is ``window_buf[start : start + K]``, time-major.
+    start : int
+        Offset of the window's first value.
+    weights : ndarray, shape (n_weights,)
+    layout : ndarray of int64, shape (LAYOUT_SIZE,)
+    mean, scale : ndarray, shape (D,)
+        Standardisation; NaN becomes 0 after it.
+    scratch : ndarray, shape (>= scratch_size(layout),)
+        Work space, overwritten: standardised window ``[0:K]``, hidden activations
+        ``[K:K+G*Hg]``, pre-activations (when G = 1) ``[K+G*Hg : K+G*Hg+2M]``.
+    out_theta, out_rho : ndarray, shape (M,)
+        Overwritten with the clipped θ and ρ.
+
+    Notes
+    -----
+    MATH.md §3. Allocates nothing; agrees with :func:`forward_batch` to rounding.
+    """
+    M = layout[LAYOUT_N_CHAINS]
+    D = layout[LAYOUT_N_FEATURES]
+    G = layout[LAYOUT_N_GROUPS]
+    Hg = layout[LAYOUT_N_HIDDEN]
+    P = layout[LAYOUT_N_HEADS]
+    K = layout[LAYOUT_N_INPUTS]
+    GH = G * Hg
+    oU = layout[LAYOUT_OFF_U]
+    oC = layout[LAYOUT_OFF_C]
+    oV = layout[LAYOUT_OFF_V]
+    oE = layout[LAYOUT_OFF_E]
+    x = scratch[0:K]
+    for k in range(K):
+        v = window_buf[start + k]
+        d = k % D
+        if v != v:
+            x[k] = 0.0
+        else:
+            x[k] = (v - mean[d]) / scale[d]
+    z = scratch[K:K + GH]
+    U = weights[oU:oU + GH * K].reshape((GH, K))
+    np.dot(U, x, z)
+    for j in range(GH):
+        z[j] = math.tanh(z[j] + weights[oC + j])
+    if G == 1:
+        pre = scratch[K + GH:K + GH + P]
+        V = weights[oV:oV + P * Hg].reshape((P, Hg))
+        np.dot(V, z, pre)
+        for m in range(M):
+            out_theta[m] = _clip_theta(pre[2 * m] + weights[oE + 2 * m])
+            out_rho[m] = _clip_rho(pre[2 * m + 1] + weights[oE + 2 * m + 1])
+    else:
+        for g in range(G):
+            for p in range(P):
+                j = g * P + p
+                vo = oV + j * Hg
+                acc = weights[oE + j]
+                for h in range(Hg):
+                    acc += weights[vo + h] * z[g * Hg + h]
+                m = j // 2
+                if j % 2 == 0:
+                    out_theta[m] = _clip_theta(acc)
+                else:
+                    out_rho[m] = _clip_rho(acc)

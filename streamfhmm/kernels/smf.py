@@ -1,0 +1,302 @@
+"""Structured mean-field E-step for binary factorial HMMs (MATH.md §6; Ghahramani &
+Jordan 1997).
+
+The posterior is approximated by ``q(s) = Π_m q_m(s^m)``, each ``q_m`` a two-state HMM
+with the model's ``A_m``, ``π_m`` and a variational emission potential
+``exp(s · g_t^m)``. Everything runs in whitened coordinates, ``ỹ_t = L⁻¹(y_t - w_0)``
+and ``ũ_m = L⁻¹ w_m``, where
+
+    g_t^m = ũ_mᵀ (ỹ_t - Σ_{n≠m} θ_t^n ũ_n) - ½‖ũ_m‖²  =  ũ_mᵀ r̃_t + (θ_t^m - ½)‖ũ_m‖²
+
+with the whitened residual ``r̃_t = ỹ_t - Σ_n θ_t^n ũ_n`` kept up to date as each
+chain's θ changes. One chain update is a scaled forward pass (computing ``g`` on the
+fly) and a backward pass that writes the new θ, accumulates the pairwise statistics,
+updates the residual and re-sums ``Σ_t ‖r̃_t‖²``; its cost is O(T·(2D + c)), a sweep
+over all chains O(T·M·D).
+
+Because the residual sum of squares is re-summed at every chain update, the bound
+
+    F = Σ_t E_q log N(y_t; Wᵀŝ_t, Σ) - Σ_m Σ_t θ_t^m g_t^m + Σ_m log Z_m
+
+is available, exactly, after every chain update at no extra pass over the data.
+"""
+import math
+
+import numpy as np
+
+from ._jit import jit
+
+#: running products of forward normalisers are folded into the log below this value
+_PROD_FLOOR = 1e-250
+
+
+@jit
+def whitened_residual(ytil, U, theta):
+    """``r̃_t = ỹ_t - Σ_m θ_t^m ũ_m``.
+
+    Parameters
+    ----------
+    ytil : ndarray, shape (T, D)
+        Whitened, bias-removed observations ``L⁻¹(y_t - w_0)``.
+    U : ndarray, shape (M, D)
+        Whitened chain rows ``L⁻¹ w_m``.
+    theta : ndarray, shape (T, M)
+
+    Returns
+    -------
+    resid : ndarray, shape (T, D)
+
+    Notes
+    -----
+    The residual of MATH.md §4 (emission term), in whitened coordinates.
+    """
+    T, D = ytil.shape
+    M = U.shape[0]
+    resid = np.empty((T, D))
+    for t in range(T):
+        for d in range(D):
+            resid[t, d] = ytil[t, d]
+        for m in range(M):
+            th = theta[t, m]
+            if th != 0.0:
+                for d in range(D):
+                    resid[t, d] -= th * U[m, d]
+    return resid
+
+
+@jit
+def _xlogy(x, logy):
+    """``x · log y`` with ``0 · log 0 = 0``."""
+    if x == 0.0:
+        return 0.0
+    return x * logy
+
+
+@jit
+def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
+               chain_terms, xi, log_Z, theta_g, entropy, trace):
+    """Structured mean-field sweeps until the largest change of θ is below ``tol``.
+
+    Parameters
+    ----------
+    ytil : ndarray, shape (T, D)
+        Whitened, bias-removed observations ``L⁻¹(y_t - w_0)``.
+    U : ndarray, shape (M, D)
+        Whitened chain rows ``L⁻¹ w_m``.
+    log_A : ndarray, shape (M, 2, 2)
+        ``log A_m(i, j)``; ``-inf`` allowed.
+    log_start : ndarray, shape (M, 2)
+        ``log p(s_1^m = j)``; ``-inf`` allowed.
+    bounds : ndarray of int64, shape (n_seq + 1,)
+        Sequence ``k`` is ``[bounds[k], bounds[k+1])``; every chain restarts from
+        ``π`` at each sequence start.
+    theta : ndarray, shape (T, M)
+        In: the starting marginals. Out: ``q(s_t^m = 1)``.
+    tol : float
+        Stop after the first sweep whose largest ``|Δθ|`` is below ``tol``.
+    max_sweeps : int
+        At most this many sweeps over the chains (at least one is made).
+    const : float
+        ``-T (D/2 log 2π + Σ_d log L_dd)``, the θ-free part of ``Σ_t E_q log N``.
+    chain_terms : ndarray, shape (M,)
+        In: ``E_{q_m} log p(s^m) + H[q_m]`` for the starting distribution of each chain
+        (NaN if it is not known; the bound then reads NaN until every chain has been
+        updated once). Out: ``log Z_m - Σ_t θ_t^m g_t^m`` of the final ``q_m``.
+    xi : ndarray, shape (M, 2, 2)
+        Out: ``Σ_{t≥2} q(s_{t-1}^m = i, s_t^m = j)`` summed over sequences.
+    log_Z : ndarray, shape (M,)
+        Out: log normaliser of each chain's forward pass.
+    theta_g : ndarray, shape (M,)
+        Out: ``Σ_t θ_t^m g_t^m``.
+    entropy : ndarray, shape (M,)
+        Out: ``H[q_m] = -E_{q_m} log q_m(s^m)``.
+    trace : ndarray, shape (1 + max_sweeps · M,)
+        Out: ``trace[0]`` the bound at the starting distribution (see ``chain_terms``),
+        ``trace[k]`` the bound after the k-th chain update; entries past the last update
+        are left untouched.
+
+    Returns
+    -------
+    n_sweeps : int
+    max_delta : float
+        Largest ``|Δθ|`` of the last sweep.
+    n_updates : int
+        Number of chain updates made; the final bound is ``trace[n_updates]``.
+
+    Notes
+    -----
+    MATH.md §6. The bound after each update is
+    ``const - ½ Σ_t (‖r̃_t‖² + Σ_m θ_t^m(1-θ_t^m)‖ũ_m‖²) + Σ_m chain_terms[m]``,
+    i.e. ``Σ_t E_q log N - Σ_m Σ_t θ g + Σ_m log Z_m``; each chain update maximises it
+    exactly over ``q_m``, so the trace never decreases.
+    """
+    T, D = ytil.shape
+    M = U.shape[0]
+    n_seq = bounds.shape[0] - 1
+
+    # chain-major copy of θ: the sweeps read and write one chain at a time
+    th = np.empty((M, T))
+    for t in range(T):
+        for m in range(M):
+            th[m, t] = theta[t, m]
+    cdiag = np.empty(M)
+    for m in range(M):
+        acc = 0.0
+        for d in range(D):
+            acc += U[m, d] * U[m, d]
+        cdiag[m] = acc
+
+    resid = whitened_residual(ytil, U, theta)
+    rss = 0.0
+    for t in range(T):
+        for d in range(D):
+            rss += resid[t, d] * resid[t, d]
+    var_terms = np.empty(M)  # Σ_t θ(1-θ)‖ũ_m‖²
+    for m in range(M):
+        acc = 0.0
+        for t in range(T):
+            acc += th[m, t] * (1.0 - th[m, t])
+        var_terms[m] = acc * cdiag[m]
+    terms = chain_terms.copy()
+    trace[0] = const - 0.5 * (rss + var_terms.sum()) + terms.sum()
+
+    alpha = np.empty((T, 2))  # scaled forward messages
+    emis = np.empty((T, 2))   # emission potentials divided by the step's normaliser
+    g = np.empty(T)
+
+    n_updates = 0
+    n_sweeps = 0
+    max_delta = np.inf
+    for sweep in range(max(max_sweeps, 1)):
+        max_delta = 0.0
+        for m in range(M):
+            A00 = math.exp(log_A[m, 0, 0])
+            A01 = math.exp(log_A[m, 0, 1])
+            A10 = math.exp(log_A[m, 1, 0])
+            A11 = math.exp(log_A[m, 1, 1])
+            p0 = math.exp(log_start[m, 0])
+            p1 = math.exp(log_start[m, 1])
+            c_mm = cdiag[m]
+
+            # ---- forward pass: potentials exp(s g_t), normalisers c_t ----
+            logz = 0.0
+            prod = 1.0
+            for k in range(n_seq):
+                s = bounds[k]
+                e = bounds[k + 1]
+                for t in range(s, e):
+                    acc = 0.0
+                    for d in range(D):
+                        acc += U[m, d] * resid[t, d]
+                    gt = acc + (th[m, t] - 0.5) * c_mm
+                    g[t] = gt
+                    if t == s:
+                        pr0 = p0
+                        pr1 = p1
+                    else:
+                        a0 = alpha[t - 1, 0]
+                        a1 = alpha[t - 1, 1]
+                        pr0 = a0 * A00 + a1 * A10
+                        pr1 = a0 * A01 + a1 * A11
+                    # potentials (1, e^g) scaled by e^{-max(g, 0)}
+                    if gt > 0.0:
+                        e0 = math.exp(-gt)
+                        e1 = 1.0
+                        logz += gt
+                    else:
+                        e0 = 1.0
+                        e1 = math.exp(gt)
+                    v0 = pr0 * e0
+                    v1 = pr1 * e1
+                    c = v0 + v1
+                    if c > 0.0:
+                        alpha[t, 0] = v0 / c
+                        alpha[t, 1] = v1 / c
+                        emis[t, 0] = e0 / c
+                        emis[t, 1] = e1 / c
+                        prod *= c
+                        if prod < _PROD_FLOOR:
+                            logz += math.log(prod)
+                            prod = 1.0
+                    else:
+                        # the favoured state has zero prior mass (π or A exactly 0/1)
+                        # and the other one's potential underflowed: redo in logs
+                        if gt > 0.0:
+                            logz -= gt
+                        l0 = math.log(pr0) if pr0 > 0.0 else -np.inf
+                        l1 = math.log(pr1) + gt if pr1 > 0.0 else -np.inf
+                        mx = max(l0, l1)
+                        v0 = math.exp(l0 - mx)
+                        v1 = math.exp(l1 - mx)
+                        c = v0 + v1
+                        alpha[t, 0] = v0 / c
+                        alpha[t, 1] = v1 / c
+                        emis[t, 0] = v0 / (c * pr0) if pr0 > 0.0 else 0.0
+                        emis[t, 1] = v1 / (c * pr1) if pr1 > 0.0 else 0.0
+                        logz += mx + math.log(c)
+            logz += math.log(prod)
+
+            # ---- backward pass: θ, ξ, residual update, bound pieces ----
+            tg = 0.0
+            var_m = 0.0
+            rss = 0.0
+            x00 = 0.0
+            x01 = 0.0
+            x10 = 0.0
+            x11 = 0.0
+            e_start = 0.0
+            for k in range(n_seq):
+                s = bounds[k]
+                e = bounds[k + 1]
+                b0 = 1.0
+                b1 = 1.0
+                for t in range(e - 1, s - 1, -1):
+                    a0 = alpha[t, 0]
+                    a1 = alpha[t, 1]
+                    if t < e - 1:
+                        f0 = emis[t + 1, 0] * b0
+                        f1 = emis[t + 1, 1] * b1
+                        x00 += a0 * A00 * f0
+                        x01 += a0 * A01 * f1
+                        x10 += a1 * A10 * f0
+                        x11 += a1 * A11 * f1
+                        b0 = A00 * f0 + A01 * f1
+                        b1 = A10 * f0 + A11 * f1
+                    q1 = a1 * b1
+                    delta = q1 - th[m, t]
+                    th[m, t] = q1
+                    if abs(delta) > max_delta:
+                        max_delta = abs(delta)
+                    tg += q1 * g[t]
+                    var_m += q1 * (1.0 - q1)
+                    rr = 0.0
+                    for d in range(D):
+                        r = resid[t, d] - delta * U[m, d]
+                        resid[t, d] = r
+                        rr += r * r
+                    rss += rr
+                    if t == s:
+                        q0 = a0 * b0
+                        e_start += _xlogy(q0, log_start[m, 0]) + _xlogy(q1, log_start[m, 1])
+            xi[m, 0, 0] = x00
+            xi[m, 0, 1] = x01
+            xi[m, 1, 0] = x10
+            xi[m, 1, 1] = x11
+            e_trans = (_xlogy(x00, log_A[m, 0, 0]) + _xlogy(x01, log_A[m, 0, 1])
+                       + _xlogy(x10, log_A[m, 1, 0]) + _xlogy(x11, log_A[m, 1, 1]))
+            log_Z[m] = logz
+            theta_g[m] = tg
+            entropy[m] = logz - tg - e_start - e_trans
+            terms[m] = logz - tg
+            var_terms[m] = var_m * c_mm
+            n_updates += 1
+            trace[n_updates] = const - 0.5 * (rss + var_terms.sum()) + terms.sum()
+        n_sweeps += 1
+        if max_delta < tol:
+            break
+
+    for m in range(M):
+        chain_terms[m] = terms[m]
+        for t in range(T):
+            theta[t, m] = th[m, t]
+    return n_sweeps, max_delta, n_updates

@@ -1,0 +1,1 @@
+"""Learning algorithms: SMF-EM and the stochastic variational learner."""

@@ -1,0 +1,598 @@
+"""Structured mean-field EM for binary factorial HMMs (MATH.md §6; Ghahramani & Jordan,
+"Factorial hidden Markov models", Machine Learning 29, 1997).
+
+The paper's baseline, and a real method for sequences short enough to sweep in full:
+the posterior is approximated by independent two-state chains, each an HMM with the
+model's transitions and a variational emission potential; the E-step sweeps the
+chains with forward–backward until θ settles, the M-step is closed form. Every step
+increases the bound
+
+    F(q, Γ) = E_q log p(y, s | Γ) + Σ_m H[q_m]  ≤  log p(y | Γ).
+
+Public entry points
+-------------------
+* :func:`smf_posterior` — θ and the bound for fixed parameters.
+* :func:`smf_e_step`, :func:`smf_m_step` — the two half-steps, for callers that drive
+  EM themselves (and for the tests that check each half-step's monotonicity).
+* :func:`fit_smf` — the EM loop with a time budget.
+* :func:`init_params` — the data-driven starting point :func:`fit_smf` uses.
+* :func:`expected_complete_loglik` — ``E_q log p(y, s | Γ)`` for a product of chains.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import solve_triangular
+from tqdm import tqdm
+
+from .._validation import (check_lengths, check_observations, check_positive_int,
+                           check_random_state)
+from ..kernels import smf as _k
+from ..model import PROB_FLOOR, FHMMParams
+
+__all__ = ["SMFEStep", "smf_posterior", "smf_e_step", "smf_m_step", "fit_smf", "init_params",
+           "expected_complete_loglik"]
+
+LOG_2PI = math.log(2.0 * math.pi)
+#: eigenvalues of Σ_t E[ŝŝᵀ] below this fraction of the largest leave W unchanged along them
+GRAM_RCOND = 1e-12
+#: default floor on the eigenvalues of Σ, as a fraction of the mean per-feature data variance
+COVARIANCE_FLOOR = 1e-9
+#: initial Σ as a fraction of the data covariance (see :func:`init_params`)
+INIT_COVARIANCE_FRACTION = 0.5
+#: initial switch-on and switch-off probabilities
+INIT_SWITCH = 0.1
+
+
+@dataclass(frozen=True, eq=False)
+class SMFEStep:
+    """The result of a structured mean-field E-step.
+
+    Attributes
+    ----------
+    theta : ndarray, shape (T, M)
+        ``q(s_t^m = 1)``.
+    xi : ndarray, shape (M, 2, 2)
+        ``Σ_{t≥2} q(s_{t-1}^m = i, s_t^m = j)``, summed over sequences.
+    entropy : ndarray, shape (M,)
+        ``H[q_m]``, the entropy of each chain's variational HMM.
+    log_Z : ndarray, shape (M,)
+        Log normaliser of each chain's forward pass.
+    theta_g : ndarray, shape (M,)
+        ``Σ_t θ_t^m g_t^m`` with the potentials ``g^m`` of the final ``q_m``.
+    bound : float
+        ``F`` at the final ``q``.
+    trace : ndarray, shape (n_updates + 1,)
+        ``trace[0]``: the bound at the starting distribution (NaN unless the E-step
+        started from a previous :class:`SMFEStep`); ``trace[k]``: after the k-th chain
+        update. Non-decreasing.
+    n_sweeps : int
+    max_delta : float
+        Largest ``|Δθ|`` of the last sweep.
+    converged : bool
+        ``max_delta < tol``.
+    """
+
+    theta: np.ndarray
+    xi: np.ndarray
+    entropy: np.ndarray
+    log_Z: np.ndarray
+    theta_g: np.ndarray
+    bound: float
+    trace: np.ndarray
+    n_sweeps: int
+    max_delta: float
+    converged: bool
+
+
+# ----------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------
+def _bounds(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def _check_params(params, n_features=None) -> FHMMParams:
+    if not isinstance(params, FHMMParams):
+        raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
+    if n_features is not None and params.n_features != n_features:
+        raise ValueError(f"params has {params.n_features} features but X has {n_features} columns")
+    return params
+
+
+def _check_nonneg_float(value, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+    value = float(value)
+    if not (value >= 0.0) or math.isinf(value):
+        raise ValueError(f"{name} must be a finite non-negative number, got {value}")
+    return value
+
+
+def _check_theta(theta, T: int, M: int, name: str) -> np.ndarray:
+    theta = np.array(theta, dtype=np.float64, order="C", copy=True)
+    if theta.shape != (T, M):
+        raise ValueError(f"{name} must have shape ({T}, {M}), got {theta.shape}")
+    if not np.isfinite(theta).all() or (theta < 0).any() or (theta > 1).any():
+        raise ValueError(f"{name} must hold probabilities in [0, 1]")
+    return theta
+
+
+def _check_xi(xi, M: int) -> np.ndarray:
+    xi = np.asarray(xi, dtype=np.float64)
+    if xi.shape != (M, 2, 2):
+        raise ValueError(f"xi must have shape ({M}, 2, 2), got {xi.shape}")
+    if not np.isfinite(xi).all() or (xi < 0).any():
+        raise ValueError("xi must hold finite non-negative expected transition counts")
+    return xi
+
+
+def _xlogy(x, logy):
+    """``x · log y`` elementwise with ``0 · log 0 = 0``."""
+    with np.errstate(invalid="ignore"):
+        return np.where(x == 0.0, 0.0, x * logy)
+
+
+def _whiten(params: FHMMParams, X: np.ndarray):
+    """``ỹ = L⁻¹(y - w_0)`` (T, D), ``ũ = L⁻¹ w_m`` (M, D), and ``-T(D/2 log 2π + Σ log L_dd)``."""
+    M = params.n_chains
+    L = params.L
+    ytil = np.ascontiguousarray(solve_triangular(L, (X - params.W[M]).T, lower=True).T)
+    U = np.ascontiguousarray(solve_triangular(L, params.W[:M].T, lower=True).T)
+    const = -X.shape[0] * (0.5 * X.shape[1] * LOG_2PI + float(np.log(np.diag(L)).sum()))
+    return ytil, U, const
+
+
+def _prior_terms(params: FHMMParams, xi: np.ndarray, theta_start: np.ndarray) -> np.ndarray:
+    """``E_{q_m} log p(s^m)`` per chain, shape (M,); ``theta_start`` (n_seq, M)."""
+    log_s = params.log_startprob
+    start = (_xlogy(1.0 - theta_start, log_s[:, 0]) + _xlogy(theta_start, log_s[:, 1])).sum(axis=0)
+    trans = _xlogy(xi, params.log_transmat).sum(axis=(1, 2))
+    return start + trans
+
+
+def _default_floor(X: np.ndarray) -> float:
+    scale = float(X.var(axis=0).mean()) if X.shape[0] > 1 else 0.0
+    return COVARIANCE_FLOOR * (scale if scale > 0.0 else 1.0)
+
+
+# ----------------------------------------------------------------------------------------
+# E-step
+# ----------------------------------------------------------------------------------------
+def _e_step(params, X, bounds, theta, tol, max_sweeps, chain_terms) -> SMFEStep:
+    """E-step on validated inputs; ``theta`` is overwritten."""
+    M = params.n_chains
+    ytil, U, const = _whiten(params, X)
+    xi = np.zeros((M, 2, 2))
+    log_Z = np.zeros(M)
+    theta_g = np.zeros(M)
+    entropy = np.zeros(M)
+    trace = np.full(1 + max_sweeps * M, np.nan)
+    terms = np.array(chain_terms, dtype=np.float64)
+    n_sweeps, max_delta, n_updates = _k.smf_e_step(
+        ytil, U, params.log_transmat, params.log_startprob, bounds, theta, float(tol),
+        int(max_sweeps), const, terms, xi, log_Z, theta_g, entropy, trace)
+    trace = trace[: n_updates + 1].copy()
+    return SMFEStep(theta=theta, xi=xi, entropy=entropy, log_Z=log_Z, theta_g=theta_g,
+                    bound=float(trace[-1]), trace=trace, n_sweeps=int(n_sweeps),
+                    max_delta=float(max_delta), converged=bool(max_delta < tol))
+
+
+def smf_e_step(params: FHMMParams, X, lengths=None, theta_init=None, tol: float = 1e-6,
+               max_sweeps: int = 100, previous: SMFEStep | None = None) -> SMFEStep:
+    """Structured mean-field E-step: sweep the chains until θ settles.
+
+    Parameters
+    ----------
+    params : FHMMParams
+    X : array_like, shape (T, D)
+    lengths : array_like of int, optional
+        Lengths of the independent sequences in X (hmmlearn convention).
+    theta_init : array_like, shape (T, M), optional
+        Starting marginals; default each chain's stationary probability
+        ``a_m / (a_m + b_m)``. Not allowed together with ``previous``.
+    tol : float
+        Stop after the first sweep whose largest ``|Δθ|`` is below ``tol``.
+    max_sweeps : int
+        At most this many sweeps over all chains.
+    previous : SMFEStep, optional
+        Start from this variational distribution (e.g. the last E-step, before an
+        M-step changed ``params``). ``trace[0]`` of the result is then the bound of
+        ``previous``'s distribution under ``params``.
+
+    Returns
+    -------
+    SMFEStep
+
+    Notes
+    -----
+    MATH.md §6. Chain m's update is an exact maximisation of F over ``q_m`` with the
+    other chains fixed, so ``result.trace`` never decreases.
+
+    Examples
+    --------
+    >>> p = FHMMParams.random(2, 3, random_state=0)
+    >>> X, _ = p.sample(50, random_state=1)
+    >>> est = smf_e_step(p, X)
+    >>> bool(np.all(np.diff(est.trace[1:]) >= -1e-9 * abs(est.bound)))
+    True
+    """
+    params = _check_params(params)
+    X = check_observations(X, n_features=params.n_features)
+    lengths = check_lengths(lengths, X.shape[0])
+    bounds = _bounds(lengths)
+    T, M = X.shape[0], params.n_chains
+    tol = _check_nonneg_float(tol, "tol")
+    max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
+    if previous is not None:
+        if not isinstance(previous, SMFEStep):
+            raise ValueError(f"previous must be an SMFEStep, got {type(previous).__name__}")
+        if theta_init is not None:
+            raise ValueError("theta_init and previous cannot both be given")
+        theta = _check_theta(previous.theta, T, M, "previous.theta")
+        terms = _prior_terms(params, previous.xi, theta[bounds[:-1]]) + previous.entropy
+    else:
+        if theta_init is None:
+            theta = np.tile(params.stationary, (T, 1))
+        else:
+            theta = _check_theta(theta_init, T, M, "theta_init")
+        terms = np.full(M, np.nan)
+    return _e_step(params, X, bounds, theta, tol, max_sweeps, terms)
+
+
+def smf_posterior(params: FHMMParams, X, lengths=None, tol: float = 1e-6, max_sweeps: int = 100,
+                  theta_init=None):
+    """Structured mean-field posterior marginals and bound for fixed parameters.
+
+    Parameters
+    ----------
+    params : FHMMParams
+    X : array_like, shape (T, D)
+    lengths : array_like of int, optional
+        Lengths of the independent sequences in X; chains restart from ``π`` at each.
+    tol : float
+        Convergence tolerance on the largest change of θ over a sweep.
+    max_sweeps : int
+        At most this many sweeps over all chains.
+    theta_init : array_like, shape (T, M), optional
+        Starting marginals; default the stationary probabilities.
+
+    Returns
+    -------
+    theta : ndarray, shape (T, M)
+        ``q(s_t^m = 1)``.
+    bound : float
+        The lower bound ``F ≤ log p(X)``.
+
+    Notes
+    -----
+    MATH.md §6. For a single chain the bound is the exact log-likelihood and θ the
+    exact smoothing marginals.
+
+    Examples
+    --------
+    >>> p = FHMMParams.random(3, 2, random_state=0)
+    >>> X, _ = p.sample(100, random_state=1)
+    >>> theta, bound = smf_posterior(p, X)
+    >>> theta.shape
+    (100, 3)
+    """
+    est = smf_e_step(params, X, lengths=lengths, theta_init=theta_init, tol=tol,
+                     max_sweeps=max_sweeps)
+    return est.theta, est.bound
+
+
+def expected_complete_loglik(params: FHMMParams, X, theta, xi, lengths=None) -> float:
+    """``E_q log p(y, s | Γ)`` for a product of independent chains.
+
+    Parameters
+    ----------
+    params : FHMMParams
+    X : array_like, shape (T, D)
+    theta : array_like, shape (T, M)
+        Marginals ``q(s_t^m = 1)``.
+    xi : array_like, shape (M, 2, 2)
+        Pairwise marginals summed over ``t ≥ 2`` and sequences.
+    lengths : array_like of int, optional
+
+    Returns
+    -------
+    float
+
+    Notes
+    -----
+    MATH.md §4 (emission term) and §6: ``F = expected_complete_loglik + Σ_m H[q_m]``.
+    """
+    params = _check_params(params)
+    X = check_observations(X, n_features=params.n_features)
+    lengths = check_lengths(lengths, X.shape[0])
+    T, M = X.shape[0], params.n_chains
+    theta = _check_theta(theta, T, M, "theta")
+    xi = _check_xi(xi, M)
+    ytil, U, const = _whiten(params, X)
+    R = ytil - theta @ U
+    var = (theta * (1.0 - theta)).sum(axis=0) @ (U * U).sum(axis=1)
+    emission = const - 0.5 * (float((R * R).sum()) + float(var))
+    prior = _prior_terms(params, xi, theta[_bounds(lengths)[:-1]])
+    return float(emission + prior.sum())
+
+
+# ----------------------------------------------------------------------------------------
+# M-step
+# ----------------------------------------------------------------------------------------
+def _m_step(params: FHMMParams, X, theta, xi, starts, floor) -> FHMMParams:
+    """Closed-form M-step on validated inputs."""
+    T, M = theta.shape
+    mu = np.empty((T, M + 1))
+    mu[:, :M] = theta
+    mu[:, M] = 1.0
+    v = (theta * (1.0 - theta)).sum(axis=0)
+    gram = mu.T @ mu                    # Σ_t E[ŝ_t ŝ_tᵀ]
+    gram[np.arange(M), np.arange(M)] += v
+    cross = mu.T @ X                    # Σ_t E[ŝ_t] y_tᵀ
+    # W: the normal equations gram · W = cross. Directions of gram with (numerically)
+    # zero weight — a chain never on, or always on (collinear with the bias) — leave
+    # F unchanged, so W keeps its previous value along them.
+    lam, V = np.linalg.eigh(gram)
+    keep = lam > GRAM_RCOND * lam[-1]
+    Vk = V[:, keep]
+    W = params.W + Vk @ ((Vk.T @ (cross - gram @ params.W)) / lam[keep, None])
+    # Σ: the expected residual covariance (1/T) Σ_t E[(y - Wᵀŝ)(y - Wᵀŝ)ᵀ], which equals
+    # (1/T) Σ_t (y yᵀ - Wᵀ E[ŝ] yᵀ) at the W above and is positive semi-definite for any W;
+    # its eigenvalues are floored, the constrained maximiser of F over Σ.
+    E = X - mu @ W
+    S = (E.T @ E + (W[:M].T * v) @ W[:M]) / T
+    S = 0.5 * (S + S.T)
+    ev, Q = np.linalg.eigh(S)
+    if ev[0] < floor:
+        S = (Q * np.maximum(ev, floor)) @ Q.T
+        S = 0.5 * (S + S.T)
+    # A: expected transition counts; a row with no mass (a state never occupied) keeps
+    # its previous value, every probability stays in [PROB_FLOOR, 1 - PROB_FLOOR].
+    A_old = params.transmat
+    rows = xi.sum(axis=2, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        A = np.where(rows > 0.0, xi / rows, A_old)
+    off = np.clip(np.stack([A[:, 0, 1], A[:, 1, 0]], axis=1), PROB_FLOOR, 1.0 - PROB_FLOOR)
+    A = np.empty((M, 2, 2))
+    A[:, 0, 1], A[:, 1, 0] = off[:, 0], off[:, 1]
+    A[:, 0, 0], A[:, 1, 1] = 1.0 - off[:, 0], 1.0 - off[:, 1]
+    startprob = np.clip(theta[starts].mean(axis=0), PROB_FLOOR, 1.0 - PROB_FLOOR)
+    return FHMMParams.from_natural(W, S, A, startprob=startprob)
+
+
+def smf_m_step(params: FHMMParams, X, theta, xi, lengths=None,
+               covariance_floor: float | None = None) -> FHMMParams:
+    """Closed-form M-step of structured mean-field EM.
+
+    Parameters
+    ----------
+    params : FHMMParams
+        The current parameters; only used along directions the data leave
+        undetermined (see Notes).
+    X : array_like, shape (T, D)
+    theta : array_like, shape (T, M)
+        ``q(s_t^m = 1)`` from the E-step.
+    xi : array_like, shape (M, 2, 2)
+        Expected transition counts from the E-step.
+    lengths : array_like of int, optional
+    covariance_floor : float, optional
+        Floor on the eigenvalues of Σ; default ``1e-9`` times the mean per-feature
+        variance of X.
+
+    Returns
+    -------
+    FHMMParams
+
+    Notes
+    -----
+    MATH.md §6: ``W = (Σ_t E[ŝŝᵀ])⁻¹ Σ_t E[ŝ] yᵀ``, ``Σ = (1/T) Σ_t (yyᵀ - Wᵀ E[ŝ] yᵀ)``,
+    ``A_m(i, j) ∝ Σ_t ξ_t^m(i, j)``, ``π_m`` the mean of ``θ_1^m`` over sequences.
+    Numerical guards: along eigen-directions of ``Σ_t E[ŝŝᵀ]`` with eigenvalue below
+    ``1e-12`` of the largest (a chain never on, or always on) W keeps its current value;
+    the eigenvalues of Σ are floored at ``covariance_floor``; a transition row with no
+    expected visits keeps its current value; transition and start probabilities are
+    clipped to ``[1e-12, 1 - 1e-12]``.
+    """
+    params = _check_params(params)
+    X = check_observations(X, n_features=params.n_features)
+    lengths = check_lengths(lengths, X.shape[0])
+    T, M = X.shape[0], params.n_chains
+    theta = _check_theta(theta, T, M, "theta")
+    xi = _check_xi(xi, M)
+    if covariance_floor is None:
+        floor = _default_floor(X)
+    else:
+        floor = _check_nonneg_float(covariance_floor, "covariance_floor")
+    return _m_step(params, X, theta, xi, _bounds(lengths)[:-1], floor)
+
+
+# ----------------------------------------------------------------------------------------
+# initialisation and the EM loop
+# ----------------------------------------------------------------------------------------
+def _kmeans(Z: np.ndarray, K: int, rng: np.random.Generator, n_iter: int = 50) -> np.ndarray:
+    """Lloyd's k-means with k-means++ seeding; returns (K, D) centres."""
+    n = Z.shape[0]
+    centres = np.empty((K, Z.shape[1]))
+    centres[0] = Z[rng.integers(n)]
+    d2 = ((Z - centres[0]) ** 2).sum(axis=1)
+    for k in range(1, K):
+        total = d2.sum()
+        idx = rng.choice(n, p=d2 / total) if total > 0 else rng.integers(n)
+        centres[k] = Z[idx]
+        d2 = np.minimum(d2, ((Z - centres[k]) ** 2).sum(axis=1))
+    labels = None
+    for _ in range(n_iter):
+        dist = ((Z[:, None, :] - centres[None, :, :]) ** 2).sum(axis=2)
+        new = dist.argmin(axis=1)
+        if labels is not None and np.array_equal(new, labels):
+            break
+        labels = new
+        for k in range(K):
+            members = Z[labels == k]
+            if len(members):
+                centres[k] = members.mean(axis=0)
+    return centres
+
+
+def init_params(X, n_chains: int, lengths=None, random_state=None) -> FHMMParams:
+    """A data-driven starting point for SMF-EM.
+
+    Parameters
+    ----------
+    X : array_like, shape (T, D)
+    n_chains : int
+    lengths : array_like of int, optional
+        Only validated (the start does not depend on the sequence boundaries).
+    random_state : None, int or numpy Generator
+
+    Returns
+    -------
+    FHMMParams
+
+    Notes
+    -----
+    k-means with ``M + 1`` clusters on the standardised data (a random subsample of at
+    most 5,000 rows, k-means++ seeding). The bias ``w_0`` is the centre lowest along
+    the first principal direction, oriented so that its loadings sum to a positive
+    number — for non-negative data such as power readings, the "everything off" level —
+    and ``w_m`` is the step from ``w_0`` to the m-th other centre. A centre that
+    coincides with ``w_0`` (fewer distinct values than clusters) gets a random step
+    of a quarter of the data's standard deviation instead. Σ is
+    ``INIT_COVARIANCE_FRACTION`` (½) of the data covariance, both switch probabilities
+    are ``INIT_SWITCH`` (0.1), ``π_m = ½``.
+    """
+    X = check_observations(X)
+    check_lengths(lengths, X.shape[0])
+    M = check_positive_int(n_chains, "n_chains")
+    rng = check_random_state(random_state)
+    T, D = X.shape
+    mean = X.mean(axis=0)
+    cov = np.atleast_2d(np.cov(X, rowvar=False)) if T > 1 else np.zeros((D, D))
+    std = np.sqrt(np.diag(cov))
+    scale = float(std.mean()) if std.mean() > 0 else 1.0
+    std = np.where(std > 1e-12 * scale, std, scale)
+    sub = X if T <= 5000 else X[rng.choice(T, 5000, replace=False)]
+    Z = (sub - mean) / std
+    centres = _kmeans(Z, M + 1, rng)
+    corr = cov / np.outer(std, std)
+    pc = np.linalg.eigh(corr)[1][:, -1]
+    if pc.sum() < 0:
+        pc = -pc
+    order = np.argsort(centres @ pc, kind="stable")
+    centres = centres[order] * std + mean
+    W = np.empty((M + 1, D))
+    W[M] = centres[0]
+    W[:M] = centres[1:] - centres[0]
+    small = np.linalg.norm(W[:M] / std, axis=1) < 1e-8
+    if small.any():
+        W[:M][small] = 0.25 * std * rng.standard_normal((int(small.sum()), D))
+    S = INIT_COVARIANCE_FRACTION * cov
+    floor = _default_floor(X) if T > 1 else COVARIANCE_FLOOR
+    S = S + max(floor, 1e-6 * float(np.trace(S)) / D) * np.eye(D)
+    A = np.empty((M, 2, 2))
+    A[:, 0, 1] = A[:, 1, 0] = INIT_SWITCH
+    A[:, 0, 0] = A[:, 1, 1] = 1.0 - INIT_SWITCH
+    return FHMMParams.from_natural(W, S, A, startprob=np.full(M, 0.5))
+
+
+def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | None = None,
+            max_iter: int = 100, tol: float = 1e-6, time_budget: float | None = None,
+            random_state=None, progress: bool = True, e_tol: float = 1e-6, max_sweeps: int = 20):
+    """Fit a factorial HMM by structured mean-field EM.
+
+    Parameters
+    ----------
+    X : array_like, shape (T, D)
+    lengths : array_like of int, optional
+        Lengths of the independent sequences in X (hmmlearn convention).
+    params : FHMMParams, optional
+        Starting parameters; default :func:`init_params` with ``n_chains``.
+    n_chains : int, optional
+        Required when ``params`` is None; must match ``params`` otherwise.
+    max_iter : int
+        At most this many EM iterations (M-step followed by E-step).
+    tol : float
+        Stop when the bound increases by less than ``tol`` relative to its magnitude.
+    time_budget : float, optional
+        Stop once this many seconds have passed (checked between iterations).
+    random_state : None, int or numpy Generator
+        Seeds the initialisation and the random starting θ.
+    progress : bool
+        Show a tqdm progress bar.
+    e_tol : float
+        E-step tolerance on the largest change of θ over a sweep.
+    max_sweeps : int
+        At most this many sweeps per E-step.
+
+    Returns
+    -------
+    params : FHMMParams
+        The parameters after the last M-step.
+    history : list of dict
+        One entry per EM iteration with keys ``"iteration"``, ``"bound"`` (F after the
+        iteration's E-step, the bound of the returned parameters for the last entry),
+        ``"time"`` (seconds since the start) and ``"n_sweeps"``. Entry 0 is the initial
+        E-step under the starting parameters.
+
+    Notes
+    -----
+    MATH.md §6. The initial E-step starts from θ uniform in (0, 1); each later E-step
+    starts from the previous q, so the bound never decreases across iterations.
+
+    Examples
+    --------
+    >>> p = FHMMParams.random(2, 2, random_state=0)
+    >>> X, _ = p.sample(200, random_state=1)
+    >>> fitted, history = fit_smf(X, n_chains=2, max_iter=5, random_state=0, progress=False)
+    >>> history[-1]["bound"] >= history[0]["bound"]
+    True
+    """
+    X = check_observations(X)
+    lengths = check_lengths(lengths, X.shape[0])
+    bounds = _bounds(lengths)
+    starts = bounds[:-1]
+    T, D = X.shape
+    max_iter = check_positive_int(max_iter, "max_iter", minimum=0)
+    tol = _check_nonneg_float(tol, "tol")
+    e_tol = _check_nonneg_float(e_tol, "e_tol")
+    max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
+    if time_budget is not None:
+        time_budget = _check_nonneg_float(time_budget, "time_budget")
+    rng = check_random_state(random_state)
+    if params is None:
+        if n_chains is None:
+            raise ValueError("n_chains must be given when params is None")
+        params = init_params(X, n_chains, random_state=rng)
+    else:
+        params = _check_params(params, D)
+        if n_chains is not None and check_positive_int(n_chains, "n_chains") != params.n_chains:
+            raise ValueError(f"n_chains ({n_chains}) does not match params.n_chains "
+                             f"({params.n_chains})")
+    M = params.n_chains
+    floor = _default_floor(X)
+
+    t0 = time.perf_counter()
+    theta = rng.uniform(size=(T, M))
+    est = _e_step(params, X, bounds, theta, e_tol, max_sweeps, np.full(M, np.nan))
+    history = [{"iteration": 0, "bound": est.bound, "time": time.perf_counter() - t0,
+                "n_sweeps": est.n_sweeps}]
+    with tqdm(total=max_iter, disable=not progress, desc="SMF-EM", unit="it") as bar:
+        for it in range(1, max_iter + 1):
+            if time_budget is not None and time.perf_counter() - t0 >= time_budget:
+                break
+            previous = est
+            params = _m_step(params, X, est.theta, est.xi, starts, floor)
+            terms = _prior_terms(params, est.xi, est.theta[starts]) + est.entropy
+            est = _e_step(params, X, bounds, est.theta.copy(), e_tol, max_sweeps, terms)
+            history.append({"iteration": it, "bound": est.bound,
+                            "time": time.perf_counter() - t0, "n_sweeps": est.n_sweeps})
+            bar.update(1)
+            bar.set_postfix(bound=f"{est.bound:.6g}")
+            if est.bound - previous.bound < tol * abs(previous.bound):
+                break
+    return params, history

@@ -1,0 +1,379 @@
+"""Tests of streamfhmm.kernels.elbo (MATH.md §2, §4) against enumeration and finite
+differences."""
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from scipy import optimize
+
+from streamfhmm.kernels.elbo import elbo_batch, elbo_subchain, sigma_grad_to_chol
+
+from .naive_elbo import (copula_cells_naive, elbo_naive, log_likelihood_naive, log_transitions,
+                         posterior_naive)
+
+EPS = 1e-6  # EPS_THETA = EPS_RHO of the variational family
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------
+def random_model(rng, M, D, noise=0.5):
+    """W, L, alpha, beta, log_pi with a well-conditioned Σ."""
+    W = rng.standard_normal((M + 1, D))
+    L = np.tril(0.3 * rng.standard_normal((D, D)), -1)
+    L[np.diag_indices(D)] = noise * np.exp(0.3 * rng.standard_normal(D))
+    alpha = rng.normal(-1.0, 1.0, size=M)
+    beta = rng.normal(-1.0, 1.0, size=M)
+    pi1 = rng.uniform(0.1, 0.9, size=M)
+    log_pi = np.log(np.stack([1.0 - pi1, pi1], axis=1))
+    return W, L, alpha, beta, log_pi
+
+
+def random_variational(rng, T, M, extreme=False):
+    theta = rng.uniform(0.05, 0.95, size=(T, M))
+    rho = rng.uniform(-0.95, 0.95, size=(T, M))
+    if extreme:
+        pick = rng.random((T, M))
+        theta[pick < 0.2] = EPS
+        theta[pick > 0.8] = 1.0 - EPS
+        pick = rng.random((T, M))
+        rho[pick < 0.2] = -(1.0 - EPS)
+        rho[pick > 0.8] = 1.0 - EPS
+    return theta, rho
+
+
+def random_data(rng, T, W, L, missing=False):
+    M = W.shape[0] - 1
+    D = W.shape[1]
+    S = rng.integers(0, 2, size=(T, M))
+    Y = S @ W[:M] + W[M] + rng.standard_normal((T, D)) @ L.T
+    if missing:
+        mask = rng.random((T, D)) < 0.3
+        if T > 2:
+            mask[2] = True           # one row with nothing observed
+        if T > 4 and D > 1:
+            mask[3] = False
+            mask[3, 0] = True        # two rows with the same pattern
+            mask[4] = mask[3]
+        Y[mask] = np.nan
+    return Y
+
+
+def run(Y, theta, rho, first, W, L, alpha, beta, log_pi, P=None):
+    """Kernel value and fresh gradient arrays, the Cholesky gradient converted."""
+    M, D = W.shape[0] - 1, W.shape[1]
+    if P is None:
+        P = np.linalg.inv(L @ L.T)
+        P = 0.5 * (P + P.T)
+    g = dict(theta=np.zeros_like(theta), rho=np.zeros_like(rho), W=np.zeros_like(W),
+             Sigma=np.zeros((D, D)), alpha=np.zeros(M), beta=np.zeros(M), logpi=np.zeros((M, 2)))
+    v = elbo_subchain(Y, theta, rho, first, W, L, P, log_transitions(alpha, beta), log_pi,
+                      g["theta"], g["rho"], g["W"], g["Sigma"], g["alpha"], g["beta"], g["logpi"])
+    g["chol"] = np.zeros((D, D))
+    sigma_grad_to_chol(g["Sigma"], L, g["chol"])
+    return v, g
+
+
+def to_chol_params(L):
+    """Lower off-diagonal entries of L and λ = log diag L, as one (D, D) lower array."""
+    out = np.tril(L, -1)
+    out[np.diag_indices(L.shape[0])] = np.log(np.diag(L))
+    return out
+
+
+def from_chol_params(C):
+    L = np.tril(C, -1)
+    L[np.diag_indices(C.shape[0])] = np.exp(np.diag(C))
+    return L
+
+
+def central_fd(f, x, h):
+    """Central differences of scalar ``f`` wrt every entry of array ``x`` (restored)."""
+    g = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + h
+        fp = f()
+        x[idx] = old - h
+        fm = f()
+        x[idx] = old
+        g[idx] = (fp - fm) / (2 * h)
+    return g
+
+
+def rel_err(g, ref):
+    return np.max(np.abs(g - ref)) / max(np.max(np.abs(ref)), 1e-8)
+
+
+# --------------------------------------------------------------------------------------
+# value against enumeration over all joint sequences
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("T,M,D,missing", [(1, 2, 2, False), (2, 1, 1, False), (3, 2, 2, False),
+                                           (5, 1, 3, False), (4, 2, 2, False), (5, 2, 3, True),
+                                           (4, 1, 2, True)])
+def test_matches_enumeration(T, M, D, missing):
+    seed = 1000 + 17 * T + 5 * M + D + int(missing)
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    W, L, alpha, beta, log_pi = random_model(rng, M, D)
+    theta, rho = random_variational(rng, T, M)
+    Y = random_data(rng, T, W, L, missing)
+    v, _ = run(Y, theta, rho, True, W, L, alpha, beta, log_pi)
+    ref = elbo_naive(Y, theta, rho, W, L @ L.T, log_transitions(alpha, beta), log_pi)
+    assert abs(v - ref) <= 1e-10 * max(1.0, abs(ref)), (v, ref)
+
+
+def test_telescoping_matches_enumeration():
+    seed = 2024
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    T, M, D = 5, 2, 2
+    W, L, alpha, beta, log_pi = random_model(rng, M, D)
+    theta, rho = random_variational(rng, T, M)
+    Y = random_data(rng, T, W, L, missing=True)
+    ref = elbo_naive(Y, theta, rho, W, L @ L.T, log_transitions(alpha, beta), log_pi)
+    # rows 0..2 (start), then 2..3 and 3..4 each with one context row
+    total = run(Y[0:3], theta[0:3], rho[0:3], True, W, L, alpha, beta, log_pi)[0]
+    total += run(Y[2:4], theta[2:4], rho[2:4], False, W, L, alpha, beta, log_pi)[0]
+    total += run(Y[3:5], theta[3:5], rho[3:5], False, W, L, alpha, beta, log_pi)[0]
+    assert abs(total - ref) <= 1e-10 * max(1.0, abs(ref)), (total, ref)
+
+
+@pytest.mark.parametrize("missing", [False, True])
+def test_telescoping_values_and_gradients(missing):
+    seed = 77 + int(missing)
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    T, M, D = 40, 3, 4
+    W, L, alpha, beta, log_pi = random_model(rng, M, D)
+    theta, rho = random_variational(rng, T, M)
+    Y = random_data(rng, T, W, L, missing)
+    v_full, g_full = run(Y, theta, rho, True, W, L, alpha, beta, log_pi)
+    cuts = np.sort(rng.choice(np.arange(2, T - 1), size=5, replace=False))
+    bounds = [0, *cuts, T]
+    total = 0.0
+    acc = {k: np.zeros_like(a) for k, a in g_full.items()}
+    for i in range(len(bounds) - 1):
+        lo = bounds[i] if i == 0 else bounds[i] - 1   # context row
+        hi = bounds[i + 1]
+        v, g = run(Y[lo:hi], theta[lo:hi], rho[lo:hi], i == 0, W, L, alpha, beta, log_pi)
+        total += v
+        for k in acc:
+            if k in ("theta", "rho"):
+                acc[k][lo:hi] += g[k]
+            else:
+                acc[k] += g[k]
+    assert abs(total - v_full) <= 1e-12 * abs(v_full)
+    for k in acc:
+        np.testing.assert_allclose(acc[k], g_full[k], rtol=1e-11, atol=1e-11, err_msg=k)
+
+
+def test_batch_equals_subchains_and_accumulates():
+    seed = 31337
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    M, D, B = 3, 4, 6
+    W, L, alpha, beta, log_pi = random_model(rng, M, D)
+    P = np.linalg.inv(L @ L.T)
+    log_A = log_transitions(alpha, beta)
+    n_pos = rng.integers(1, 9, size=B).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(n_pos)[:-1]]).astype(np.int64)
+    flags = rng.random(B) < 0.4
+    N = int(n_pos.sum())
+    theta, rho = random_variational(rng, N, M)
+    Y = random_data(rng, N, W, L, missing=True)
+
+    def zeros(n=N):
+        return [np.zeros((n, M)), np.zeros((n, M)), np.zeros_like(W), np.zeros((D, D)),
+                np.zeros(M), np.zeros(M), np.zeros((M, 2))]
+
+    gb = zeros()
+    vb = elbo_batch(Y, starts, n_pos, flags, theta, rho, W, L, P, log_A, log_pi, *gb)
+    gs = zeros()
+    vs = 0.0
+    for b in range(B):
+        sl = slice(starts[b], starts[b] + n_pos[b])
+        part = zeros(int(n_pos[b]))
+        vs += elbo_subchain(Y[sl], theta[sl], rho[sl], bool(flags[b]), W, L, P, log_A, log_pi,
+                            *part)
+        gs[0][sl] += part[0]
+        gs[1][sl] += part[1]
+        for k in range(2, 7):
+            gs[k] += part[k]
+    assert abs(vb - vs) <= 1e-12 * max(1.0, abs(vs))
+    for a, b in zip(gb, gs):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    # outputs are accumulated: a second call doubles them
+    gb2 = [a.copy() for a in gb]
+    elbo_batch(Y, starts, n_pos, flags, theta, rho, W, L, P, log_A, log_pi, *gb2)
+    for a, b in zip(gb2, gb):
+        np.testing.assert_allclose(a, 2 * b, rtol=1e-13, atol=1e-13)
+
+
+def test_short_subchains():
+    seed = 5
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    W, L, alpha, beta, log_pi = random_model(rng, 2, 2)
+    theta, rho = random_variational(rng, 1, 2)
+    Y = random_data(rng, 1, W, L)
+    v, g = run(Y, theta, rho, False, W, L, alpha, beta, log_pi)   # a lone context row
+    assert v == 0.0 and all(not np.any(a) for a in g.values())
+    v, g = run(Y, theta, rho, True, W, L, alpha, beta, log_pi)
+    ref = elbo_naive(Y, theta, rho, W, L @ L.T, log_transitions(alpha, beta), log_pi)
+    assert abs(v - ref) <= 1e-12 * max(1, abs(ref))
+    assert not np.any(g["rho"])
+
+
+# --------------------------------------------------------------------------------------
+# gradients against central finite differences
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("missing", [False, True])
+@pytest.mark.parametrize("first", [True, False])
+def test_gradients_finite_differences(missing, first):
+    seed = 4242 + 2 * int(missing) + int(first)
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    T, M, D = 7, 2, 3
+    W, L, alpha, beta, log_pi = random_model(rng, M, D)
+    theta, rho = random_variational(rng, T, M)
+    Y = random_data(rng, T, W, L, missing)
+    C = to_chol_params(L)
+    v0, g = run(Y, theta, rho, first, W, L, alpha, beta, log_pi)
+
+    def f():
+        return run(Y, theta, rho, first, W, from_chol_params(C), alpha, beta, log_pi)[0]
+
+    h = 1e-5
+    checks = {
+        "theta": (g["theta"], central_fd(f, theta, h)),
+        "rho": (g["rho"], central_fd(f, rho, h)),
+        "W": (g["W"], central_fd(f, W, h)),
+        "chol": (g["chol"], np.tril(central_fd(f, C, h))),
+        "alpha": (g["alpha"], central_fd(f, alpha, h)),
+        "beta": (g["beta"], central_fd(f, beta, h)),
+        "logpi": (g["logpi"], central_fd(f, log_pi, h)),
+    }
+    for name, (an, fd) in checks.items():
+        err = rel_err(an, fd)
+        print(f"{name}: rel err {err:.2e}")
+        assert err <= 1e-6, (name, err, an, fd)
+    assert not np.any(g["rho"][0])
+    if not first:
+        assert not np.any(g["logpi"])
+
+
+def test_floor_keeps_value_and_gradients_finite():
+    """Cells that underflow to 0 are floored: the value is finite and equals the true
+    ELBO (0 log 0 = 0), the gradients are finite and match central differences."""
+    seed = 99
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    T, M, D = 4, 1, 2
+    W, L, alpha, beta, log_pi = random_model(rng, M, D)
+    Y = random_data(rng, T, W, L)
+    theta = np.array([[EPS], [EPS], [1.0 - EPS], [0.3]])
+    rho = np.array([[0.0], [-(1.0 - EPS)], [-(1.0 - EPS)], [1.0 - EPS]])
+    assert copula_cells_naive(EPS, EPS, -(1.0 - EPS))[3] < 1e-300   # the floor acts
+    log_A = log_transitions(alpha, beta)
+    v, g = run(Y, theta, rho, True, W, L, alpha, beta, log_pi)
+    assert np.isfinite(v)
+    assert all(np.isfinite(a).all() for a in g.values())
+    ref = elbo_naive(Y, theta, rho, W, L @ L.T, log_A, log_pi)
+    assert abs(v - ref) <= 1e-9 * max(1.0, abs(ref)), (v, ref)
+    assert v <= log_likelihood_naive(Y, W, L @ L.T, log_A, log_pi)
+    f = lambda: run(Y, theta, rho, True, W, L, alpha, beta, log_pi)[0]  # noqa: E731
+    for name, x in (("W", W), ("alpha", alpha), ("beta", beta)):
+        err = rel_err(g[name], central_fd(f, x, 1e-5))
+        print(f"{name}: rel err {err:.2e}")
+        assert err <= 1e-6, (name, err)
+    # θ of the last row (0.3, away from its bounds)
+    th = theta[3:4, :]
+    err = rel_err(g["theta"][3:4], central_fd(f, th, 1e-6))
+    assert err <= 1e-6, ("theta", err)
+
+
+# --------------------------------------------------------------------------------------
+# bounds
+# --------------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), T=st.integers(1, 4), M=st.integers(1, 2),
+       D=st.integers(1, 2), extreme=st.booleans(), missing=st.booleans())
+def test_elbo_below_loglik_and_matches_enumeration(seed, T, M, D, extreme, missing):
+    print(f"seed={seed} T={T} M={M} D={D} extreme={extreme} missing={missing}")
+    rng = np.random.default_rng(seed)
+    W, L, alpha, beta, log_pi = random_model(rng, M, D, noise=rng.uniform(0.2, 2.0))
+    alpha = rng.normal(0.0, 3.0, size=M)
+    beta = rng.normal(0.0, 3.0, size=M)
+    theta, rho = random_variational(rng, T, M, extreme)
+    Y = random_data(rng, T, W, L, missing)
+    log_A = log_transitions(alpha, beta)
+    v, _ = run(Y, theta, rho, True, W, L, alpha, beta, log_pi)
+    ll = log_likelihood_naive(Y, W, L @ L.T, log_A, log_pi)
+    assert v <= ll + 1e-10 * max(1.0, abs(ll)), (v, ll)
+    ref = elbo_naive(Y, theta, rho, W, L @ L.T, log_A, log_pi)
+    assert abs(v - ref) <= 1e-9 * max(1.0, abs(ref)), (v, ref)
+
+
+def _exact_copula(xi_t, theta_prev, theta_t):
+    """ρ with q00(θ_prev, θ_t, ρ) = ξ(0, 0), by root finding on the naive cells."""
+    target = xi_t[0, 0]
+    f = lambda r: copula_cells_naive(theta_prev, theta_t, r)[0] - target  # noqa: E731
+    return optimize.brentq(f, -(1 - EPS), 1 - EPS, xtol=1e-15, rtol=1e-15, maxiter=200)
+
+
+def test_exact_posterior_gives_loglik():
+    """M = 1: the HMM posterior is a Markov chain, which the copula chain represents
+    exactly, so the ELBO at (θ, ρ) = exact posterior is the log-likelihood."""
+    seed = 8
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    T, M, D = 7, 1, 2
+    W = np.array([[1.0, -0.7], [0.2, 0.1]])
+    L = np.array([[1.2, 0.0], [0.3, 1.0]])
+    alpha = np.array([-0.6])
+    beta = np.array([-0.9])
+    log_pi = np.log(np.array([[0.6, 0.4]]))
+    log_A = log_transitions(alpha, beta)
+    Y = random_data(rng, T, W, L, missing=True)
+    ll, theta, xi = posterior_naive(Y, W, L @ L.T, log_A, log_pi)
+    assert theta.min() > 0.01 and theta.max() < 0.99
+    rho = np.zeros((T, M))
+    for t in range(1, T):
+        rho[t, 0] = _exact_copula(xi[t, 0], theta[t - 1, 0], theta[t, 0])
+    assert np.abs(rho).max() < 0.99
+    v, _ = run(Y, theta, rho, True, W, L, alpha, beta, log_pi)
+    print(f"elbo={v!r} loglik={ll!r}")
+    assert abs(v - ll) <= 1e-6, (v, ll)
+
+
+# --------------------------------------------------------------------------------------
+# throughput
+# --------------------------------------------------------------------------------------
+def test_throughput_report():
+    """Positions per second for M = 10, D = 6 (10 subchains of 100 positions)."""
+    seed = 3
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    M, D, B, Lsub = 10, 6, 10, 100
+    W, L, alpha, beta, log_pi = random_model(rng, M, D)
+    P = np.linalg.inv(L @ L.T)
+    log_A = log_transitions(alpha, beta)
+    n_pos = np.full(B, Lsub + 1, dtype=np.int64)
+    starts = np.arange(B, dtype=np.int64) * (Lsub + 1)
+    flags = np.zeros(B, dtype=bool)
+    N = B * (Lsub + 1)
+    theta, rho = random_variational(rng, N, M)
+    Y = random_data(rng, N, W, L)
+    outs = [np.zeros((N, M)), np.zeros((N, M)), np.zeros_like(W), np.zeros((D, D)),
+            np.zeros(M), np.zeros(M), np.zeros((M, 2))]
+    elbo_batch(Y, starts, n_pos, flags, theta, rho, W, L, P, log_A, log_pi, *outs)
+    reps = 50
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        elbo_batch(Y, starts, n_pos, flags, theta, rho, W, L, P, log_A, log_pi, *outs)
+    dt = (time.perf_counter() - t0) / reps
+    rate = B * Lsub / dt
+    print(f"elbo_batch M={M} D={D}: {rate:.3g} positions/s ({dt * 1e6:.0f} us per batch)")
+    assert rate > 1e3

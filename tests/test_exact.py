@@ -1,0 +1,113 @@
+"""Exact factorial inference against brute-force enumeration and hmmlearn."""
+import numpy as np
+import pytest
+
+from streamfhmm import exact
+from streamfhmm.exact import bounds_from_lengths
+from streamfhmm.kernels import exact as kx
+from streamfhmm.model import FHMMParams
+
+from . import naive
+
+
+def _model(M, D, seed, **kw):
+    print(f"seed={seed} M={M} D={D}")
+    return FHMMParams.random(M, D, random_state=seed, **kw)
+
+
+@pytest.mark.parametrize("M,D,T,seed", [(1, 1, 6, 0), (2, 2, 5, 1), (3, 2, 4, 2), (2, 3, 5, 3)])
+def test_against_brute_force(M, D, T, seed):
+    p = _model(M, D, seed, noise=0.8)
+    X, _ = p.sample(T, random_state=seed + 100)
+    ll_ref, theta_ref, xi_ref, filt_ref = naive.brute_force_posterior(p, X)
+    assert exact.log_likelihood(p, X) == pytest.approx(ll_ref, rel=1e-10)
+    ll, theta, xi = exact.smoothed_marginals(p, X, pairwise=True)
+    assert ll == pytest.approx(ll_ref, rel=1e-10)
+    np.testing.assert_allclose(theta, theta_ref, atol=1e-10)
+    np.testing.assert_allclose(xi, xi_ref, atol=1e-10)
+    llf, filt = exact.filtered_marginals(p, X)
+    assert llf == pytest.approx(ll_ref, rel=1e-10)
+    np.testing.assert_allclose(filt, filt_ref, atol=1e-10)
+
+
+@pytest.mark.parametrize("M,seed", [(1, 10), (2, 11), (4, 12), (6, 13)])
+def test_against_hmmlearn_product_space(M, seed):
+    hmm = pytest.importorskip("hmmlearn.hmm")
+    D = 3
+    p = _model(M, D, seed)
+    X, _ = p.sample(300, random_state=seed)
+    start, trans, means, cov = naive.product_space_hmm(p)
+    ref = hmm.GaussianHMM(n_components=len(start), covariance_type="tied", init_params="", params="")
+    ref.startprob_, ref.transmat_, ref.means_, ref.covars_ = start, trans, means, cov
+    lengths = [100, 150, 50]
+    expected = ref.score(X, lengths)
+    got = exact.log_likelihood(p, X, lengths)
+    print(f"hmmlearn {expected!r} ours {got!r}")
+    assert got == pytest.approx(expected, rel=1e-8)
+    # smoothing marginals against hmmlearn's posteriors, marginalised per chain
+    post = ref.predict_proba(X, lengths)
+    theta_ref = post @ naive.joint_states(M)
+    _, theta = exact.smoothed_marginals(p, X, lengths)
+    np.testing.assert_allclose(theta, theta_ref, atol=1e-8)
+
+
+def test_loops_reference_agrees():
+    p = _model(3, 2, 5)
+    X, _ = p.sample(40, random_state=5)
+    assert exact.log_likelihood(p, X) == pytest.approx(naive.forward_loglik_loops(p, X), rel=1e-10)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 64])
+def test_smoother_block_size_does_not_matter(block):
+    seed = 21
+    p = _model(3, 2, seed, noise=0.5)
+    X, _ = p.sample(50, random_state=seed)
+    lengths = np.array([17, 33])
+    bounds = bounds_from_lengths(lengths)
+    M = p.n_chains
+    theta = np.zeros((50, M))
+    xi = np.zeros((50, M, 2, 2))
+    ll = kx.forward_backward(X, bounds, p.W, p.L, p.transmat, p.startprob, block, True, theta, xi)
+    ll0, theta0, xi0 = exact.smoothed_marginals(p, X, lengths, pairwise=True)
+    assert ll == pytest.approx(ll0, rel=1e-12)
+    np.testing.assert_allclose(theta, theta0, atol=1e-12)
+    np.testing.assert_allclose(xi, xi0, atol=1e-12)
+    # pairwise rows are consistent with the marginals
+    np.testing.assert_allclose(xi[1:17, :, 1, :].sum(-1), theta[:16], atol=1e-10)
+    np.testing.assert_allclose(xi[1:17, :, :, 1].sum(-1), theta[1:17], atol=1e-10)
+
+
+def test_several_sequences_are_independent():
+    p = _model(2, 2, 31)
+    X, _ = p.sample(60, random_state=31)
+    whole = exact.log_likelihood(p, X, [20, 40])
+    parts = exact.log_likelihood(p, X[:20]) + exact.log_likelihood(p, X[20:])
+    assert whole == pytest.approx(parts, rel=1e-12)
+    _, th = exact.smoothed_marginals(p, X, [20, 40])
+    _, th2 = exact.smoothed_marginals(p, X[20:])
+    np.testing.assert_allclose(th[20:], th2, atol=1e-12)
+
+
+def test_extreme_observation_does_not_underflow():
+    # an outlier far from every joint mean: every emission underflows in linear space
+    p = _model(3, 2, 41, noise=0.05)
+    X, _ = p.sample(20, random_state=41)
+    X[10] += 50.0
+    ll, theta = exact.smoothed_marginals(p, X)
+    assert np.isfinite(ll) and np.isfinite(theta).all()
+    assert ll == pytest.approx(naive.forward_loglik_loops(p, X), rel=1e-9)
+
+
+def test_errors():
+    p = _model(2, 2, 0)
+    with pytest.raises(ValueError, match="X must have 2 features"):
+        exact.log_likelihood(p, np.zeros((5, 3)))
+    with pytest.raises(ValueError, match="lengths must sum to the number of samples"):
+        exact.log_likelihood(p, np.zeros((5, 2)), [2, 2])
+    with pytest.raises(ValueError, match="must not contain NaN"):
+        exact.log_likelihood(p, np.full((5, 2), np.nan))
+    with pytest.raises(ValueError, match="params must be an FHMMParams"):
+        exact.log_likelihood("model", np.zeros((5, 2)))
+    big = FHMMParams.random(exact.MAX_EXACT_CHAINS + 1, 1, random_state=0)
+    with pytest.raises(ValueError, match="exact inference is limited to n_chains"):
+        exact.log_likelihood(big, np.zeros((3, 1)))

@@ -1,0 +1,129 @@
+"""FHMMParams and the public FHMM: construction, validation, sampling statistics."""
+import numpy as np
+import pytest
+
+from streamfhmm import FHMM, FHMMParams
+from streamfhmm.model import logit, sigmoid
+
+A2 = np.array([[[0.9, 0.1], [0.2, 0.8]], [[0.95, 0.05], [0.3, 0.7]]])
+W2 = np.array([[1.0, 0.0], [0.0, 2.0], [0.5, -0.5]])
+S2 = np.array([[0.2, 0.05], [0.05, 0.1]])
+
+
+def test_from_params_round_trip():
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2, startprob=[0.3, 0.6])
+    np.testing.assert_allclose(m.W_, W2)
+    np.testing.assert_allclose(m.covariance_, S2, atol=1e-14)
+    np.testing.assert_allclose(m.transmat_, A2, atol=1e-14)
+    np.testing.assert_allclose(m.startprob_, [0.3, 0.6])
+    assert m.transmat_.shape == (2, 2, 2)
+
+
+def test_default_startprob_is_stationary():
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
+    np.testing.assert_allclose(m.startprob_, [0.1 / 0.3, 0.05 / 0.35])
+
+
+def test_sigmoid_logit():
+    x = np.array([-800.0, -3.0, 0.0, 2.0, 800.0])
+    s = sigmoid(x)
+    assert np.isfinite(s).all() and s[0] == 0.0 and s[-1] == 1.0
+    np.testing.assert_allclose(logit(sigmoid(np.array([-5.0, 0.3, 7.0]))), [-5.0, 0.3, 7.0], rtol=1e-12)
+
+
+def test_log_transmat_matches_transmat():
+    p = FHMMParams.random(5, 3, random_state=3)
+    np.testing.assert_allclose(np.exp(p.log_transmat), p.transmat, rtol=1e-13)
+
+
+def test_params_are_immutable():
+    p = FHMMParams.random(2, 2, random_state=0)
+    with pytest.raises(ValueError):
+        p.W[0, 0] = 1.0
+    q = p.replace(W=p.W + 1)
+    assert q is not p and np.allclose(q.W, p.W + 1)
+
+
+def test_sample_reproduces_statistics():
+    seed = 7
+    print(f"seed={seed}")
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2, startprob=[0.3, 0.6])
+    X, S = m.sample(200_000, random_state=seed)
+    assert X.shape == (200_000, 2) and S.shape == (200_000, 2)
+    # transition frequencies
+    for c in range(2):
+        prev, nxt = S[:-1, c], S[1:, c]
+        for i in range(2):
+            freq = nxt[prev == i].mean()
+            assert freq == pytest.approx(A2[c, i, 1], abs=0.01)
+    # least squares of X on [S, 1] recovers W; residual covariance recovers Σ
+    design = np.column_stack([S, np.ones(len(S))])
+    W_hat, *_ = np.linalg.lstsq(design, X, rcond=None)
+    np.testing.assert_allclose(W_hat, W2, atol=0.01)
+    resid = X - design @ W_hat
+    np.testing.assert_allclose(np.cov(resid.T), S2, atol=0.005)
+    # reproducible
+    X2, S2_ = m.sample(200_000, random_state=seed)
+    assert np.array_equal(X, X2) and np.array_equal(S, S2_)
+
+
+def test_score_and_predict_proba_shapes():
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
+    X, S = m.sample(500, random_state=1)
+    assert np.isfinite(m.score(X))
+    P = m.predict_proba(X, lengths=[200, 300])
+    assert P.shape == (500, 2) and ((P >= 0) & (P <= 1)).all()
+    # the posterior follows the true states on well-separated data
+    assert np.mean((P > 0.5) == S) > 0.9
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(W=np.zeros(3)), "W must be a 2-D array of shape \\(n_chains \\+ 1, n_features\\)"),
+    (dict(W=[[np.nan, 0], [0, 0], [0, 0]]), "W must be finite"),
+    (dict(W=[["a", "b"], ["c", "d"]]), "W must be a numeric array"),
+    (dict(covariance=np.eye(3)), "covariance must have shape \\(2, 2\\)"),
+    (dict(covariance=[[1.0, 0.5], [0.4, 1.0]]), "covariance must be symmetric"),
+    (dict(covariance=[[1.0, 2.0], [2.0, 1.0]]), "covariance must be positive definite"),
+    (dict(covariance=[[np.inf, 0], [0, 1.0]]), "covariance must be finite"),
+    (dict(transmat=np.ones((2, 2, 2))), "transmat rows must sum to 1"),
+    (dict(transmat=np.ones((3, 2, 2)) / 2), "transmat must have shape \\(2, 2, 2\\)"),
+    (dict(transmat=np.array([[[1.5, -0.5], [0.5, 0.5]]] * 2)), "transmat entries must be probabilities"),
+    (dict(startprob=[0.5]), "startprob must have shape \\(2,\\)"),
+    (dict(startprob=[0.5, 1.5]), "startprob entries must be probabilities"),
+])
+def test_from_params_errors(kwargs, message):
+    args = dict(W=W2, covariance=S2, transmat=A2, startprob=[0.5, 0.5])
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        FHMM.from_params(**args)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(window=4), "window must be odd"),
+    (dict(window=0), "window must be an integer >= 1"),
+    (dict(n_hidden=2.5), "n_hidden must be an integer >= 1"),
+    (dict(share_hidden="none"), "share_hidden must be one of"),
+])
+def test_hyperparameter_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FHMM.from_params(W=W2, covariance=S2, transmat=A2, **kwargs)
+
+
+def test_input_errors():
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
+    with pytest.raises(ValueError, match="no parameters yet"):
+        FHMM(n_chains=2).score(np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="X must be a 2-D array"):
+        m.score(np.zeros((2, 3, 4)))
+    with pytest.raises(ValueError, match="X must not contain infinities; found inf at row 1, column 0"):
+        m.score(np.array([[0.0, 0.0], [np.inf, 0.0]]))
+    with pytest.raises(ValueError, match="lengths must all be positive"):
+        m.score(np.zeros((4, 2)), lengths=[4, 0])
+    with pytest.raises(ValueError, match="lengths must hold integers"):
+        m.score(np.zeros((4, 2)), lengths=[1.5, 2.5])
+    with pytest.raises(ValueError, match="method must be one of"):
+        m.predict_proba(np.zeros((4, 2)), method="magic")
+    with pytest.raises(ValueError, match="n_samples must be an integer >= 1"):
+        m.sample(0)
+    with pytest.raises(ValueError, match="random_state must be None, an int or a numpy Generator"):
+        m.sample(5, random_state="seed")
