@@ -6,11 +6,21 @@ a trailing underscore: ``W_`` (M+1, D), ``covariance_`` (D, D), ``transmat_`` (M
 """
 from __future__ import annotations
 
+import json
+import os
+import time
+
 import numpy as np
 
 from . import exact
-from ._validation import check_observations, check_positive_int, check_random_state
+from ._validation import (check_lengths, check_observations, check_positive_int,
+                          check_random_state)
 from .model import FHMMParams
+
+#: version of the ``.npz`` model format written by :meth:`FHMM.save`
+FORMAT_VERSION = 1
+_FORMAT_TAG = "streamfhmm.FHMM"
+_METHODS = ("recognition", "exact", "smf")
 
 __all__ = ["FHMM"]
 
@@ -92,9 +102,120 @@ class FHMM:
         model._set_params(params)
         return model
 
-    def _set_params(self, params: FHMMParams):
+    def _set_params(self, params: FHMMParams, net=None):
         self.params_ = params
         self.n_features_in_ = params.n_features
+        self.net_ = net
+
+    # -- learning --------------------------------------------------------------------
+    def fit(self, X, lengths=None, method: str = "svi", *, max_iter: int | None = None,
+            time_budget: float | None = None, batch_size: int = 10,
+            subchain_length: int | None = None, learning_rate: float = 1e-2,
+            final_lr_ratio: float = 0.01, decay: float = 0.9, tol: float = 1e-6,
+            init: str = "auto", init_samples: int = 5000, progress: bool = True) -> "FHMM":
+        """Learn the model (and, for SVI, the recognition networks) from data.
+
+        Parameters
+        ----------
+        X : array_like, shape (T, D)
+            Observations; NaN marks a missing value (``method="svi"`` only).
+        lengths : array_like of int, optional
+            Lengths of the independent sequences concatenated in X.
+        method : {"svi", "smf"}
+            ``"svi"``: stochastic variational inference without messages — subchain
+            minibatches, hand-derived gradients, RMSprop (paper §3.3, MATH.md §5).
+            ``"smf"``: structured mean-field EM (MATH.md §6), exact in spirit but every
+            iteration sweeps the whole sequence.
+        max_iter : int, optional
+            SVI steps (default 20,000) or EM iterations (default 100).
+        time_budget : float, optional
+            Wall-clock seconds; learning stops when they are spent (the SVI learning
+            rate schedule follows whichever of ``max_iter`` and ``time_budget`` ends first).
+        batch_size : int
+            Subchains per SVI step.
+        subchain_length : int, optional
+            Positions per subchain (default: ``window``).
+        learning_rate, final_lr_ratio, decay : float
+            RMSprop: cosine schedule from ``learning_rate`` to
+            ``learning_rate * final_lr_ratio``; ``decay`` is RMSprop's γ.
+        tol : float
+            SMF-EM stops when the bound improves by less than this, relatively.
+        init : {"auto", "smf", "kmeans", "params"}
+            Starting parameters: ``"params"`` continues from the current ones;
+            ``"kmeans"`` a k-means start (:func:`streamfhmm.learn.smf.init_params`);
+            ``"smf"`` a short SMF-EM run on at most ``init_samples`` samples from that
+            start; ``"auto"`` is ``"params"`` for a model that has parameters and
+            ``"smf"`` otherwise.
+        progress : bool
+            Show a progress bar.
+
+        Returns
+        -------
+        self
+        """
+        self._check_hyperparameters()
+        if method not in ("svi", "smf"):
+            raise ValueError(f"method must be 'svi' or 'smf', got {method!r}")
+        if init not in ("auto", "smf", "kmeans", "params"):
+            raise ValueError(f"init must be one of 'auto', 'smf', 'kmeans', 'params', got {init!r}")
+        X = check_observations(X, allow_nan=(method == "svi"))
+        lengths = check_lengths(lengths, X.shape[0])
+        if getattr(self, "params_", None) is not None and self.params_.n_features != X.shape[1]:
+            raise ValueError(f"X must have {self.params_.n_features} features (columns) like the "
+                             f"model's parameters, got {X.shape[1]}")
+        if method == "svi" and X.shape[0] < 2:
+            raise ValueError("X must have at least 2 samples for SVI")
+        rng = check_random_state(self.random_state)
+        bounds = exact.bounds_from_lengths(lengths)
+        t0 = time.perf_counter()
+        params = self._initial_params(X, lengths, init, init_samples, rng, progress)
+        if method == "smf":
+            from .learn.smf import fit_smf
+            budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
+            params, history = fit_smf(X, lengths, params=params, max_iter=max_iter or 100, tol=tol,
+                                      time_budget=budget, random_state=rng, progress=progress)
+            self._set_params(params, getattr(self, "net_", None))
+            self.history_ = history
+            self.fit_method_ = "smf"
+            return self
+        from .learn.svi import fit_svi
+        from .network import RecognitionNet
+        net = RecognitionNet(self.n_chains, X.shape[1], window=self.window, n_hidden=self.n_hidden,
+                             share=self.share_hidden, mode="centred")
+        net.init(random_state=rng)
+        net.fit_scaler(X)
+        budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
+        state = fit_svi(X, bounds, params, net, max_iter=max_iter or 20_000, batch_size=batch_size,
+                        subchain_length=subchain_length, learning_rate=learning_rate,
+                        final_lr_ratio=final_lr_ratio, decay=decay, time_budget=budget, rng=rng,
+                        progress=progress)
+        self._set_params(state.params, state.net)
+        self.history_ = state.history
+        self.fit_method_ = "svi"
+        return self
+
+    def _initial_params(self, X, lengths, init, init_samples, rng, progress) -> FHMMParams:
+        from .learn.smf import fit_smf, init_params
+        have = getattr(self, "params_", None)
+        if init == "auto":
+            init = "params" if have is not None else "smf"
+        if init == "params":
+            if have is None:
+                raise ValueError("init='params' needs a model with parameters (from_params or a previous fit)")
+            if have.n_chains != self.n_chains:
+                raise ValueError(f"n_chains={self.n_chains} differs from the parameters' {have.n_chains} chains")
+            return have
+        finite = ~np.isnan(X).any(axis=1)
+        Xc = X[finite] if not finite.all() else X
+        if len(Xc) < self.n_chains + 2:
+            raise ValueError(f"X has too few complete rows ({len(Xc)}) to initialise {self.n_chains} chains")
+        params = init_params(Xc, self.n_chains, random_state=rng)
+        if init == "smf":
+            # a short SMF-EM run on a contiguous slice (the sequence's last samples)
+            sl = Xc[-min(len(Xc), init_samples):]
+            params, _ = fit_smf(sl, params=params, max_iter=30, tol=1e-5, time_budget=30.0,
+                                random_state=rng, progress=False)
+        return params
 
     # -- fitted attributes ---------------------------------------------------------
     def _require_params(self) -> FHMMParams:
@@ -148,20 +269,140 @@ class FHMM:
         params = self._require_params()
         return exact.log_likelihood(params, X, lengths)
 
-    def predict_proba(self, X, lengths=None, method: str = "exact") -> np.ndarray:
+    def _default_method(self) -> str:
+        if getattr(self, "net_", None) is not None:
+            return "recognition"
+        return "exact" if self._require_params().n_chains <= 12 else "smf"
+
+    def predict_proba(self, X, lengths=None, method: str | None = None) -> np.ndarray:
         """Posterior marginals ``q(s_t^m = 1)``, shape (T, M).
 
         Parameters
         ----------
         X : array_like, shape (T, D)
+            NaN marks a missing value (``method="recognition"`` only).
         lengths : array_like of int, optional
-        method : {"exact"}
-            ``"exact"``: exact smoothing marginals over the 2^M joint states.
+        method : {"recognition", "exact", "smf"}, optional
+            ``"recognition"``: the recognition networks' θ (centred windows, edges
+            padded by repeating the edge sample; needs a model fitted by SVI);
+            ``"exact"``: exact smoothing marginals over the 2^M joint states;
+            ``"smf"``: the structured mean-field posterior. Default: ``"recognition"``
+            when the model has networks, else ``"exact"`` for M ≤ 12, else ``"smf"``.
         """
         params = self._require_params()
+        method = method or self._default_method()
+        if method not in _METHODS:
+            raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
         if method == "exact":
             return exact.smoothed_marginals(params, X, lengths)[1]
-        raise ValueError(f"method must be one of ('exact',), got {method!r}")
+        if method == "smf":
+            from .learn.smf import smf_posterior
+            X = check_observations(X, n_features=params.n_features)
+            return smf_posterior(params, X, lengths)[0]
+        net = self._require_net()
+        X = check_observations(X, n_features=params.n_features, allow_nan=True)
+        return net.forward(X, lengths)[0]
+
+    def reconstruct(self, X, lengths=None, method: str | None = None) -> np.ndarray:
+        """The paper's "smoothed data" ``Wᵀ E[ŝ_t]``, shape (T, D).
+
+        ``E[ŝ_t] = [θ_t, 1]`` with θ from :meth:`predict_proba` (same ``method``).
+        """
+        theta = self.predict_proba(X, lengths, method)
+        W = self._require_params().W
+        return theta @ W[:-1] + W[-1]
+
+    def elbo(self, X, lengths=None) -> float:
+        """The evidence lower bound of the recognition networks' copula-chain posterior.
+
+        ``Σ_t ℓ_t`` of MATH.md §4 over every sequence (≤ :meth:`score`). Needs a model
+        fitted by SVI.
+        """
+        from .learn.objective import ModelPacker, Workspace, sequence_elbo
+        params = self._require_params()
+        net = self._require_net()
+        X = check_observations(X, n_features=params.n_features, allow_nan=True)
+        lengths = check_lengths(lengths, X.shape[0])
+        packer = ModelPacker(params.n_chains, params.n_features)
+        vec = packer.pack(params)
+        if not np.allclose(params.startprob, params.stationary, rtol=1e-9, atol=1e-12):
+            raise ValueError("elbo() assumes the chains start from their stationary distribution "
+                             "(as SVI learns them); this model's startprob differs")
+        value, _ = sequence_elbo(vec, net.weights, X, exact.bounds_from_lengths(lengths),
+                                 Workspace(packer, net))
+        return float(value)
+
+    def _require_net(self):
+        net = getattr(self, "net_", None)
+        if net is None:
+            raise ValueError("this FHMM has no recognition networks: fit it with method='svi' "
+                             "(or use method='exact' / 'smf')")
+        return net
+
+    # -- persistence -----------------------------------------------------------------
+    def save(self, path) -> None:
+        """Write the model to a versioned ``.npz`` file (no pickle).
+
+        The file is written to a temporary name and moved into place, so a crash never
+        leaves a half-written model behind.
+        """
+        params = self._require_params()
+        arrays = {
+            "format": np.array(_FORMAT_TAG), "version": np.array(FORMAT_VERSION),
+            "hyper": np.array(json.dumps({"n_chains": self.n_chains, "window": self.window,
+                                          "n_hidden": self.n_hidden, "share_hidden": self.share_hidden,
+                                          "fit_method": getattr(self, "fit_method_", None)})),
+            "W": params.W, "L": params.L, "alpha": params.alpha, "beta": params.beta,
+            "startprob": params.startprob,
+            "history": np.array(json.dumps(getattr(self, "history_", []))),
+        }
+        net = getattr(self, "net_", None)
+        if net is not None:
+            arrays.update({f"net.{k}": v for k, v in net.to_arrays().items()})
+        path = os.fspath(path)
+        if not path.endswith(".npz"):
+            path += ".npz"
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path) -> "FHMM":
+        """Read a model written by :meth:`save`; never unpickles anything."""
+        from .network import RecognitionNet
+        path = os.fspath(path)
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                data = {k: f[k] for k in f.files}
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"{path} is not a streamfhmm model file (.npz): {exc}") from None
+        if str(data.get("format", "")) != _FORMAT_TAG:
+            raise ValueError(f"{path} is not a streamfhmm model file (no '{_FORMAT_TAG}' tag)")
+        version = int(data["version"])
+        if version > FORMAT_VERSION:
+            raise ValueError(f"{path} has model format version {version}; this streamfhmm "
+                             f"reads versions up to {FORMAT_VERSION}: upgrade streamfhmm")
+        try:
+            hyper = json.loads(str(data["hyper"]))
+            params = FHMMParams(W=data["W"], L=data["L"], alpha=data["alpha"], beta=data["beta"],
+                                startprob=data["startprob"])
+            net_arrays = {k[4:]: v for k, v in data.items() if k.startswith("net.")}
+            net = RecognitionNet.from_arrays(net_arrays) if net_arrays else None
+            history = json.loads(str(data["history"]))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"{path} is a damaged streamfhmm model file: {exc}") from None
+        fit_method = hyper.pop("fit_method", None)
+        model = cls(**hyper)
+        model._set_params(params, net)
+        model.history_ = history
+        if fit_method:
+            model.fit_method_ = fit_method
+        return model
 
     def __repr__(self) -> str:
         return (f"FHMM(n_chains={self.n_chains!r}, window={self.window!r}, n_hidden={self.n_hidden!r}, "

@@ -1,0 +1,235 @@
+"""The learning objective: the ELBO of MATH.md §4 composed with the recognition
+networks of §3, and its gradient with respect to every parameter.
+
+The model parameters travel as one flat vector (so RMSprop, checkpoints and the
+distributed learner treat them as one array)::
+
+    W (M+1, D) | L's lower triangle, row by row, diagonal as λ_d = log L_dd | α (M,) | β (M,)
+
+and the network weights as the flat vector of :class:`~streamfhmm.network.RecognitionNet`.
+The start probabilities are the chains' stationary probabilities ``a / (a + b)``
+(MATH.md §1: the subchain learner cannot learn them separately), so the gradient of
+``E log p(s_1)`` flows into α and β.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import elbo as _elbo
+from ..kernels import recognition as _rk
+from ..model import FHMMParams, sigmoid
+
+__all__ = ["ModelPacker", "Workspace", "batch_objective", "sequence_elbo"]
+
+
+class ModelPacker:
+    """Maps :class:`FHMMParams` to and from the flat model vector."""
+
+    def __init__(self, n_chains: int, n_features: int):
+        self.n_chains = M = int(n_chains)
+        self.n_features = D = int(n_features)
+        self.tril = np.tril_indices(D)
+        self.diag_pos = np.flatnonzero(self.tril[0] == self.tril[1])
+        self.sW = slice(0, (M + 1) * D)
+        self.sL = slice(self.sW.stop, self.sW.stop + len(self.tril[0]))
+        self.sa = slice(self.sL.stop, self.sL.stop + M)
+        self.sb = slice(self.sa.stop, self.sa.stop + M)
+        self.size = self.sb.stop
+
+    def pack(self, params: FHMMParams) -> np.ndarray:
+        vec = np.empty(self.size)
+        vec[self.sW] = params.W.ravel()
+        ltri = params.L[self.tril].copy()
+        ltri[self.diag_pos] = np.log(ltri[self.diag_pos])
+        vec[self.sL] = ltri
+        vec[self.sa] = params.alpha
+        vec[self.sb] = params.beta
+        return vec
+
+    def W(self, vec):
+        return vec[self.sW].reshape(self.n_chains + 1, self.n_features)
+
+    def L(self, vec):
+        L = np.zeros((self.n_features, self.n_features))
+        ltri = vec[self.sL].copy()
+        ltri[self.diag_pos] = np.exp(ltri[self.diag_pos])
+        L[self.tril] = ltri
+        return L
+
+    def unpack(self, vec) -> FHMMParams:
+        alpha, beta = vec[self.sa].copy(), vec[self.sb].copy()
+        a, b = sigmoid(alpha), sigmoid(beta)
+        return FHMMParams(W=self.W(vec).copy(), L=self.L(vec), alpha=alpha, beta=beta,
+                          startprob=a / (a + b))
+
+    def grad_vector(self, gW, gL, g_alpha, g_beta, g_logpi, alpha, beta) -> np.ndarray:
+        """Assemble the flat gradient; ``gL`` already holds the λ-gradient on its diagonal.
+
+        ``g_logpi`` (M, 2) is chained through the stationary start probability:
+        ``log π₁ = log a - log(a+b)``, ``log π₀ = log b - log(a+b)``.
+        """
+        a, b = sigmoid(alpha), sigmoid(beta)
+        g0, g1 = g_logpi[:, 0], g_logpi[:, 1]
+        s = a + b
+        out = np.empty(self.size)
+        out[self.sW] = gW.ravel()
+        out[self.sL] = gL[self.tril]
+        out[self.sa] = g_alpha + g1 * (1 - a) - (g0 + g1) * a * (1 - a) / s
+        out[self.sb] = g_beta + g0 * (1 - b) - (g0 + g1) * b * (1 - b) / s
+        return out
+
+
+def _log_sigmoid(x):
+    return -np.logaddexp(0.0, -x)
+
+
+def _log_transmat(alpha, beta):
+    out = np.empty((len(alpha), 2, 2))
+    out[:, 0, 0] = _log_sigmoid(-alpha)
+    out[:, 0, 1] = _log_sigmoid(alpha)
+    out[:, 1, 0] = _log_sigmoid(beta)
+    out[:, 1, 1] = _log_sigmoid(-beta)
+    return out
+
+
+def _log_stationary(alpha, beta):
+    la, lb = _log_sigmoid(alpha), _log_sigmoid(beta)
+    lab = np.logaddexp(la, lb)
+    return np.stack([lb - lab, la - lab], axis=1)
+
+
+class Workspace:
+    """Per-learner scratch arrays, grown on demand (no allocation on a steady batch size)."""
+
+    def __init__(self, packer: ModelPacker, net):
+        self.packer = packer
+        self.net = net
+        M, D = packer.n_chains, packer.n_features
+        self.gW = np.zeros((M + 1, D))
+        self.gSigma = np.zeros((D, D))
+        self.gL = np.zeros((D, D))
+        self.g_alpha = np.zeros(M)
+        self.g_beta = np.zeros(M)
+        self.g_logpi = np.zeros((M, 2))
+        self.grad_net = np.zeros(net.n_weights)
+        self._n = -1
+        self._ensure(256)
+
+    def _ensure(self, n):
+        if n <= self._n:
+            return
+        M = self.packer.n_chains
+        self._n = n
+        self.Xw = np.empty((n, self.net.n_inputs))
+        self.hidden = np.empty((n, self.net.n_groups * self.net.n_hidden))
+        self.theta = np.empty((n, M))
+        self.rho = np.empty((n, M))
+        self.g_theta = np.zeros((n, M))
+        self.g_rho = np.zeros((n, M))
+
+    def views(self, n):
+        self._ensure(n)
+        return (self.Xw[:n], self.hidden[:n], self.theta[:n], self.rho[:n],
+                self.g_theta[:n], self.g_rho[:n])
+
+    def zero_model_grads(self):
+        for a in (self.gW, self.gSigma, self.g_alpha, self.g_beta, self.g_logpi):
+            a[...] = 0.0
+
+
+def batch_objective(model_vec, weights, Y, rows, row_start, row_end, offsets, first_is_start,
+                    ws: Workspace):
+    """ELBO of a batch of subchains and its gradient (sums, not means).
+
+    Parameters
+    ----------
+    model_vec : ndarray, shape (packer.size,)
+    weights : ndarray, shape (net.n_weights,)
+    Y : ndarray, shape (T, D)
+        The whole data set (NaN = missing).
+    rows, row_start, row_end : ndarray of int64, shape (n_rows,)
+        The rows of the batch's subchains and their sequence bounds (see
+        :class:`~streamfhmm.learn.sampler.Batch`).
+    offsets : ndarray of int64, shape (B + 1,)
+    first_is_start : ndarray of bool, shape (B,)
+    ws : Workspace
+
+    Returns
+    -------
+    value : float
+        Σ of the counted ``ℓ_t`` (MATH.md §4).
+    grad_model : ndarray, shape (packer.size,)
+    grad_net : ndarray, shape (net.n_weights,)
+        A view into the workspace: copy it before the next call.
+    """
+    packer, net = ws.packer, ws.net
+    n = rows.shape[0]
+    Xw, hidden, theta, rho, g_theta, g_rho = ws.views(n)
+    W = packer.W(model_vec)
+    L = packer.L(model_vec)
+    alpha, beta = model_vec[packer.sa], model_vec[packer.sb]
+    Linv = np.linalg.inv(L)
+    P = Linv.T @ Linv
+    _rk.build_windows(Y, row_start, row_end, rows, net.window, net.offset, net.mean, net.scale, Xw)
+    _rk.forward_batch(Xw, weights, net.layout, theta, rho, hidden)
+    g_theta[...] = 0.0
+    g_rho[...] = 0.0
+    ws.zero_model_grads()
+    Yb = Y[rows]
+    starts = offsets[:-1]
+    n_pos = np.diff(offsets)
+    value = _elbo.elbo_batch(Yb, starts, n_pos, first_is_start, theta, rho, W, L, P,
+                             _log_transmat(alpha, beta), _log_stationary(alpha, beta),
+                             g_theta, g_rho, ws.gW, ws.gSigma, ws.g_alpha, ws.g_beta, ws.g_logpi)
+    _elbo.sigma_grad_to_chol(ws.gSigma, L, ws.gL)
+    grad_model = packer.grad_vector(ws.gW, ws.gL, ws.g_alpha, ws.g_beta, ws.g_logpi, alpha, beta)
+    _rk.backward_batch(Xw, hidden, theta, rho, g_theta, g_rho, weights, net.layout, ws.grad_net)
+    return float(value), grad_model, ws.grad_net
+
+
+def sequence_elbo(model_vec, weights, Y, bounds, ws: Workspace, chunk: int = 4096,
+                  with_grad: bool = False):
+    """The full ELBO of whole sequences (MATH.md §4), chunk by chunk.
+
+    Each sequence is cut into chunks of ``chunk`` positions; every chunk after the first
+    carries the previous position as its context row, so the chunks' terms add up to
+    the ELBO of the sequence exactly.
+
+    Returns
+    -------
+    value : float
+    grads : (grad_model, grad_net) or None
+    """
+    rows_l, rs_l, re_l, off_l, first_l = [], [], [], [0], []
+    total = 0.0
+    g_model = np.zeros(ws.packer.size) if with_grad else None
+    g_net = np.zeros(ws.net.n_weights) if with_grad else None
+
+    def flush():
+        nonlocal total
+        if not rows_l:
+            return
+        v, gm, gn = batch_objective(model_vec, weights, Y, np.concatenate(rows_l),
+                                    np.concatenate(rs_l), np.concatenate(re_l),
+                                    np.asarray(off_l, dtype=np.int64), np.asarray(first_l), ws)
+        total += v
+        if with_grad:
+            g_model[...] += gm
+            g_net[...] += gn
+        rows_l.clear(), rs_l.clear(), re_l.clear(), first_l.clear()
+        del off_l[1:]
+
+    for i in range(len(bounds) - 1):
+        lo, hi = int(bounds[i]), int(bounds[i + 1])
+        for s in range(lo, hi, chunk):
+            e = min(hi, s + chunk)
+            r = np.arange(s if s == lo else s - 1, e, dtype=np.int64)
+            rows_l.append(r)
+            rs_l.append(np.full(len(r), lo, dtype=np.int64))
+            re_l.append(np.full(len(r), hi, dtype=np.int64))
+            off_l.append(off_l[-1] + len(r))
+            first_l.append(s == lo)
+            if off_l[-1] >= chunk:
+                flush()
+    flush()
+    return total, ((g_model, g_net) if with_grad else None)

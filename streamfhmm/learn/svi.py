@@ -1,0 +1,163 @@
+"""Stochastic variational learning without messages (paper §3.3; MATH.md §5).
+
+Each step samples a minibatch of subchains (:mod:`.sampler`), computes the per-position
+mean of the ELBO gradient with respect to the model parameters and the recognition
+network weights together (:mod:`.objective`), and takes an RMSprop ascent step. The
+learning rate follows a cosine schedule from ``learning_rate`` down to
+``learning_rate * final_lr_ratio`` over the run (the run's length is ``max_iter`` steps
+or ``time_budget`` seconds, whichever ends first), so the last steps average out the
+minibatch noise.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..model import FHMMParams
+from ..network import RecognitionNet
+from .objective import ModelPacker, Workspace, batch_objective
+from .sampler import SubchainSampler
+
+__all__ = ["RMSprop", "SVIState", "fit_svi"]
+
+
+class RMSprop:
+    """RMSprop ascent over one flat parameter vector (MATH.md §5).
+
+    ``g² ← γ g² + (1-γ) ∇²``, ``x ← x + η ∇ / (√g² + ε)``.
+    """
+
+    def __init__(self, size: int, decay: float = 0.9, eps: float = 1e-8):
+        self.decay = float(decay)
+        self.eps = float(eps)
+        self.sq = np.zeros(size)
+        self.steps = 0
+
+    def step(self, x: np.ndarray, grad: np.ndarray, lr: float):
+        """Update ``x`` in place."""
+        self.steps += 1
+        sq = self.sq
+        sq *= self.decay
+        sq += (1.0 - self.decay) * grad * grad
+        # bias-corrected second moment for the first steps (g² starts at 0)
+        corr = 1.0 - self.decay ** self.steps
+        x += lr * grad / (np.sqrt(sq / corr) + self.eps)
+
+
+def cosine_lr(lr: float, final_ratio: float, progress: float) -> float:
+    """Cosine decay from ``lr`` (progress 0) to ``lr * final_ratio`` (progress 1)."""
+    p = min(max(progress, 0.0), 1.0)
+    return lr * (final_ratio + (1.0 - final_ratio) * 0.5 * (1.0 + math.cos(math.pi * p)))
+
+
+@dataclass
+class SVIState:
+    """Everything a learner needs to continue: parameters, network, optimiser state."""
+
+    packer: ModelPacker
+    model_vec: np.ndarray
+    net: RecognitionNet
+    opt: RMSprop
+    iteration: int = 0
+    history: list = field(default_factory=list)
+
+    @property
+    def params(self) -> FHMMParams:
+        return self.packer.unpack(self.model_vec)
+
+    def state_vector(self) -> np.ndarray:
+        """Model vector and network weights, concatenated (the optimiser's view)."""
+        return np.concatenate([self.model_vec, self.net.weights])
+
+
+def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int = 10_000,
+            batch_size: int = 10, subchain_length: int | None = None,
+            learning_rate: float = 1e-2, final_lr_ratio: float = 0.01, decay: float = 0.9,
+            time_budget: float | None = None, rng: np.random.Generator,
+            progress: bool = True, log_every: int | None = None, state: SVIState | None = None,
+            callback=None) -> SVIState:
+    """Run SVI from ``params`` and ``net`` (or continue ``state``).
+
+    Parameters
+    ----------
+    X : ndarray, shape (T, D)
+        Validated observations (NaN = missing).
+    bounds : ndarray of int64, shape (n_sequences + 1,)
+    params : FHMMParams
+        Starting model (ignored when ``state`` is given).
+    net : RecognitionNet
+        Starting networks, scaler set (ignored when ``state`` is given).
+    max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay, time_budget
+        See :meth:`streamfhmm.FHMM.fit`.
+    rng : numpy.random.Generator
+    progress : bool
+        Show a progress bar.
+    log_every : int, optional
+        Append to ``history`` every so many steps (default: 100 entries per run).
+    callback : callable, optional
+        ``callback(state)`` after each logged step.
+
+    Returns
+    -------
+    SVIState
+    """
+    if state is None:
+        packer = ModelPacker(params.n_chains, params.n_features)
+        state = SVIState(packer=packer, model_vec=packer.pack(params), net=net.copy(),
+                         opt=RMSprop(packer.size + net.n_weights, decay=decay))
+    packer, net = state.packer, state.net
+    L = subchain_length or net.window
+    sampler = SubchainSampler(bounds, L, batch_size, rng)
+    ws = Workspace(packer, net)
+    x = state.state_vector()
+    nm = packer.size
+    grad = np.empty_like(x)
+    log_every = log_every or max(1, max_iter // 100)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=max_iter, desc="svi", unit="it", leave=False, mininterval=0.5)
+    t0 = time.perf_counter()
+    running = None
+    i = 0
+    try:
+        for i in range(1, max_iter + 1):
+            batch = sampler.next_batch()
+            value, gm, gn = batch_objective(x[:nm], x[nm:], X, batch.rows, batch.row_start,
+                                            batch.row_end, batch.offsets, batch.first_is_start, ws)
+            inv = 1.0 / batch.n_positions
+            grad[:nm] = gm
+            grad[nm:] = gn
+            grad *= inv
+            if not np.isfinite(grad).all():
+                raise FloatingPointError(f"non-finite ELBO gradient at iteration {state.iteration + 1}")
+            elapsed = time.perf_counter() - t0
+            frac = i / max_iter
+            if time_budget:
+                frac = max(frac, elapsed / time_budget)
+            lr = cosine_lr(learning_rate, final_lr_ratio, frac)
+            state.opt.step(x, grad, lr)
+            state.iteration += 1
+            per_pos = value * inv
+            running = per_pos if running is None else 0.98 * running + 0.02 * per_pos
+            if i % log_every == 0 or i == max_iter:
+                state.history.append({"iteration": state.iteration, "elbo": running,
+                                      "lr": lr, "time": elapsed})
+                if bar is not None:
+                    bar.set_postfix(elbo=f"{running:.4f}")
+                if callback is not None:
+                    state.model_vec, state.net.weights = x[:nm].copy(), x[nm:]
+                    callback(state)
+            if bar is not None:
+                bar.update(1)
+            if time_budget is not None and elapsed >= time_budget:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+    state.model_vec = x[:nm].copy()
+    state.net.weights = x[nm:]
+    return state
