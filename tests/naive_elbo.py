@@ -32,8 +32,10 @@ def bvn_cdf_naive(h, k, rho):
     h, k, rho = float(h), float(k), float(rho)
     r = math.sqrt((1.0 - rho) * (1.0 + rho))
 
+    inv_sqrt_2pi = 1.0 / math.sqrt(2.0 * math.pi)
+
     def f(x):
-        return stats.norm.pdf(x) * special.ndtr((k - rho * x) / r)
+        return inv_sqrt_2pi * math.exp(-0.5 * x * x) * special.ndtr((k - rho * x) / r)
 
     if h <= -40.0:
         return 0.0
@@ -42,8 +44,8 @@ def bvn_cdf_naive(h, k, rho):
     # x = k/ρ (width r/|ρ|, sharp when |ρ| → 1) so every piece is smooth
     cand = [-10.0, -5.0, 0.0, 5.0, 10.0]
     if rho != 0.0:
-        c, w = k / rho, r / abs(rho)
-        cand += [c + s * w for s in (-40.0, -10.0, -4.0, -1.0, 0.0, 1.0, 4.0, 10.0, 40.0)]
+        step, width = k / rho, r / abs(rho)
+        cand += [step + s * width for s in (-40.0, -10.0, -4.0, -1.0, 0.0, 1.0, 4.0, 10.0, 40.0)]
     pts = sorted({p for p in cand if lo < p < h})
     edges = [lo] + pts + [h]
     total = 0.0
@@ -100,7 +102,8 @@ def log_gauss_observed(y, mean, Sigma):
     obs = ~np.isnan(y)
     if not obs.any():
         return 0.0
-    return float(stats.multivariate_normal.logpdf(y[obs], mean=mean[obs], cov=Sigma[np.ix_(obs, obs)]))
+    cov = Sigma[np.ix_(obs, obs)]
+    return float(stats.multivariate_normal.logpdf(y[obs], mean=mean[obs], cov=cov))
 
 
 def all_state_sequences(T, M):

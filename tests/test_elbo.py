@@ -5,12 +5,14 @@ import time
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from scipy import optimize
+from scipy import optimize, special, stats
 
+from streamfhmm import exact
 from streamfhmm.kernels.elbo import elbo_batch, elbo_subchain, sigma_grad_to_chol
+from streamfhmm.model import FHMMParams
 
-from .naive_elbo import (copula_cells_naive, elbo_naive, log_likelihood_naive, log_transitions,
-                         posterior_naive)
+from .naive_elbo import (bvn_cdf_naive, bvn_cdf_owens_t, copula_cells_naive, elbo_naive,
+                         log_likelihood_naive, log_transitions, posterior_naive)
 
 EPS = 1e-6  # EPS_THETA = EPS_RHO of the variational family
 
@@ -107,6 +109,26 @@ def rel_err(g, ref):
 
 
 # --------------------------------------------------------------------------------------
+# the references themselves
+# --------------------------------------------------------------------------------------
+def test_naive_cells_are_consistent():
+    """Quadrature Φ2 agrees with the Owen's-T formula; the cells have the right margins."""
+    seed = 11
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        h, k = rng.normal(0.0, 2.0, size=2)
+        rho = rng.uniform(-1.0, 1.0)
+        if rng.random() < 0.3:
+            rho = np.sign(rho) * (1.0 - 10.0 ** rng.uniform(-7, -2))
+        assert abs(bvn_cdf_naive(h, k, rho) - bvn_cdf_owens_t(h, k, rho)) < 1e-14, (h, k, rho)
+        tp, tc = rng.uniform(0.01, 0.99, size=2)
+        q = copula_cells_naive(tp, tc, rho)
+        assert abs(q.sum() - 1.0) < 1e-14
+        assert abs(q[2] + q[3] - tp) < 1e-14 and abs(q[1] + q[3] - tc) < 1e-14
+
+
+# --------------------------------------------------------------------------------------
 # value against enumeration over all joint sequences
 # --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("T,M,D,missing", [(1, 2, 2, False), (2, 1, 1, False), (3, 2, 2, False),
@@ -122,6 +144,33 @@ def test_matches_enumeration(T, M, D, missing):
     v, _ = run(Y, theta, rho, True, W, L, alpha, beta, log_pi)
     ref = elbo_naive(Y, theta, rho, W, L @ L.T, log_transitions(alpha, beta), log_pi)
     assert abs(v - ref) <= 1e-10 * max(1.0, abs(ref)), (v, ref)
+
+
+def test_missing_patterns_in_a_row():
+    """Consecutive rows whose observed sets repeat, shrink to a prefix, grow back, vanish:
+    the per-pattern factorisation of Σ_oo must follow every change."""
+    seed = 606
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    T, M, D = 6, 2, 3
+    W, L, alpha, beta, log_pi = random_model(rng, M, D)
+    theta, rho = random_variational(rng, T, M)
+    Y = random_data(rng, T, W, L)
+    observed = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 0], [1, 1, 0], [0, 0, 0], [0, 1, 1]], bool)
+    Y[~observed] = np.nan
+    v, g = run(Y, theta, rho, True, W, L, alpha, beta, log_pi)
+    ref = elbo_naive(Y, theta, rho, W, L @ L.T, log_transitions(alpha, beta), log_pi)
+    assert abs(v - ref) <= 1e-10 * max(1.0, abs(ref)), (v, ref)
+    C = to_chol_params(L)
+    def f():
+        return run(Y, theta, rho, True, W, from_chol_params(C), alpha, beta, log_pi)[0]
+
+    for name, an, x in (("W", g["W"], W), ("chol", g["chol"], C), ("theta", g["theta"], theta)):
+        fd = central_fd(f, x, 1e-5)
+        fd = np.tril(fd) if name == "chol" else fd
+        err = rel_err(an, fd)
+        print(f"{name}: rel err {err:.2e}")
+        assert err <= 1e-6, (name, err)
 
 
 def test_telescoping_matches_enumeration():
@@ -275,7 +324,9 @@ def test_floor_keeps_value_and_gradients_finite():
     Y = random_data(rng, T, W, L)
     theta = np.array([[EPS], [EPS], [1.0 - EPS], [0.3]])
     rho = np.array([[0.0], [-(1.0 - EPS)], [-(1.0 - EPS)], [1.0 - EPS]])
-    assert copula_cells_naive(EPS, EPS, -(1.0 - EPS))[3] < 1e-300   # the floor acts
+    # the floor acts: q11(ε, ε, -(1-ε)) ≤ P(z1 + z2 > 2h) = Φ(-2h/√(2(1+ρ))) underflows
+    h = stats.norm.isf(EPS)
+    assert special.ndtr(-2.0 * h / np.sqrt(2.0 * EPS)) < 1e-300
     log_A = log_transitions(alpha, beta)
     v, g = run(Y, theta, rho, True, W, L, alpha, beta, log_pi)
     assert np.isfinite(v)
@@ -318,8 +369,8 @@ def test_elbo_below_loglik_and_matches_enumeration(seed, T, M, D, extreme, missi
 
 def _exact_copula(xi_t, theta_prev, theta_t):
     """ρ with q00(θ_prev, θ_t, ρ) = ξ(0, 0), by root finding on the naive cells."""
-    target = xi_t[0, 0]
-    f = lambda r: copula_cells_naive(theta_prev, theta_t, r)[0] - target  # noqa: E731
+    h1, h2 = stats.norm.ppf(1.0 - theta_prev), stats.norm.ppf(1.0 - theta_t)
+    f = lambda r: bvn_cdf_naive(h1, h2, r) - xi_t[0, 0]  # noqa: E731
     return optimize.brentq(f, -(1 - EPS), 1 - EPS, xtol=1e-15, rtol=1e-15, maxiter=200)
 
 
@@ -346,6 +397,55 @@ def test_exact_posterior_gives_loglik():
     v, _ = run(Y, theta, rho, True, W, L, alpha, beta, log_pi)
     print(f"elbo={v!r} loglik={ll!r}")
     assert abs(v - ll) <= 1e-6, (v, ll)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), T=st.integers(2, 40), M=st.integers(1, 4),
+       D=st.integers(1, 4), extreme=st.booleans())
+def test_elbo_below_exact_loglik(seed, T, M, D, extreme):
+    """Larger models against the exact forward algorithm (no missing values there)."""
+    print(f"seed={seed} T={T} M={M} D={D} extreme={extreme}")
+    rng = np.random.default_rng(seed)
+    params = FHMMParams.random(M, D, random_state=rng, noise=rng.uniform(0.2, 1.5))
+    Y, _ = params.sample(T, random_state=rng)
+    theta, rho = random_variational(rng, T, M, extreme)
+    v, _ = run(Y, theta, rho, True, params.W, params.L, params.alpha, params.beta,
+               params.log_startprob)
+    ll = exact.log_likelihood(params, Y)
+    assert v <= ll + 1e-10 * abs(ll), (v, ll)
+
+
+def test_exact_posterior_long_sequence_in_subchains():
+    """M = 1, T = 40 with the exact smoother: the ELBO at the exact posterior, summed
+    over a batch of subchains, is the log-likelihood."""
+    seed = 12
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    T = 40
+    params = FHMMParams.from_natural(W=[[1.0, -0.5, 0.3], [0.0, 0.2, -0.1]],
+                                     covariance=np.diag([1.5, 1.2, 2.0]),
+                                     transmat=[[[0.7, 0.3], [0.25, 0.75]]])
+    Y, _ = params.sample(T, random_state=rng)
+    ll, theta, xi = exact.smoothed_marginals(params, Y, pairwise=True)
+    assert EPS * 100 < theta.min() and theta.max() < 1 - EPS * 100
+    rho = np.zeros_like(theta)
+    for t in range(1, T):
+        rho[t, 0] = _exact_copula(xi[t, 0], theta[t - 1, 0], theta[t, 0])
+    assert np.abs(rho).max() < 1 - 1e-3
+    # subchains 0..9 (start), 9..19, 19..29, 29..39 with a context row each
+    starts = np.array([0, 9, 19, 29], dtype=np.int64)
+    n_pos = np.array([10, 11, 11, 11], dtype=np.int64)
+    flags = np.array([True, False, False, False])
+    M, D = 1, 3
+    g = [np.zeros((T, M)), np.zeros((T, M)), np.zeros((M + 1, D)), np.zeros((D, D)),
+         np.zeros(M), np.zeros(M), np.zeros((M, 2))]
+    P = np.linalg.inv(params.covariance)
+    v = elbo_batch(Y, starts, n_pos, flags, theta, rho, params.W, params.L, P,
+                   params.log_transmat, params.log_startprob, *g)
+    print(f"elbo={v!r} loglik={ll!r}")
+    assert abs(v - ll) <= 1e-6, (v, ll)
+    # and it is a stationary point in θ and ρ (the bound touches log p(y) there)
+    assert np.max(np.abs(g[0])) < 1e-4 and np.max(np.abs(g[1][1:])) < 1e-4
 
 
 # --------------------------------------------------------------------------------------

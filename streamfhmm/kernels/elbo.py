@@ -102,7 +102,7 @@ def _spd_inverse_from_chol(Lc, n, Linv, out):
     for i in range(n):
         for j in range(i + 1):
             acc = 0.0
-            for k in range(i, n):  # (Linvᵀ Linv)[i, j] = Σ_k Linv[k, i] Linv[k, j], k ≥ i ≥ j
+            for k in range(i, n):  # (Linvᵀ Linv)[i, j] = Σ_{k ≥ i} Linv[k, i] Linv[k, j]
                 acc += Linv[k, i] * Linv[k, j]
             out[i, j] = acc
             out[j, i] = acc
@@ -118,7 +118,8 @@ def _workspace(M, D):
     ``mats`` (5, D, D): Σ, Q = Σ_t (P r_t)(P r_t)ᵀ over fully observed rows, and the
     missing-pattern scratch ``L_oo``, ``L_oo⁻¹``, ``P_oo``. ``vecs`` (5, D): ``r``,
     ``P r``, and the missing-row ``r_o``, ``P_oo r_o``, ``P_oo w_{m,o}``.
-    ``chain`` (3, M+1): ``μ``, ``v`` and ``Σ_t v_t`` over fully observed rows.
+    ``chain`` (3, M+1): row 0 ``a_m = A_m(0,1)``, row 1 ``b_m = A_m(1,0)``, row 2
+    ``Σ_t v_t`` over fully observed rows.
     ``WP`` (M+1, D): rows ``P w_k``. ``c`` (M,): ``w_mᵀ P w_m``.
     ``scal`` (3,): number of fully observed rows, ``log|Σ_oo|`` of the cached missing
     pattern, whether a pattern is cached. ``obs`` (D,): observed indices of the row,
@@ -138,8 +139,9 @@ def _workspace(M, D):
 
 
 @jit
-def _prepare(W, L, P, mats, WP, c):
-    """Per-call constants: Σ = L Lᵀ, ``P w_k``, ``w_mᵀ P w_m``; returns ``Σ_d log L_dd``."""
+def _prepare(W, L, P, log_A, mats, chain, WP, c):
+    """Per-call constants: Σ = L Lᵀ, ``P w_k``, ``w_mᵀ P w_m``, ``a_m``, ``b_m``; returns
+    ``Σ_d log L_dd``."""
     M = W.shape[0] - 1
     D = W.shape[1]
     Sigma = mats[0]
@@ -161,6 +163,8 @@ def _prepare(W, L, P, mats, WP, c):
         for i in range(D):
             acc += W[m, i] * WP[m, i]
         c[m] = acc
+        chain[0, m] = math.exp(log_A[m, 0, 1])
+        chain[1, m] = math.exp(log_A[m, 1, 0])
     half_logdet = 0.0
     for d in range(D):
         half_logdet += math.log(L[d, d])
@@ -247,7 +251,8 @@ def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, 
     z = vecs[4]
     no = n_obs
     # factorise Σ_oo unless the previous missing row had the same pattern
-    same = scal[2] > 0.0 and obs_prev[no] == no
+    last = obs_prev.shape[0] - 1
+    same = scal[2] > 0.0 and obs_prev[last] == no
     if same:
         for i in range(no):
             if obs_prev[i] != obs[i]:
@@ -266,9 +271,7 @@ def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, 
         scal[2] = 1.0
         for i in range(no):
             obs_prev[i] = obs[i]
-        obs_prev[no] = no
-        for i in range(no, obs_prev.shape[0] - 1):
-            obs_prev[i] = -1
+        obs_prev[last] = no
     logdet = scal[1]
     for i in range(no):
         d = obs[i]
@@ -381,8 +384,8 @@ def _subchain(Y, theta, rho, row0, n, first_is_start, W, P, log_A, log_pi, const
             g_theta[t - 1, m] += g_prev
             g_theta[t, m] += g_cur
             g_rho[t, m] += g_r
-            a = math.exp(log_A[m, 0, 1])
-            b = math.exp(log_A[m, 1, 0])
+            a = chain[0, m]
+            b = chain[1, m]
             g_alpha[m] += (1.0 - a) * q[1] - a * q[0]
             g_beta[m] += (1.0 - b) * q[2] - b * q[3]
     return total
@@ -458,7 +461,7 @@ def elbo_subchain(Y, theta, rho, first_is_start, W, L, P, log_A, log_pi, g_theta
     M = W.shape[0] - 1
     D = W.shape[1]
     mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
-    half_logdet = _prepare(W, L, P, mats, WP, c)
+    half_logdet = _prepare(W, L, P, log_A, mats, chain, WP, c)
     const = -0.5 * D * LOG_2PI - half_logdet
     total = _subchain(Y, theta, rho, 0, Y.shape[0], first_is_start, W, P, log_A, log_pi, const,
                       mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho, gW,
@@ -505,7 +508,7 @@ def elbo_batch(Y, starts, n_pos, seq_start_flags, theta, rho, W, L, P, log_A, lo
     M = W.shape[0] - 1
     D = W.shape[1]
     mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
-    half_logdet = _prepare(W, L, P, mats, WP, c)
+    half_logdet = _prepare(W, L, P, log_A, mats, chain, WP, c)
     const = -0.5 * D * LOG_2PI - half_logdet
     total = 0.0
     for b in range(starts.shape[0]):

@@ -71,43 +71,54 @@ class SubchainSampler:
         self.rng = rng
         self.n_positions = int(self.bounds[-1] - self.bounds[0])
         self.epoch = 0
-        self._queue_start = np.empty(0, dtype=np.int64)
-        self._queue_stop = np.empty(0, dtype=np.int64)
-        self._queue_seq = np.empty(0, dtype=np.int64)
+        empty = np.empty(0, dtype=np.int64)
+        self.q_start, self.q_stop, self.q_lo, self.q_hi = empty, empty, empty, empty
         self._cursor = 0
 
-    def _new_epoch(self):
+    def _epoch_blocks(self):
         L = self.subchain_length
         starts, stops, seqs = [], [], []
         for i in range(len(self.bounds) - 1):
             lo, hi = int(self.bounds[i]), int(self.bounds[i + 1])
-            n = hi - lo
-            offset = int(self.rng.integers(0, L)) if n > L else 0
-            cuts = [lo] + list(range(lo + offset if offset else lo + L, hi, L)) + [hi]
-            cuts = sorted(set(cuts))
+            offset = int(self.rng.integers(0, L)) if hi - lo > L else 0
+            cuts = sorted({lo, hi, *range(lo + (offset or L), hi, L)})
             starts.extend(cuts[:-1])
             stops.extend(cuts[1:])
             seqs.extend([i] * (len(cuts) - 1))
         order = self.rng.permutation(len(starts))
-        self._queue_start = np.asarray(starts, dtype=np.int64)[order]
-        self._queue_stop = np.asarray(stops, dtype=np.int64)[order]
-        self._queue_seq = np.asarray(seqs, dtype=np.int64)[order]
-        self._cursor = 0
+        seqs = np.asarray(seqs, dtype=np.int64)[order]
         self.epoch += 1
+        return (np.asarray(starts, dtype=np.int64)[order], np.asarray(stops, dtype=np.int64)[order],
+                self.bounds[seqs], self.bounds[seqs + 1])
 
-    def _take(self):
-        if self._cursor >= len(self._queue_start):
-            self._new_epoch()
-        k = self._cursor
-        self._cursor += 1
-        return int(self._queue_start[k]), int(self._queue_stop[k]), int(self._queue_seq[k])
+    def ensure(self, n: int):
+        """Make sure the next ``n`` blocks are queued contiguously from ``cursor``."""
+        while self._cursor + n > len(self.q_start):
+            rest = [a[self._cursor:] for a in (self.q_start, self.q_stop, self.q_lo, self.q_hi)]
+            new = self._epoch_blocks()
+            self.q_start, self.q_stop, self.q_lo, self.q_hi = (
+                np.concatenate([r, a]) for r, a in zip(rest, new))
+            self._cursor = 0
+
+    @property
+    def cursor(self) -> int:
+        return self._cursor
+
+    def advance(self, n: int):
+        self._cursor += n
+
+    @property
+    def max_rows(self) -> int:
+        """The most rows a batch can have: B · (subchain_length + 1)."""
+        return self.batch_size * (self.subchain_length + 1)
 
     def next_batch(self) -> Batch:
         """The next minibatch (continuing into a new epoch when this one is used up)."""
+        B = self.batch_size
+        self.ensure(B)
         rows, rs, re, offsets, first = [], [], [], [0], []
-        for _ in range(self.batch_size):
-            start, stop, seq = self._take()
-            lo, hi = int(self.bounds[seq]), int(self.bounds[seq + 1])
+        for k in range(self._cursor, self._cursor + B):
+            start, stop, lo, hi = (int(a[k]) for a in (self.q_start, self.q_stop, self.q_lo, self.q_hi))
             is_start = start == lo
             r = np.arange(start if is_start else start - 1, stop, dtype=np.int64)
             rows.append(r)
@@ -115,5 +126,6 @@ class SubchainSampler:
             re.append(np.full(len(r), hi, dtype=np.int64))
             offsets.append(offsets[-1] + len(r))
             first.append(is_start)
+        self._cursor += B
         return Batch(np.concatenate(rows), np.concatenate(rs), np.concatenate(re),
                      np.asarray(offsets, dtype=np.int64), np.asarray(first, dtype=bool))

@@ -15,10 +15,12 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
+from ..kernels import svi as _ks
 from ..model import FHMMParams
 from ..network import RecognitionNet
-from .objective import ModelPacker, Workspace, batch_objective
+from .objective import ModelPacker
 from .sampler import SubchainSampler
 
 __all__ = ["RMSprop", "SVIState", "fit_svi"]
@@ -111,7 +113,19 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     packer, net = state.packer, state.net
     L = subchain_length or net.window
     sampler = SubchainSampler(bounds, L, batch_size, rng)
-    ws = Workspace(packer, net)
+    B = sampler.batch_size
+    n_max = sampler.max_rows
+    M, D = packer.n_chains, packer.n_features
+    rows = np.empty(n_max, dtype=np.int64)
+    row_start = np.empty(n_max, dtype=np.int64)
+    row_end = np.empty(n_max, dtype=np.int64)
+    offsets = np.empty(B + 1, dtype=np.int64)
+    first = np.empty(B, dtype=np.bool_)
+    Xw = np.empty((n_max, net.n_inputs))
+    hidden = np.empty((n_max, net.n_groups * net.n_hidden))
+    theta, rho = np.empty((n_max, M)), np.empty((n_max, M))
+    g_theta, g_rho = np.empty((n_max, M)), np.empty((n_max, M))
+    Yb = np.empty((n_max, D))
     x = state.state_vector()
     nm = packer.size
     grad = np.empty_like(x)
@@ -122,27 +136,30 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         bar = tqdm(total=max_iter, desc="svi", unit="it", leave=False, mininterval=0.5)
     t0 = time.perf_counter()
     running = None
-    i = 0
+    opt = state.opt
+    # one BLAS thread: the step's products are small, and on a busy machine
+    # multithreaded BLAS waits for its threads far longer than it computes
+    limiter = threadpool_limits(limits=1, user_api="blas")
     try:
         for i in range(1, max_iter + 1):
-            batch = sampler.next_batch()
-            value, gm, gn = batch_objective(x[:nm], x[nm:], X, batch.rows, batch.row_start,
-                                            batch.row_end, batch.offsets, batch.first_is_start, ws)
-            inv = 1.0 / batch.n_positions
-            grad[:nm] = gm
-            grad[nm:] = gn
-            grad *= inv
-            if not np.isfinite(grad).all():
-                raise FloatingPointError(f"non-finite ELBO gradient at iteration {state.iteration + 1}")
+            sampler.ensure(B)
+            _ks.fill_batch(sampler.q_start, sampler.q_stop, sampler.q_lo, sampler.q_hi,
+                           sampler.cursor, B, rows, row_start, row_end, offsets, first)
+            sampler.advance(B)
             elapsed = time.perf_counter() - t0
             frac = i / max_iter
             if time_budget:
                 frac = max(frac, elapsed / time_budget)
             lr = cosine_lr(learning_rate, final_lr_ratio, frac)
-            state.opt.step(x, grad, lr)
+            value = _ks.svi_step(X, rows, row_start, row_end, offsets, first, net.window, net.offset,
+                                 net.mean, net.scale, x, nm, net.layout, M, D, opt.sq, opt.decay,
+                                 opt.eps, lr, opt.steps, Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad)
+            if not np.isfinite(value):
+                raise FloatingPointError(f"non-finite ELBO gradient at iteration {state.iteration + 1}; "
+                                         f"parameters left at the previous step")
+            opt.steps += 1
             state.iteration += 1
-            per_pos = value * inv
-            running = per_pos if running is None else 0.98 * running + 0.02 * per_pos
+            running = value if running is None else 0.98 * running + 0.02 * value
             if i % log_every == 0 or i == max_iter:
                 state.history.append({"iteration": state.iteration, "elbo": running,
                                       "lr": lr, "time": elapsed})
@@ -156,6 +173,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             if time_budget is not None and elapsed >= time_budget:
                 break
     finally:
+        limiter.restore_original_limits()
         if bar is not None:
             bar.close()
     state.model_vec = x[:nm].copy()

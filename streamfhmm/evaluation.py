@@ -1,0 +1,94 @@
+"""Evaluation helpers: per-step log-likelihood, posterior error, parameter recovery.
+
+A factorial HMM is identified only up to a permutation of its chains and, per chain,
+the 0/1 relabelling ``s ↦ 1 - s`` (which maps ``w_m ↦ -w_m``, ``w_0 ↦ w_0 + w_m`` and
+swaps the switch-on and switch-off probabilities). :func:`align_params` finds the
+permutation and relabelling that best match a reference before comparing.
+"""
+from __future__ import annotations
+
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from . import exact
+from ._validation import check_observations
+from .model import FHMMParams
+
+__all__ = ["loglik_per_step", "posterior_mae", "align_params", "recovery_errors"]
+
+
+def loglik_per_step(params: FHMMParams, X, lengths=None) -> float:
+    """Exact log-likelihood divided by the number of time steps."""
+    X = check_observations(X, n_features=params.n_features)
+    return exact.log_likelihood(params, X, lengths) / X.shape[0]
+
+
+def posterior_mae(theta, reference) -> float:
+    """Mean absolute difference between two (T, M) posterior-marginal arrays."""
+    theta = np.asarray(theta, dtype=float)
+    reference = np.asarray(reference, dtype=float)
+    if theta.shape != reference.shape:
+        raise ValueError(f"theta and reference must have the same shape, got {theta.shape} and "
+                         f"{reference.shape}")
+    return float(np.mean(np.abs(theta - reference)))
+
+
+def relabel(params: FHMMParams, perm, flip) -> FHMMParams:
+    """Chains reordered by ``perm`` (new chain i is old chain ``perm[i]``), and chain i's
+    states swapped where ``flip[i]``."""
+    perm = np.asarray(perm)
+    flip = np.asarray(flip, dtype=bool)
+    M = params.n_chains
+    W = params.W[list(perm) + [M]].copy()
+    alpha, beta = params.alpha[perm].copy(), params.beta[perm].copy()
+    start = params.startprob[perm].copy()
+    for i in np.flatnonzero(flip):
+        W[M] += W[i]
+        W[i] = -W[i]
+        alpha[i], beta[i] = beta[i], alpha[i]
+        start[i] = 1.0 - start[i]
+    return FHMMParams(W=W, L=params.L, alpha=alpha, beta=beta, startprob=start)
+
+
+def align_params(estimate: FHMMParams, reference: FHMMParams):
+    """Relabel ``estimate``'s chains to best match ``reference``.
+
+    The cost of matching estimated chain j to reference chain i with relabelling f is
+    ``‖±w_j - w_i‖²``; the permutation minimising the total cost is found exactly
+    (Hungarian algorithm on the per-pair best relabelling).
+
+    Returns
+    -------
+    aligned : FHMMParams
+    perm : ndarray of int, shape (M,)
+    flip : ndarray of bool, shape (M,)
+    """
+    if estimate.n_chains != reference.n_chains or estimate.n_features != reference.n_features:
+        raise ValueError("estimate and reference must have the same n_chains and n_features")
+    M = estimate.n_chains
+    We, Wr = estimate.W[:M], reference.W[:M]
+    cost_keep = ((Wr[:, None, :] - We[None, :, :]) ** 2).sum(-1)
+    cost_flip = ((Wr[:, None, :] + We[None, :, :]) ** 2).sum(-1)
+    cost = np.minimum(cost_keep, cost_flip)
+    rows, cols = linear_sum_assignment(cost)
+    perm = cols[np.argsort(rows)]
+    flip = np.array([cost_flip[i, perm[i]] < cost_keep[i, perm[i]] for i in range(M)])
+    return relabel(estimate, perm, flip), perm, flip
+
+
+def recovery_errors(estimate: FHMMParams, reference: FHMMParams) -> dict:
+    """Largest absolute errors of the aligned estimate against the reference.
+
+    Returns
+    -------
+    dict with ``W`` (max |ΔW| entry), ``covariance``, ``transmat``, ``perm``, ``flip``.
+    """
+    aligned, perm, flip = align_params(estimate, reference)
+    return {
+        "W": float(np.max(np.abs(aligned.W - reference.W))),
+        "covariance": float(np.max(np.abs(aligned.covariance - reference.covariance))),
+        "transmat": float(np.max(np.abs(aligned.transmat - reference.transmat))),
+        "perm": perm.tolist(),
+        "flip": flip.tolist(),
+    }

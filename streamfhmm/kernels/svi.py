@@ -1,0 +1,231 @@
+"""One fused SVI step (MATH.md §5): windows → recognition forward → ELBO and its
+gradients → network backward → RMSprop, in a single Numba call so that a step of ten
+short subchains costs kernel time, not interpreter time.
+
+Flat model vector (the layout of :class:`streamfhmm.learn.objective.ModelPacker`)::
+
+    W (M+1, D) row-major | L's lower triangle row by row, diagonal as log L_dd | α (M,) | β (M,)
+
+The start probabilities are the stationary ``a / (a + b)``.
+"""
+import math
+
+import numpy as np
+
+from ._jit import jit
+from .elbo import elbo_batch, sigma_grad_to_chol
+from .recognition import backward_batch, build_windows, forward_batch
+
+
+@jit
+def _log_sigmoid(x):
+    if x >= 0.0:
+        return -math.log1p(math.exp(-x))
+    return x - math.log1p(math.exp(x))
+
+
+@jit
+def _sigmoid(x):
+    if x >= 0.0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+@jit
+def model_vec_size(M, D):
+    return (M + 1) * D + D * (D + 1) // 2 + 2 * M
+
+
+@jit
+def unpack_model(vec, M, D, W, L, P, log_A, log_pi):
+    """Fill ``W``, ``L``, ``P = Σ⁻¹``, ``log A`` and stationary ``log π`` from the flat vector."""
+    k = 0
+    for i in range(M + 1):
+        for d in range(D):
+            W[i, d] = vec[k]
+            k += 1
+    for i in range(D):
+        for j in range(D):
+            L[i, j] = 0.0
+    for i in range(D):
+        for j in range(i + 1):
+            L[i, j] = math.exp(vec[k]) if i == j else vec[k]
+            k += 1
+    # P = L⁻ᵀ L⁻¹ via the inverse of the triangular factor
+    Linv = np.zeros((D, D))
+    for j in range(D):
+        Linv[j, j] = 1.0 / L[j, j]
+        for i in range(j + 1, D):
+            acc = 0.0
+            for r in range(j, i):
+                acc += L[i, r] * Linv[r, j]
+            Linv[i, j] = -acc / L[i, i]
+    for i in range(D):
+        for j in range(D):
+            acc = 0.0
+            for r in range(max(i, j), D):
+                acc += Linv[r, i] * Linv[r, j]
+            P[i, j] = acc
+    for m in range(M):
+        a = vec[k + m]
+        b = vec[k + M + m]
+        log_A[m, 0, 0] = _log_sigmoid(-a)
+        log_A[m, 0, 1] = _log_sigmoid(a)
+        log_A[m, 1, 0] = _log_sigmoid(b)
+        log_A[m, 1, 1] = _log_sigmoid(-b)
+        la = log_A[m, 0, 1]
+        lb = log_A[m, 1, 0]
+        mx = max(la, lb)
+        lab = mx + math.log(math.exp(la - mx) + math.exp(lb - mx))
+        log_pi[m, 0] = lb - lab
+        log_pi[m, 1] = la - lab
+
+
+@jit
+def assemble_model_grad(vec, M, D, gW, gL, g_alpha, g_beta, g_logpi, out):
+    """Flat model gradient; ``g_logpi`` chained through the stationary start probability."""
+    k = 0
+    for i in range(M + 1):
+        for d in range(D):
+            out[k] = gW[i, d]
+            k += 1
+    for i in range(D):
+        for j in range(i + 1):
+            out[k] = gL[i, j]
+            k += 1
+    for m in range(M):
+        a = _sigmoid(vec[k + m])
+        b = _sigmoid(vec[k + M + m])
+        g0 = g_logpi[m, 0]
+        g1 = g_logpi[m, 1]
+        s = a + b
+        out[k + m] = g_alpha[m] + g1 * (1.0 - a) - (g0 + g1) * a * (1.0 - a) / s
+        out[k + M + m] = g_beta[m] + g0 * (1.0 - b) - (g0 + g1) * b * (1.0 - b) / s
+
+
+@jit
+def fill_batch(q_start, q_stop, q_lo, q_hi, cursor, B, rows, row_start, row_end, offsets, first):
+    """Lay out subchains ``cursor .. cursor+B-1`` of the epoch queue as batch rows.
+
+    Returns the number of rows written (``rows`` etc. must hold at least
+    ``B · (max block length + 1)``).
+    """
+    n = 0
+    offsets[0] = 0
+    for b in range(B):
+        s = q_start[cursor + b]
+        e = q_stop[cursor + b]
+        lo = q_lo[cursor + b]
+        hi = q_hi[cursor + b]
+        is_start = s == lo
+        first[b] = is_start
+        r0 = s if is_start else s - 1
+        for r in range(r0, e):
+            rows[n] = r
+            row_start[n] = lo
+            row_end[n] = hi
+            n += 1
+        offsets[b + 1] = n
+    return n
+
+
+@jit
+def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, scale,
+             x, n_model, layout, M, D, sq, decay, eps, lr, step_count,
+             Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad):
+    """Gradient of the per-position mean ELBO of one batch and an RMSprop ascent step.
+
+    Parameters
+    ----------
+    Y : ndarray, shape (T, D)
+        All data (NaN = missing).
+    rows, row_start, row_end, offsets, first
+        The batch (see :func:`fill_batch`); only ``offsets[-1]`` rows are used.
+    window, off : int
+        Window width and offset of the networks (:mod:`.recognition`).
+    mean, scale : ndarray, shape (D,)
+        The networks' input scaler.
+    x : ndarray, shape (n_model + n_weights,)
+        Model vector then network weights; updated in place.
+    layout : ndarray of int64
+        Network weight layout.
+    sq : ndarray, like ``x``
+        RMSprop's running mean of squared gradients (updated).
+    decay, eps, lr : float
+        RMSprop's γ, ε and this step's learning rate.
+    step_count : int
+        Steps taken before this one (bias correction of ``sq``).
+    Xw, hidden, theta, rho, g_theta, g_rho, Yb : ndarray
+        Scratch with at least ``offsets[-1]`` rows.
+    grad : ndarray, like ``x``
+        Receives the gradient of the per-position mean ELBO.
+
+    Returns
+    -------
+    value : float
+        The per-position mean ELBO of the batch (before the update).
+
+    Notes
+    -----
+    MATH.md §5: ``∇ = (1/n) Σ_batch ∇ℓ_t`` (n counted positions),
+    ``g² ← γ g² + (1-γ) ∇²``, ``x ← x + η ∇ / (√(g²/(1-γ^k)) + ε)``.
+    """
+    B = offsets.shape[0] - 1
+    n = offsets[B]
+    W = np.empty((M + 1, D))
+    L = np.empty((D, D))
+    P = np.empty((D, D))
+    log_A = np.empty((M, 2, 2))
+    log_pi = np.empty((M, 2))
+    model = x[:n_model]
+    weights = x[n_model:]
+    unpack_model(model, M, D, W, L, P, log_A, log_pi)
+    Xw_n = Xw[:n]
+    hid = hidden[:n]
+    th = theta[:n]
+    rh = rho[:n]
+    gth = g_theta[:n]
+    grh = g_rho[:n]
+    Ybn = Yb[:n]
+    build_windows(Y, row_start[:n], row_end[:n], rows[:n], window, off, mean, scale, Xw_n)
+    forward_batch(Xw_n, weights, layout, th, rh, hid)
+    for i in range(n):
+        for d in range(D):
+            Ybn[i, d] = Y[rows[i], d]
+        for m in range(M):
+            gth[i, m] = 0.0
+            grh[i, m] = 0.0
+    gW = np.zeros((M + 1, D))
+    gSigma = np.zeros((D, D))
+    gL = np.empty((D, D))
+    g_alpha = np.zeros(M)
+    g_beta = np.zeros(M)
+    g_logpi = np.zeros((M, 2))
+    starts = offsets[:B]
+    n_pos = np.empty(B, dtype=np.int64)
+    counted = 0
+    for b in range(B):
+        n_pos[b] = offsets[b + 1] - offsets[b]
+        counted += n_pos[b] - (0 if first[b] else 1)
+    value = elbo_batch(Ybn, starts, n_pos, first[:B], th, rh, W, L, P, log_A, log_pi,
+                       gth, grh, gW, gSigma, g_alpha, g_beta, g_logpi)
+    sigma_grad_to_chol(gSigma, L, gL)
+    assemble_model_grad(model, M, D, gW, gL, g_alpha, g_beta, g_logpi, grad[:n_model])
+    backward_batch(Xw_n, hid, th, rh, gth, grh, weights, layout, grad[n_model:])
+    inv = 1.0 / counted
+    corr = 1.0 - decay ** (step_count + 1)
+    finite = True
+    for i in range(grad.shape[0]):
+        g = grad[i] * inv
+        grad[i] = g
+        if not np.isfinite(g):
+            finite = False
+    if not finite:
+        return np.nan
+    for i in range(x.shape[0]):
+        g = grad[i]
+        s = decay * sq[i] + (1.0 - decay) * g * g
+        sq[i] = s
+        x[i] += lr * g / (math.sqrt(s / corr) + eps)
+    return value * inv

@@ -1,0 +1,35 @@
+"""Evaluation helpers: relabelling is an exact symmetry, alignment undoes it."""
+import numpy as np
+import pytest
+
+from streamfhmm import exact
+from streamfhmm.evaluation import align_params, posterior_mae, recovery_errors, relabel
+from streamfhmm.model import FHMMParams
+
+
+def test_relabelling_leaves_the_likelihood_unchanged():
+    seed = 3
+    print(f"seed={seed}")
+    p = FHMMParams.random(3, 2, random_state=seed)
+    X, _ = p.sample(200, random_state=seed)
+    q = relabel(p, [2, 0, 1], [True, False, True])
+    assert exact.log_likelihood(q, X) == pytest.approx(exact.log_likelihood(p, X), rel=1e-12)
+    _, th_p = exact.smoothed_marginals(p, X)
+    _, th_q = exact.smoothed_marginals(q, X)
+    np.testing.assert_allclose(th_q[:, 0], 1 - th_p[:, 2], atol=1e-10)
+    np.testing.assert_allclose(th_q[:, 1], th_p[:, 0], atol=1e-10)
+
+
+def test_align_recovers_the_relabelling():
+    p = FHMMParams.random(4, 3, random_state=5)
+    q = relabel(p, [3, 1, 0, 2], [False, True, True, False])
+    errs = recovery_errors(q, p)
+    assert errs["W"] < 1e-12 and errs["transmat"] < 1e-12 and errs["covariance"] < 1e-12
+    aligned, perm, flip = align_params(q, p)
+    np.testing.assert_allclose(aligned.startprob, p.startprob, atol=1e-12)
+
+
+def test_posterior_mae_shape_error():
+    with pytest.raises(ValueError, match="same shape"):
+        posterior_mae(np.zeros((3, 2)), np.zeros((3, 3)))
+    assert posterior_mae(np.zeros((2, 2)), np.full((2, 2), 0.25)) == 0.25
