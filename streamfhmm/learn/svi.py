@@ -129,7 +129,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     x = state.state_vector()
     nm = packer.size
     grad = np.empty_like(x)
-    log_every = log_every or max(1, max_iter // 100)
+    log_every = log_every or max(1, min(max_iter // 100, 500))
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -160,7 +160,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             opt.steps += 1
             state.iteration += 1
             running = value if running is None else 0.98 * running + 0.02 * value
-            if i % log_every == 0 or i == max_iter:
+            out_of_time = time_budget is not None and elapsed >= time_budget
+            if i % log_every == 0 or i == max_iter or out_of_time:
                 state.history.append({"iteration": state.iteration, "elbo": running,
                                       "lr": lr, "time": elapsed})
                 if bar is not None:
@@ -170,7 +171,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
                     callback(state)
             if bar is not None:
                 bar.update(1)
-            if time_budget is not None and elapsed >= time_budget:
+            if out_of_time:
                 break
     finally:
         limiter.restore_original_limits()

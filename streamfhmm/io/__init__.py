@@ -1,0 +1,1 @@
+"""Input and output: the ZeroMQ wire format, sources and sinks, checkpoints."""

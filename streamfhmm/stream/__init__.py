@@ -1,0 +1,1 @@
+"""Streaming inference: ring buffer, reservoir, the StreamEngine and its learner thread."""

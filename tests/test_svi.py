@@ -1,0 +1,206 @@
+"""SVI learning and the FHMM estimator: learning works, is reproducible, round-trips,
+and rejects bad input with clear errors."""
+import numpy as np
+import pytest
+
+from streamfhmm import FHMM, FHMMParams
+from streamfhmm.evaluation import align_params, posterior_mae, recovery_errors
+from streamfhmm.learn.sampler import SubchainSampler
+from streamfhmm.learn.svi import RMSprop, cosine_lr
+from streamfhmm.learn.smf import init_params
+
+W2 = np.array([[1.0, -1.0], [1.5, 1.0], [0.0, 0.0]])
+A2 = np.array([[[0.95, 0.05], [0.10, 0.90]], [[0.90, 0.10], [0.05, 0.95]]])
+
+
+@pytest.fixture(scope="module")
+def two_chain_data():
+    seed = 11
+    print(f"seed={seed}")
+    true = FHMM.from_params(W=W2, covariance=0.1 * np.eye(2), transmat=A2)
+    X, _ = true.sample(1000, random_state=seed)
+    return true, X
+
+
+@pytest.fixture(scope="module")
+def fitted(two_chain_data):
+    true, X = two_chain_data
+    m = FHMM(n_chains=2, window=5, n_hidden=16, share_hidden="chain", random_state=3)
+    return m.fit(X, max_iter=6000, progress=False, init="kmeans")
+
+
+def test_fit_increases_likelihood_and_recovers_parameters(two_chain_data, fitted):
+    true, X = two_chain_data
+    start = init_params(X, 2, random_state=np.random.default_rng(3))
+    ll0 = FHMM.from_params(W=start.W, covariance=start.covariance, transmat=start.transmat,
+                           startprob=start.startprob).score(X)
+    ll = fitted.score(X)
+    print(f"loglik/step: start {ll0 / 1000:.4f} fitted {ll / 1000:.4f} true {true.score(X) / 1000:.4f}")
+    assert ll > ll0 + 1.0
+    assert ll / 1000 > true.score(X) / 1000 - 0.01
+    errs = recovery_errors(fitted.params_, true.params_)
+    print(errs)
+    assert errs["W"] < 0.1
+    assert errs["transmat"] < 0.05
+    assert errs["covariance"] < 0.02
+    h = fitted.history_
+    assert len(h) >= 10 and {"iteration", "elbo", "time"} <= set(h[0])
+    assert h[-1]["elbo"] > h[0]["elbo"]
+
+
+def test_elbo_is_below_loglik_and_close(two_chain_data, fitted):
+    _, X = two_chain_data
+    elbo, ll = fitted.elbo(X), fitted.score(X)
+    print(f"elbo {elbo:.3f} loglik {ll:.3f}")
+    assert elbo <= ll
+    assert (ll - elbo) / len(X) < 0.02
+
+
+def test_recognition_posterior_matches_exact_on_three_chains():
+    seed = 21
+    print(f"seed={seed}")
+    W = np.array([[2.0, 0.0, 0.5], [0.0, 2.0, 0.5], [1.0, 1.0, -1.5], [0.0, 0.0, 0.0]])
+    A = np.array([[[0.97, 0.03], [0.05, 0.95]]] * 3)
+    true = FHMM.from_params(W=W, covariance=0.15 * np.eye(3), transmat=A)
+    X, _ = true.sample(4000, random_state=seed)
+    Xt, _ = true.sample(2000, random_state=seed + 1)
+    m = FHMM(n_chains=3, window=5, n_hidden=20, share_hidden="chain", random_state=seed)
+    m.fit(X, max_iter=8000, progress=False)
+    P = m.predict_proba(Xt)
+    mae_own = posterior_mae(P, m.predict_proba(Xt, method="exact"))
+    aligned, perm, flip = align_params(m.params_, true.params_)
+    Pa = np.where(flip, 1 - P[:, perm], P[:, perm])
+    mae_true = posterior_mae(Pa, true.predict_proba(Xt, method="exact"))
+    print(f"MAE vs exact (fitted model) {mae_own:.4f}; vs exact (true model) {mae_true:.4f}")
+    assert mae_own <= 0.05
+    assert mae_true <= 0.05
+
+
+def test_save_load_round_trip(tmp_path, two_chain_data, fitted):
+    _, X = two_chain_data
+    path = tmp_path / "model.npz"
+    fitted.save(path)
+    m = FHMM.load(path)
+    assert np.array_equal(m.predict_proba(X), fitted.predict_proba(X))
+    assert np.array_equal(m.W_, fitted.W_)
+    assert m.history_ == fitted.history_
+    assert (m.n_chains, m.window, m.n_hidden, m.share_hidden) == (2, 5, 16, "chain")
+    np.testing.assert_allclose(m.reconstruct(X), fitted.reconstruct(X))
+
+
+def test_load_errors(tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="is not a streamfhmm model file"):
+        FHMM.load(bad)
+    other = tmp_path / "other.npz"
+    np.savez(other, x=np.zeros(3))
+    with pytest.raises(ValueError, match="no 'streamfhmm.FHMM' tag"):
+        FHMM.load(other)
+    with pytest.raises(FileNotFoundError):
+        FHMM.load(tmp_path / "missing.npz")
+
+
+def test_reproducible_with_random_state(two_chain_data):
+    _, X = two_chain_data
+    fits = [FHMM(n_chains=2, window=3, n_hidden=4, random_state=7).fit(X, max_iter=300, progress=False)
+            for _ in range(2)]
+    assert np.array_equal(fits[0].W_, fits[1].W_)
+    assert np.array_equal(fits[0].net_.weights, fits[1].net_.weights)
+    other = FHMM(n_chains=2, window=3, n_hidden=4, random_state=8).fit(X, max_iter=300, progress=False)
+    assert not np.array_equal(other.net_.weights, fits[0].net_.weights)
+
+
+def test_missing_values_are_accepted(two_chain_data):
+    _, X = two_chain_data
+    X = X.copy()
+    X[::17, 0] = np.nan
+    m = FHMM(n_chains=2, window=5, n_hidden=8, random_state=0).fit(X, max_iter=500, progress=False)
+    P = m.predict_proba(X)
+    assert np.isfinite(P).all() and np.isfinite(m.W_).all()
+
+
+def test_several_sequences(two_chain_data):
+    _, X = two_chain_data
+    m = FHMM(n_chains=2, window=5, n_hidden=8, random_state=0)
+    m.fit(X, lengths=[400, 600], max_iter=500, progress=False)
+    assert m.predict_proba(X, lengths=[400, 600]).shape == (1000, 2)
+    assert np.isfinite(m.elbo(X, lengths=[400, 600]))
+
+
+def test_time_budget_stops_early(two_chain_data):
+    _, X = two_chain_data
+    m = FHMM(n_chains=2, window=5, n_hidden=8, random_state=0)
+    m.fit(X, max_iter=10_000_000, time_budget=1.0, progress=False, init="kmeans")
+    assert m.history_[-1]["time"] < 5.0
+
+
+@pytest.mark.parametrize("kwargs,X,message", [
+    ({}, np.zeros((10, 2, 2)), "X must be a 2-D array"),
+    ({}, np.array([[0.0, np.inf]] * 10), "X must not contain infinities"),
+    ({"lengths": [5, 4]}, np.zeros((10, 2)), "lengths must sum to the number of samples in X \\(10\\)"),
+    ({"method": "em"}, np.zeros((10, 2)), "method must be 'svi' or 'smf'"),
+    ({"method": "smf"}, np.array([[0.0, np.nan]] * 10), "must not contain NaN here"),
+    ({"init": "random"}, np.zeros((10, 2)), "init must be one of"),
+    ({"init": "params"}, np.random.default_rng(0).normal(size=(10, 2)), "init='params' needs a model with parameters"),
+    ({}, np.array([[np.nan, np.nan]] + [[0.0, 1.0]] * 9), "has a row with every value missing \\(row 0\\)"),
+    ({}, np.zeros((1, 2)), "at least 2 samples"),
+])
+def test_fit_errors(kwargs, X, message):
+    with pytest.raises(ValueError, match=message):
+        FHMM(n_chains=2, window=3, n_hidden=4).fit(X, max_iter=5, progress=False, **kwargs)
+
+
+def test_predict_errors(fitted):
+    with pytest.raises(ValueError, match="X must have 2 features"):
+        fitted.predict_proba(np.zeros((5, 3)))
+    with pytest.raises(ValueError, match="method must be one of"):
+        fitted.predict_proba(np.zeros((5, 2)), method="viterbi")
+    plain = FHMM.from_params(W=W2, covariance=0.1 * np.eye(2), transmat=A2)
+    with pytest.raises(ValueError, match="no recognition networks"):
+        plain.predict_proba(np.zeros((5, 2)), method="recognition")
+    with pytest.raises(ValueError, match="no recognition networks"):
+        plain.elbo(np.zeros((5, 2)))
+
+
+def test_sampler_uses_every_position_once_per_epoch():
+    seed = 4
+    print(f"seed={seed}")
+    bounds = np.array([0, 23, 30, 31])
+    s = SubchainSampler(bounds, 5, 3, np.random.default_rng(seed))
+    s.ensure(1)
+    n_blocks = len(s.q_start)
+    # the epoch's blocks partition every sequence: each position exactly once
+    counts = np.zeros(31, dtype=int)
+    for a, b in zip(s.q_start, s.q_stop):
+        counts[a:b] += 1
+    assert (counts == 1).all()
+    assert (s.q_stop - s.q_start).max() <= 5
+    # batches hand the blocks out without replacement, context rows in the same sequence
+    seen = []
+    for _ in range(n_blocks // 3):
+        b = s.next_batch()
+        for k in range(3):
+            r = b.rows[b.offsets[k]:b.offsets[k + 1]]
+            assert (r >= b.row_start[b.offsets[k]]).all() and (r < b.row_end[b.offsets[k]]).all()
+            seen.append(int(r[0] if b.first_is_start[k] else r[1]))
+    assert len(set(seen)) == len(seen)
+    # a new epoch moves the block boundaries (fresh random offset)
+    s2 = SubchainSampler(bounds, 5, 3, np.random.default_rng(seed + 1))
+    s2.ensure(1)
+    epochs = {tuple(sorted(s2.q_start))}
+    for _ in range(5):
+        s2.advance(len(s2.q_start) - s2.cursor)
+        s2.ensure(1)
+        epochs.add(tuple(sorted(s2.q_start)))
+    assert len(epochs) > 1
+
+
+def test_rmsprop_and_schedule():
+    opt = RMSprop(2, decay=0.9)
+    x = np.zeros(2)
+    opt.step(x, np.array([1.0, -4.0]), lr=0.1)
+    np.testing.assert_allclose(x, [0.1, -0.1], rtol=1e-6)  # bias-corrected: first step is lr·sign
+    assert cosine_lr(1.0, 0.01, 0.0) == 1.0
+    assert cosine_lr(1.0, 0.01, 1.0) == pytest.approx(0.01)
+    assert cosine_lr(1.0, 0.01, 0.5) == pytest.approx(0.505)
