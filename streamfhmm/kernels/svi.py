@@ -131,45 +131,20 @@ def fill_batch(q_start, q_stop, q_lo, q_hi, cursor, B, rows, row_start, row_end,
 
 
 @jit
-def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, scale,
-             x, n_model, layout, M, D, sq, decay, eps, lr, step_count,
-             Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad):
-    """Gradient of the per-position mean ELBO of one batch and an RMSprop ascent step.
+def batch_gradient(Y, rows, row_start, row_end, offsets, first, window, off, mean, scale,
+                   x, n_model, layout, M, D, Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad):
+    """Sum over one batch of the ELBO terms and of their gradient (no update).
 
-    Parameters
-    ----------
-    Y : ndarray, shape (T, D)
-        All data (NaN = missing).
-    rows, row_start, row_end, offsets, first
-        The batch (see :func:`fill_batch`); only ``offsets[-1]`` rows are used.
-    window, off : int
-        Window width and offset of the networks (:mod:`.recognition`).
-    mean, scale : ndarray, shape (D,)
-        The networks' input scaler.
-    x : ndarray, shape (n_model + n_weights,)
-        Model vector then network weights; updated in place.
-    layout : ndarray of int64
-        Network weight layout.
-    sq : ndarray, like ``x``
-        RMSprop's running mean of squared gradients (updated).
-    decay, eps, lr : float
-        RMSprop's γ, ε and this step's learning rate.
-    step_count : int
-        Steps taken before this one (bias correction of ``sq``).
-    Xw, hidden, theta, rho, g_theta, g_rho, Yb : ndarray
-        Scratch with at least ``offsets[-1]`` rows.
-    grad : ndarray, like ``x``
-        Receives the gradient of the per-position mean ELBO.
+    Parameters are those of :func:`svi_step` without the optimiser's. ``grad`` receives
+    ``Σ_batch ∇ℓ_t`` (a sum, not a mean: distributed learners add the sums of their
+    workers before dividing).
 
     Returns
     -------
     value : float
-        The per-position mean ELBO of the batch (before the update).
-
-    Notes
-    -----
-    MATH.md §5: ``∇ = (1/n) Σ_batch ∇ℓ_t`` (n counted positions),
-    ``g² ← γ g² + (1-γ) ∇²``, ``x ← x + η ∇ / (√(g²/(1-γ^k)) + ε)``.
+        ``Σ_batch ℓ_t``.
+    counted : int
+        Number of counted positions (context rows excluded).
     """
     B = offsets.shape[0] - 1
     n = offsets[B]
@@ -213,19 +188,76 @@ def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, sca
     sigma_grad_to_chol(gSigma, L, gL)
     assemble_model_grad(model, M, D, gW, gL, g_alpha, g_beta, g_logpi, grad[:n_model])
     backward_batch(Xw_n, hid, th, rh, gth, grh, weights, layout, grad[n_model:])
-    inv = 1.0 / counted
-    corr = 1.0 - decay ** (step_count + 1)
-    finite = True
+    return value, counted
+
+
+@jit
+def rmsprop_update(x, grad, sq, decay, eps, lr, step_count):
+    """RMSprop ascent in place: ``g² ← γ g² + (1-γ) ∇²``, ``x ← x + η ∇ / (√(g²/(1-γ^k)) + ε)``.
+
+    ``step_count`` is the number of earlier steps (bias correction of ``g²``).
+    Returns False (and changes nothing) if ``grad`` holds a non-finite value.
+    """
     for i in range(grad.shape[0]):
-        g = grad[i] * inv
-        grad[i] = g
-        if not np.isfinite(g):
-            finite = False
-    if not finite:
-        return np.nan
+        if not np.isfinite(grad[i]):
+            return False
+    corr = 1.0 - decay ** (step_count + 1)
     for i in range(x.shape[0]):
         g = grad[i]
         s = decay * sq[i] + (1.0 - decay) * g * g
         sq[i] = s
         x[i] += lr * g / (math.sqrt(s / corr) + eps)
+    return True
+
+
+@jit
+def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, scale,
+             x, n_model, layout, M, D, sq, decay, eps, lr, step_count,
+             Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad):
+    """Gradient of the per-position mean ELBO of one batch and an RMSprop ascent step.
+
+    Parameters
+    ----------
+    Y : ndarray, shape (T, D)
+        All data (NaN = missing).
+    rows, row_start, row_end, offsets, first
+        The batch (see :func:`fill_batch`); only ``offsets[-1]`` rows are used.
+    window, off : int
+        Window width and offset of the networks (:mod:`.recognition`).
+    mean, scale : ndarray, shape (D,)
+        The networks' input scaler.
+    x : ndarray, shape (n_model + n_weights,)
+        Model vector then network weights; updated in place.
+    layout : ndarray of int64
+        Network weight layout.
+    sq : ndarray, like ``x``
+        RMSprop's running mean of squared gradients (updated).
+    decay, eps, lr : float
+        RMSprop's γ, ε and this step's learning rate.
+    step_count : int
+        Steps taken before this one (bias correction of ``sq``).
+    Xw, hidden, theta, rho, g_theta, g_rho, Yb : ndarray
+        Scratch with at least ``offsets[-1]`` rows.
+    grad : ndarray, like ``x``
+        Receives the gradient of the per-position mean ELBO.
+
+    Returns
+    -------
+    value : float
+        The per-position mean ELBO of the batch (before the update), NaN if the
+        gradient was not finite (then nothing was updated).
+
+    Notes
+    -----
+    MATH.md §5: ``∇ = (1/n) Σ_batch ∇ℓ_t`` (n counted positions), then
+    :func:`rmsprop_update`.
+    """
+    value, counted = batch_gradient(Y, rows, row_start, row_end, offsets, first, window, off,
+                                    mean, scale, x, n_model, layout, M, D, Xw, hidden, theta,
+                                    rho, g_theta, g_rho, Yb, grad)
+    inv = 1.0 / counted
+    for i in range(grad.shape[0]):
+        grad[i] *= inv
+    if not rmsprop_update(x, grad, sq, decay, eps, lr, step_count):
+        return np.nan
     return value * inv

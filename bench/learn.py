@@ -1,0 +1,68 @@
+"""Learning speed of the SVI learner at the paper's power configuration.
+
+    python bench/learn.py [--steps 3000]
+
+M = 10 chains, D = 6, window 21, one shared hidden layer of 200 tanh units, 10
+subchains per step. Prints, measured in the same run, positions per second of the full
+learner step (windows, recognition forward, ELBO and its gradient, backward, RMSprop)
+for several subchain lengths, the FLOP rate of the step's network products as a fraction
+of the machine's measured matrix-product peak, and the projected wall time of the
+paper's run (150,000 steps of 10 subchains). Target: ≤ 2 minutes on this 2-core machine.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import header, matmul_peak_flops, table  # noqa: E402
+
+from streamfhmm.learn.svi import fit_svi  # noqa: E402
+from streamfhmm.model import FHMMParams  # noqa: E402
+from streamfhmm.network import RecognitionNet  # noqa: E402
+
+M, D, WINDOW, HIDDEN, B = 10, 6, 21, 200, 10
+PAPER_STEPS = 150_000
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=3000, help="steps timed per subchain length")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1, 5, 21])
+    args = ap.parse_args(argv)
+    header("SVI learner step: M=10, D=6, window 21, 200 shared hidden units, 10 subchains/step")
+    with threadpool_limits(1, "blas"):
+        peak = matmul_peak_flops()
+    print(f"# machine peak (1-thread float64 matrix product): {peak / 1e9:.1f} GFLOP/s")
+    params = FHMMParams.random(M, D, random_state=0)
+    X, _ = params.sample(100_000, random_state=1)
+    net = RecognitionNet(M, D, window=WINDOW, n_hidden=HIDDEN, share="all").init(random_state=0)
+    net.fit_scaler(X)
+    bounds = np.array([0, len(X)])
+    K = WINDOW * D
+    rows = []
+    for L in args.lengths:
+        kw = dict(subchain_length=L, batch_size=B, rng=np.random.default_rng(0), progress=False)
+        fit_svi(X, bounds, params, net, max_iter=20, **kw)  # compile / load cache
+        steps = max(200, args.steps // max(1, L // 2))
+        t = time.perf_counter()
+        fit_svi(X, bounds, params, net, max_iter=steps, **kw)
+        dt = (time.perf_counter() - t) / steps
+        windows = B * (L + 1)
+        flops = windows * (2 * K * HIDDEN + 2 * HIDDEN * 2 * M) * 3  # forward + 2x backward
+        rows.append({"subchain length": L, "ms/step": dt * 1e3, "positions/s": B * L / dt,
+                     "windows/s": windows / dt, "network GFLOP/s": flops / dt / 1e9,
+                     "% of peak": 100 * flops / dt / peak, "150k steps (s)": PAPER_STEPS * dt})
+    table(rows, list(rows[0]))
+    best = rows[0]
+    print(f"target: the paper's run (150,000 steps of 10 subchains of length {best['subchain length']}) "
+          f"in <= 120 s: {best['150k steps (s)']:.0f} s ({'met' if best['150k steps (s)'] <= 120 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
