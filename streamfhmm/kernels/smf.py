@@ -9,10 +9,16 @@ and ``ũ_m = L⁻¹ w_m``, where
     g_t^m = ũ_mᵀ (ỹ_t - Σ_{n≠m} θ_t^n ũ_n) - ½‖ũ_m‖²  =  ũ_mᵀ r̃_t + (θ_t^m - ½)‖ũ_m‖²
 
 with the whitened residual ``r̃_t = ỹ_t - Σ_n θ_t^n ũ_n`` kept up to date as each
-chain's θ changes. One chain update is a scaled forward pass (computing ``g`` on the
-fly) and a backward pass that writes the new θ, accumulates the pairwise statistics,
-updates the residual and re-sums ``Σ_t ‖r̃_t‖²``; its cost is O(T·(2D + c)), a sweep
-over all chains O(T·M·D).
+chain's θ changes. One chain update is a forward pass (computing ``g`` on the fly) and
+a backward pass that writes the new θ, accumulates the pairwise statistics, updates
+the residual and re-sums ``Σ_t ‖r̃_t‖²``: O(T·(2D + c)) per chain, O(T·M·D) per sweep,
+O(T·(M + D)) memory.
+
+The messages are not normalised at every step — that would put a division on the
+forward recursion's critical path — but rescaled only when their sum falls below
+``1e-30``, with the scale factors added to ``log Z``; the posterior of each step and
+pair is normalised on the way back, off the recursion's path. This is exact for
+transition probabilities down to about 1e-100 (the Python layer refuses smaller ones).
 
 Because the residual sum of squares is re-summed at every chain update, the bound
 
@@ -26,8 +32,52 @@ import numpy as np
 
 from ._jit import jit
 
-#: running products of forward normalisers are folded into the log below this value
-_PROD_FLOOR = 1e-250
+#: forward and backward messages are renormalised when their sum falls below this value
+_RESCALE = 1e-30
+#: a pairwise normaliser below this value is recomputed from normalised messages
+_TINY = 1e-250
+
+
+@jit
+def whiten(X, W, L):
+    """Whitened observations and chain rows by forward substitution with ``L``.
+
+    Parameters
+    ----------
+    X : ndarray, shape (T, D)
+    W : ndarray, shape (M+1, D)
+        Chain rows, bias last.
+    L : ndarray, shape (D, D)
+        Lower Cholesky factor of Σ.
+
+    Returns
+    -------
+    ytil : ndarray, shape (T, D)
+        ``L⁻¹(y_t - w_0)`` row by row.
+    U : ndarray, shape (M, D)
+        ``L⁻¹ w_m`` row by row.
+
+    Notes
+    -----
+    MATH.md §7 (emission, whitened once per parameter set), used by §6.
+    """
+    T, D = X.shape
+    M = W.shape[0] - 1
+    ytil = np.empty((T, D))
+    U = np.empty((M, D))
+    for t in range(T):
+        for i in range(D):
+            acc = X[t, i] - W[M, i]
+            for j in range(i):
+                acc -= L[i, j] * ytil[t, j]
+            ytil[t, i] = acc / L[i, i]
+    for m in range(M):
+        for i in range(D):
+            acc = W[m, i]
+            for j in range(i):
+                acc -= L[i, j] * U[m, j]
+            U[m, i] = acc / L[i, i]
+    return ytil, U
 
 
 @jit
@@ -52,15 +102,14 @@ def whitened_residual(ytil, U, theta):
     """
     T, D = ytil.shape
     M = U.shape[0]
+    Ut = np.ascontiguousarray(U.T)
     resid = np.empty((T, D))
     for t in range(T):
         for d in range(D):
-            resid[t, d] = ytil[t, d]
-        for m in range(M):
-            th = theta[t, m]
-            if th != 0.0:
-                for d in range(D):
-                    resid[t, d] -= th * U[m, d]
+            acc = ytil[t, d]
+            for m in range(M):
+                acc -= theta[t, m] * Ut[d, m]
+            resid[t, d] = acc
     return resid
 
 
@@ -133,6 +182,12 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
     T, D = ytil.shape
     M = U.shape[0]
     n_seq = bounds.shape[0] - 1
+    if (U.shape[1] != D or theta.shape[0] != T or theta.shape[1] != M
+            or log_A.shape[0] != M or log_start.shape[0] != M or n_seq < 1
+            or bounds[0] != 0 or bounds[n_seq] != T or chain_terms.shape[0] != M
+            or xi.shape[0] != M or log_Z.shape[0] != M or theta_g.shape[0] != M
+            or entropy.shape[0] != M or trace.shape[0] < 1 + max(max_sweeps, 1) * M):
+        raise ValueError("smf_e_step: inconsistent array shapes")
 
     # chain-major copy of θ: the sweeps read and write one chain at a time
     th = np.empty((M, T))
@@ -160,8 +215,8 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
     terms = chain_terms.copy()
     trace[0] = const - 0.5 * (rss + var_terms.sum()) + terms.sum()
 
-    alpha = np.empty((T, 2))  # scaled forward messages
-    emis = np.empty((T, 2))   # emission potentials divided by the step's normaliser
+    alpha = np.empty((T, 2))  # forward messages, each step scaled by an arbitrary factor
+    emis = np.empty((T, 2))   # emission potentials (1, e^g), each step scaled by e^{-max(g, 0)}
     g = np.empty(T)
 
     n_updates = 0
@@ -177,64 +232,61 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
             p0 = math.exp(log_start[m, 0])
             p1 = math.exp(log_start[m, 1])
             c_mm = cdiag[m]
+            u = U[m]
 
-            # ---- forward pass: potentials exp(s g_t), normalisers c_t ----
+            # ---- forward pass ----
+            # Messages are left unnormalised (no division on the recursion's critical
+            # path) and rescaled only when they approach underflow; the scale factors
+            # go into log Z. Messages only shrink: rows of A sum to 1 and potentials ≤ 1.
             logz = 0.0
-            prod = 1.0
             for k in range(n_seq):
                 s = bounds[k]
                 e = bounds[k + 1]
+                a0 = 0.0
+                a1 = 0.0
                 for t in range(s, e):
                     acc = 0.0
                     for d in range(D):
-                        acc += U[m, d] * resid[t, d]
+                        acc += u[d] * resid[t, d]
                     gt = acc + (th[m, t] - 0.5) * c_mm
                     g[t] = gt
+                    ex = math.exp(-abs(gt))
+                    pos = gt > 0.0
+                    e0 = ex if pos else 1.0
+                    e1 = 1.0 if pos else ex
+                    shift = gt if pos else 0.0
+                    logz += shift
                     if t == s:
                         pr0 = p0
                         pr1 = p1
                     else:
-                        a0 = alpha[t - 1, 0]
-                        a1 = alpha[t - 1, 1]
                         pr0 = a0 * A00 + a1 * A10
                         pr1 = a0 * A01 + a1 * A11
-                    # potentials (1, e^g) scaled by e^{-max(g, 0)}
-                    if gt > 0.0:
-                        e0 = math.exp(-gt)
-                        e1 = 1.0
-                        logz += gt
-                    else:
-                        e0 = 1.0
-                        e1 = math.exp(gt)
-                    v0 = pr0 * e0
-                    v1 = pr1 * e1
-                    c = v0 + v1
-                    if c > 0.0:
-                        alpha[t, 0] = v0 / c
-                        alpha[t, 1] = v1 / c
-                        emis[t, 0] = e0 / c
-                        emis[t, 1] = e1 / c
-                        prod *= c
-                        if prod < _PROD_FLOOR:
-                            logz += math.log(prod)
-                            prod = 1.0
-                    else:
-                        # the favoured state has zero prior mass (π or A exactly 0/1)
-                        # and the other one's potential underflowed: redo in logs
-                        if gt > 0.0:
-                            logz -= gt
-                        l0 = math.log(pr0) if pr0 > 0.0 else -np.inf
-                        l1 = math.log(pr1) + gt if pr1 > 0.0 else -np.inf
-                        mx = max(l0, l1)
-                        v0 = math.exp(l0 - mx)
-                        v1 = math.exp(l1 - mx)
-                        c = v0 + v1
-                        alpha[t, 0] = v0 / c
-                        alpha[t, 1] = v1 / c
-                        emis[t, 0] = v0 / (c * pr0) if pr0 > 0.0 else 0.0
-                        emis[t, 1] = v1 / (c * pr1) if pr1 > 0.0 else 0.0
-                        logz += mx + math.log(c)
-            logz += math.log(prod)
+                    a0 = pr0 * e0
+                    a1 = pr1 * e1
+                    emis[t, 0] = e0
+                    emis[t, 1] = e1
+                    sm = a0 + a1
+                    if sm < _RESCALE:
+                        if sm > 0.0:
+                            inv = 1.0 / sm
+                            a0 *= inv
+                            a1 *= inv
+                            logz += math.log(sm)
+                        else:
+                            # the favoured state has zero prior mass (π or A exactly 0 or 1)
+                            # and the other one's potential underflowed: redo in logs
+                            l0 = math.log(pr0) - shift if pr0 > 0.0 else -np.inf
+                            l1 = math.log(pr1) + gt - shift if pr1 > 0.0 else -np.inf
+                            mx = max(l0, l1)
+                            a0 = math.exp(l0 - mx)
+                            a1 = math.exp(l1 - mx)
+                            emis[t, 0] = a0 / pr0 if pr0 > 0.0 else 0.0
+                            emis[t, 1] = a1 / pr1 if pr1 > 0.0 else 0.0
+                            logz += mx
+                    alpha[t, 0] = a0
+                    alpha[t, 1] = a1
+                logz += math.log(a0 + a1)
 
             # ---- backward pass: θ, ξ, residual update, bound pieces ----
             tg = 0.0
@@ -256,27 +308,55 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
                     if t < e - 1:
                         f0 = emis[t + 1, 0] * b0
                         f1 = emis[t + 1, 1] * b1
-                        x00 += a0 * A00 * f0
-                        x01 += a0 * A01 * f1
-                        x10 += a1 * A10 * f0
-                        x11 += a1 * A11 * f1
                         b0 = A00 * f0 + A01 * f1
                         b1 = A10 * f0 + A11 * f1
-                    q1 = a1 * b1
+                        p00 = a0 * A00 * f0
+                        p01 = a0 * A01 * f1
+                        p10 = a1 * A10 * f0
+                        p11 = a1 * A11 * f1
+                        n = p00 + p01 + p10 + p11
+                        if n < _TINY:
+                            # both message sets near their floors: normalise and redo
+                            sa = a0 + a1
+                            a0 /= sa
+                            a1 /= sa
+                            sb = b0 + b1
+                            f0 /= sb
+                            f1 /= sb
+                            b0 /= sb
+                            b1 /= sb
+                            p00 = a0 * A00 * f0
+                            p01 = a0 * A01 * f1
+                            p10 = a1 * A10 * f0
+                            p11 = a1 * A11 * f1
+                            n = p00 + p01 + p10 + p11
+                        inv = 1.0 / n
+                        x00 += p00 * inv
+                        x01 += p01 * inv
+                        x10 += p10 * inv
+                        x11 += p11 * inv
+                        q0 = (p00 + p01) * inv
+                        q1 = (p10 + p11) * inv
+                        sb = b0 + b1
+                        if sb < _RESCALE:
+                            b0 /= sb
+                            b1 /= sb
+                    else:
+                        inv = 1.0 / (a0 + a1)
+                        q0 = a0 * inv
+                        q1 = a1 * inv
                     delta = q1 - th[m, t]
                     th[m, t] = q1
-                    if abs(delta) > max_delta:
-                        max_delta = abs(delta)
+                    max_delta = max(max_delta, abs(delta))
                     tg += q1 * g[t]
                     var_m += q1 * (1.0 - q1)
                     rr = 0.0
                     for d in range(D):
-                        r = resid[t, d] - delta * U[m, d]
+                        r = resid[t, d] - delta * u[d]
                         resid[t, d] = r
                         rr += r * r
                     rss += rr
                     if t == s:
-                        q0 = a0 * b0
                         e_start += _xlogy(q0, log_start[m, 0]) + _xlogy(q1, log_start[m, 1])
             xi[m, 0, 0] = x00
             xi[m, 0, 1] = x01

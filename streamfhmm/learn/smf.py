@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import solve_triangular
 from tqdm import tqdm
 
 from .._validation import (check_lengths, check_observations, check_positive_int,
@@ -38,6 +37,8 @@ __all__ = ["SMFEStep", "smf_posterior", "smf_e_step", "smf_m_step", "fit_smf", "
            "expected_complete_loglik"]
 
 LOG_2PI = math.log(2.0 * math.pi)
+#: the smallest transition probability the kernel's lazily rescaled messages support
+LOG_MIN_TRANSITION = math.log(1e-100)
 #: eigenvalues of Σ_t E[ŝŝᵀ] below this fraction of the largest leave W unchanged along them
 GRAM_RCOND = 1e-12
 #: default floor on the eigenvalues of Σ, as a fraction of the mean per-feature data variance
@@ -46,6 +47,8 @@ COVARIANCE_FLOOR = 1e-9
 INIT_COVARIANCE_FRACTION = 0.5
 #: initial switch-on and switch-off probabilities
 INIT_SWITCH = 0.1
+#: the first E-step of :func:`fit_smf` sweeps at Σ times these factors before the real one
+INIT_ANNEAL = (100.0, 30.0, 10.0, 3.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,9 +70,10 @@ class SMFEStep:
     bound : float
         ``F`` at the final ``q``.
     trace : ndarray, shape (n_updates + 1,)
-        ``trace[0]``: the bound at the starting distribution (NaN unless the E-step
-        started from a previous :class:`SMFEStep`); ``trace[k]``: after the k-th chain
-        update. Non-decreasing.
+        ``trace[0]``: the bound at the starting distribution; ``trace[k]``: after the
+        k-th chain update. Non-decreasing. Unless the E-step started from a previous
+        :class:`SMFEStep`, the bound is defined only once every chain has its own
+        ``q_m``, and ``trace[0:M]`` are NaN.
     n_sweeps : int
     max_delta : float
         Largest ``|Δθ|`` of the last sweep.
@@ -99,6 +103,10 @@ def _bounds(lengths: np.ndarray) -> np.ndarray:
 def _check_params(params, n_features=None) -> FHMMParams:
     if not isinstance(params, FHMMParams):
         raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
+    if params.log_transmat.min() < LOG_MIN_TRANSITION:
+        raise ValueError("params has a transition probability below 1e-100, which the scaled "
+                         "SMF recursions do not support (FHMMParams.from_natural keeps them "
+                         "at least 1e-12)")
     if n_features is not None and params.n_features != n_features:
         raise ValueError(f"params has {params.n_features} features but X has {n_features} columns")
     return params
@@ -139,11 +147,8 @@ def _xlogy(x, logy):
 
 def _whiten(params: FHMMParams, X: np.ndarray):
     """``ỹ = L⁻¹(y - w_0)`` (T, D), ``ũ = L⁻¹ w_m`` (M, D), and ``-T(D/2 log 2π + Σ log L_dd)``."""
-    M = params.n_chains
-    L = params.L
-    ytil = np.ascontiguousarray(solve_triangular(L, (X - params.W[M]).T, lower=True).T)
-    U = np.ascontiguousarray(solve_triangular(L, params.W[:M].T, lower=True).T)
-    const = -X.shape[0] * (0.5 * X.shape[1] * LOG_2PI + float(np.log(np.diag(L)).sum()))
+    ytil, U = _k.whiten(X, params.W, params.L)
+    const = -X.shape[0] * (0.5 * X.shape[1] * LOG_2PI + float(params.log_diag.sum()))
     return ytil, U, const
 
 
@@ -218,7 +223,7 @@ def smf_e_step(params: FHMMParams, X, lengths=None, theta_init=None, tol: float 
     >>> p = FHMMParams.random(2, 3, random_state=0)
     >>> X, _ = p.sample(50, random_state=1)
     >>> est = smf_e_step(p, X)
-    >>> bool(np.all(np.diff(est.trace[1:]) >= -1e-9 * abs(est.bound)))
+    >>> bool(np.all(np.diff(est.trace[p.n_chains:]) >= -1e-9 * abs(est.bound)))
     True
     """
     params = _check_params(params)
@@ -456,15 +461,25 @@ def init_params(X, n_chains: int, lengths=None, random_state=None) -> FHMMParams
 
     Notes
     -----
-    k-means with ``M + 1`` clusters on the standardised data (a random subsample of at
-    most 5,000 rows, k-means++ seeding). The bias ``w_0`` is the centre lowest along
-    the first principal direction, oriented so that its loadings sum to a positive
-    number — for non-negative data such as power readings, the "everything off" level —
-    and ``w_m`` is the step from ``w_0`` to the m-th other centre. A centre that
-    coincides with ``w_0`` (fewer distinct values than clusters) gets a random step
-    of a quarter of the data's standard deviation instead. Σ is
-    ``INIT_COVARIANCE_FRACTION`` (½) of the data covariance, both switch probabilities
-    are ``INIT_SWITCH`` (0.1), ``π_m = ½``.
+    Greedy two-means deflation on the standardised data (a random subsample of at most
+    5,000 rows): split the data in two clusters (k-means, k-means++ seeding), take the
+    step between the centres as ``w_1`` and subtract it from the rows of the "on"
+    cluster; split the residual for ``w_2``; and so on. ``w_0`` is the mean of the
+    final residual. Each step is oriented so that its standardised coordinates sum to
+    a non-negative number (for non-negative data such as power readings an appliance
+    switching on adds to the readings). A chain whose split finds no structure gets a
+    small step, which EM grows or leaves. This mirrors the model's additive structure,
+    which a single (M+1)-means clustering does not: with fewer clusters than the 2^M
+    joint states, its centres mix chains. Σ is ``INIT_COVARIANCE_FRACTION`` (½) of the
+    data covariance (plus a tiny ridge), both switch probabilities are ``INIT_SWITCH``
+    (0.1) and ``π_m = ½``.
+
+    Examples
+    --------
+    >>> p = FHMMParams.random(2, 3, random_state=0)
+    >>> X, _ = p.sample(500, random_state=1)
+    >>> init_params(X, 2, random_state=0).W.shape
+    (3, 3)
     """
     X = check_observations(X)
     check_lengths(lengths, X.shape[0])
@@ -476,21 +491,22 @@ def init_params(X, n_chains: int, lengths=None, random_state=None) -> FHMMParams
     std = np.sqrt(np.diag(cov))
     scale = float(std.mean()) if std.mean() > 0 else 1.0
     std = np.where(std > 1e-12 * scale, std, scale)
-    sub = X if T <= 5000 else X[rng.choice(T, 5000, replace=False)]
-    Z = (sub - mean) / std
-    centres = _kmeans(Z, M + 1, rng)
-    corr = cov / np.outer(std, std)
-    pc = np.linalg.eigh(corr)[1][:, -1]
-    if pc.sum() < 0:
-        pc = -pc
-    order = np.argsort(centres @ pc, kind="stable")
-    centres = centres[order] * std + mean
-    W = np.empty((M + 1, D))
-    W[M] = centres[0]
-    W[:M] = centres[1:] - centres[0]
-    small = np.linalg.norm(W[:M] / std, axis=1) < 1e-8
-    if small.any():
-        W[:M][small] = 0.25 * std * rng.standard_normal((int(small.sum()), D))
+    R = (X if T <= 5000 else X[rng.choice(T, 5000, replace=False)]) - mean
+    R = R / std
+    Wz = np.zeros((M + 1, D))
+    for m in range(M):
+        c = _kmeans(R, 2, rng)
+        on = ((R - c[1]) ** 2).sum(axis=1) < ((R - c[0]) ** 2).sum(axis=1)
+        step = c[1] - c[0]
+        if step.sum() < 0:
+            step, on = -step, ~on
+        if not np.linalg.norm(step) > 1e-8:
+            step = 0.25 * rng.standard_normal(D)
+        Wz[m] = step
+        R = R - on[:, None] * step
+    Wz[M] = R.mean(axis=0)
+    W = Wz * std
+    W[M] += mean
     S = INIT_COVARIANCE_FRACTION * cov
     floor = _default_floor(X) if T > 1 else COVARIANCE_FLOOR
     S = S + max(floor, 1e-6 * float(np.trace(S)) / D) * np.eye(D)
@@ -541,7 +557,10 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
 
     Notes
     -----
-    MATH.md §6. The initial E-step starts from θ uniform in (0, 1); each later E-step
+    MATH.md §6. The initial E-step starts from θ uniform in (0, 1) and is annealed:
+    it first sweeps with Σ multiplied by ``INIT_ANNEAL`` = (100, 30, 10, 3), each stage
+    starting where the previous one stopped, which avoids most of the poor mean-field
+    fixed points a random θ falls into when the noise is small. Each later E-step
     starts from the previous q, so the bound never decreases across iterations.
 
     Examples
@@ -564,6 +583,7 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
     if time_budget is not None:
         time_budget = _check_nonneg_float(time_budget, "time_budget")
     rng = check_random_state(random_state)
+    t0 = time.perf_counter()
     if params is None:
         if n_chains is None:
             raise ValueError("n_chains must be given when params is None")
@@ -576,9 +596,15 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
     M = params.n_chains
     floor = _default_floor(X)
 
-    t0 = time.perf_counter()
     theta = rng.uniform(size=(T, M))
-    est = _e_step(params, X, bounds, theta, e_tol, max_sweeps, np.full(M, np.nan))
+    # deterministic annealing of the first E-step: from a random θ, plain coordinate
+    # ascent at a small noise level stops at poor fixed points; sweeping first with Σ
+    # inflated, then less and less, lets the chains share out the data smoothly
+    nan_terms = np.full(M, np.nan)
+    for factor in INIT_ANNEAL:
+        hot = params.replace(L=params.L * math.sqrt(factor))
+        _e_step(hot, X, bounds, theta, e_tol, max_sweeps, nan_terms)
+    est = _e_step(params, X, bounds, theta, e_tol, max_sweeps, nan_terms)
     history = [{"iteration": 0, "bound": est.bound, "time": time.perf_counter() - t0,
                 "n_sweeps": est.n_sweeps}]
     with tqdm(total=max_iter, disable=not progress, desc="SMF-EM", unit="it") as bar:

@@ -1,0 +1,358 @@
+"""Structured mean-field E-step, M-step and EM (MATH.md §6) against brute force, exact
+inference and least squares."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamfhmm import exact
+from streamfhmm.learn.smf import (SMFEStep, expected_complete_loglik, fit_smf, init_params,
+                                  smf_e_step, smf_m_step, smf_posterior)
+from streamfhmm.model import FHMMParams
+
+from . import naive_smf as naive
+
+
+def _model(M, D, seed, **kw):
+    print(f"seed={seed} M={M} D={D}")
+    return FHMMParams.random(M, D, random_state=seed, **kw)
+
+
+def _assert_nondecreasing(values, scale, rel=1e-9):
+    values = np.asarray(values)
+    assert np.isfinite(values).all()
+    drops = np.diff(values)
+    assert drops.min() >= -rel * abs(scale), f"bound decreased by {-drops.min():.3e}"
+
+
+# ----------------------------------------------------------------------------------------
+# E-step against brute force
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("M,D,T,sweeps,seed", [(1, 2, 6, 1, 0), (2, 2, 5, 1, 1), (2, 3, 5, 3, 2),
+                                               (3, 2, 4, 2, 3)])
+def test_e_step_matches_bruteforce_sweeps(M, D, T, sweeps, seed):
+    p = _model(M, D, seed, noise=0.6)
+    X, _ = p.sample(T, random_state=seed + 100)
+    theta0 = np.random.default_rng(seed).uniform(size=(T, M))
+    est = smf_e_step(p, X, theta_init=theta0, tol=0.0, max_sweeps=sweeps)
+    ref_theta, potentials, ref_xi, ref_log_Z, ref_entropy = naive.smf_sweeps(p, X, theta0, sweeps)
+    assert est.n_sweeps == sweeps
+    np.testing.assert_allclose(est.theta, ref_theta, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(est.xi, ref_xi, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(est.log_Z, ref_log_Z, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(est.entropy, ref_entropy, rtol=1e-9, atol=1e-10)
+    # the bound identity F = E_q log p - E_q log q, by enumerating every joint sequence
+    F_ref = naive.smf_bound_bruteforce(p, X, potentials)
+    assert est.bound == pytest.approx(F_ref, rel=1e-10)
+    # and F ≤ log p(X)
+    ll = naive.log_likelihood_bruteforce(p, X)
+    assert ll == pytest.approx(exact.log_likelihood(p, X), rel=1e-10)
+    assert est.bound <= ll + 1e-10 * abs(ll)
+
+
+@pytest.mark.parametrize("M,D,seed", [(2, 3, 10), (4, 2, 11), (5, 6, 12)])
+def test_bound_is_expected_complete_loglik_plus_entropy(M, D, seed):
+    p = _model(M, D, seed)
+    lengths = np.array([120, 1, 79])
+    X, _ = p.sample(int(lengths.sum()), random_state=seed)
+    est = smf_e_step(p, X, lengths=lengths)
+    ecll = expected_complete_loglik(p, X, est.theta, est.xi, lengths=lengths)
+    assert est.bound == pytest.approx(ecll + est.entropy.sum(), rel=1e-11)
+    # the identity holds for any parameters: E_q log p under other params + H[q] is the
+    # bound of the same q there, which is what the next E-step's trace[0] reports
+    other = _model(M, D, seed + 1)
+    nxt = smf_e_step(other, X, lengths=lengths, previous=est, max_sweeps=1)
+    F_other = (expected_complete_loglik(other, X, est.theta, est.xi, lengths=lengths)
+               + est.entropy.sum())
+    assert nxt.trace[0] == pytest.approx(F_other, rel=1e-11)
+
+
+# ----------------------------------------------------------------------------------------
+# monotonicity
+# ----------------------------------------------------------------------------------------
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), M=st.integers(1, 6), D=st.integers(1, 5),
+       noise=st.sampled_from([0.05, 0.3, 1.0]))
+def test_e_step_never_decreases(seed, M, D, noise):
+    print(f"seed={seed} M={M} D={D} noise={noise}")
+    p = FHMMParams.random(M, D, random_state=seed, noise=noise)
+    rng = np.random.default_rng(seed)
+    X, _ = p.sample(200, random_state=rng)
+    X = X + rng.standard_normal(X.shape) * rng.uniform(0, 1)  # also data the model does not fit
+    est = smf_e_step(p, X, theta_init=rng.uniform(size=(200, M)), tol=0.0, max_sweeps=6)
+    # every chain has a q_m after the first sweep; from there every update is an ascent step
+    _assert_nondecreasing(est.trace[M:], est.bound)
+
+
+@pytest.mark.parametrize("M,D,noise,seed", [(2, 2, 0.3, 20), (3, 4, 0.1, 21), (5, 3, 1.0, 22)])
+def test_em_never_decreases(M, D, noise, seed):
+    """Every chain update and every M-step, with random starting parameters."""
+    truth = _model(M, D, seed, noise=noise)
+    lengths = np.array([150, 90])
+    X, _ = truth.sample(int(lengths.sum()), random_state=seed)
+    params = _model(M, D, seed + 1000, noise=1.0)
+    rng = np.random.default_rng(seed)
+    est = smf_e_step(params, X, lengths=lengths, theta_init=rng.uniform(size=(len(X), M)),
+                     tol=0.0, max_sweeps=3)
+    path = list(est.trace[M:])
+    for _ in range(8):
+        new = smf_m_step(params, X, est.theta, est.xi, lengths=lengths)
+        nxt = smf_e_step(new, X, lengths=lengths, previous=est, tol=0.0, max_sweeps=2)
+        # trace[0] is F(q_old, Γ_new): the M-step's gain, then the chain updates'
+        F_new = (expected_complete_loglik(new, X, est.theta, est.xi, lengths=lengths)
+                 + est.entropy.sum())
+        assert nxt.trace[0] == pytest.approx(F_new, rel=1e-11)
+        path.extend(nxt.trace)
+        params, est = new, nxt
+    _assert_nondecreasing(path, path[-1])
+    assert path[-1] > path[0]
+    assert path[-1] <= exact.log_likelihood(params, X, lengths=lengths)
+
+
+def test_fit_history_never_decreases():
+    seed = 30
+    truth = _model(3, 2, seed, noise=0.2)
+    X, _ = truth.sample(400, random_state=seed)
+    params, history = fit_smf(X, n_chains=3, max_iter=25, tol=0.0, random_state=seed,
+                              progress=False)
+    bounds = [h["bound"] for h in history]
+    assert [h["iteration"] for h in history] == list(range(len(history)))
+    assert 5 < len(history) <= 26
+    if len(history) < 26:  # stopped because the bound no longer increased at all
+        assert bounds[-1] - bounds[-2] < 1e-12 * abs(bounds[-2])
+    _assert_nondecreasing(bounds, bounds[-1])
+    assert bounds[-1] > bounds[0]
+    assert bounds[-1] <= exact.log_likelihood(params, X)
+
+
+# ----------------------------------------------------------------------------------------
+# bound against exact inference
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("M,D,noise,seed", [(2, 2, 0.3, 40), (4, 3, 0.5, 41), (6, 4, 0.2, 42),
+                                            (8, 6, 1.0, 43)])
+def test_bound_below_exact_loglik(M, D, noise, seed):
+    p = _model(M, D, seed, noise=noise)
+    lengths = np.array([300, 200])
+    X, _ = p.sample(500, random_state=seed)
+    theta, bound = smf_posterior(p, X, lengths=lengths)
+    ll = exact.log_likelihood(p, X, lengths=lengths)
+    print(f"bound={bound:.6f} loglik={ll:.6f}")
+    assert np.isfinite(bound)
+    assert bound <= ll
+    assert ((theta >= 0) & (theta <= 1)).all()
+    # and the same for random (poor) parameters
+    q = _model(M, D, seed + 1, noise=0.3)
+    _, bound_q = smf_posterior(q, X, lengths=lengths)
+    assert bound_q <= exact.log_likelihood(q, X, lengths=lengths)
+
+
+@pytest.mark.parametrize("D,noise,seed", [(1, 0.3, 50), (3, 1.0, 51), (2, 0.02, 52)])
+def test_single_chain_is_exact(D, noise, seed):
+    p = _model(1, D, seed, noise=noise)
+    lengths = np.array([200, 37, 63])
+    X, _ = p.sample(300, random_state=seed)
+    est = smf_e_step(p, X, lengths=lengths, max_sweeps=1)
+    ll, theta, xi = exact.smoothed_marginals(p, X, lengths=lengths, pairwise=True)
+    assert est.bound == pytest.approx(ll, rel=1e-10)
+    np.testing.assert_allclose(est.theta, theta, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(est.xi, xi.sum(axis=0), rtol=1e-9, atol=1e-9)
+
+
+def test_deterministic_start_state():
+    """π exactly 0 or 1 with potentials strong enough to underflow the other state."""
+    seed = 60
+    p = _model(2, 2, seed, noise=0.01)
+    p = p.replace(startprob=np.array([0.0, 1.0]))
+    X, S = p.sample(50, random_state=seed)
+    theta, bound = smf_posterior(p, X)
+    assert np.isfinite(theta).all() and np.isfinite(bound)
+    assert theta[0, 0] == 0.0 and theta[0, 1] == 1.0
+    assert bound <= exact.log_likelihood(p, X) + 1e-9
+    # at this noise level the posterior is the true state sequence
+    np.testing.assert_allclose(theta, S, atol=1e-6)
+    p1 = _model(1, 2, seed, noise=0.01).replace(startprob=np.array([0.0]))
+    X1, _ = p1.sample(40, random_state=seed)
+    X1[0] += p1.W[0]  # data insisting on the impossible state at t = 1
+    theta1, bound1 = smf_posterior(p1, X1)
+    ll1, ex1 = exact.smoothed_marginals(p1, X1)
+    assert theta1[0, 0] == 0.0
+    assert bound1 == pytest.approx(ll1, rel=1e-10)
+    np.testing.assert_allclose(theta1, ex1, atol=1e-10)
+
+
+@pytest.mark.parametrize("a,b,noise", [(1e-90, 1e-12, 0.01), (1e-12, 1e-99, 0.05),
+                                       (0.5, 0.5, 0.001)])
+def test_extreme_parameters_single_chain(a, b, noise):
+    """Near-deterministic transitions and data that contradict them, with potentials of
+    several thousand nats: the rescaled recursions still agree with exact inference."""
+    seed = 65
+    print(f"seed={seed} a={a} b={b} noise={noise}")
+    rng = np.random.default_rng(seed)
+    W = np.array([[1.0, -1.0], [0.3, 0.2]])
+    A = np.array([[[1 - a, a], [b, 1 - b]]])
+    p = FHMMParams.from_natural(W, noise**2 * np.eye(2), A, startprob=[0.3])
+    S = (np.arange(400) // 37) % 2  # switches far more often than the prior allows
+    X = S[:, None] * W[0] + W[1] + noise * rng.standard_normal((400, 2))
+    lengths = [150, 250]
+    est = smf_e_step(p, X, lengths=lengths, max_sweeps=1)
+    ll, theta = exact.smoothed_marginals(p, X, lengths=lengths)
+    assert np.isfinite(est.theta).all()
+    assert est.bound == pytest.approx(ll, rel=1e-10)
+    np.testing.assert_allclose(est.theta, theta, rtol=0, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------------------
+# multiple sequences
+# ----------------------------------------------------------------------------------------
+def test_sequences_are_independent():
+    seed = 70
+    p = _model(3, 2, seed)
+    parts = [p.sample(n, random_state=seed + i)[0] for i, n in enumerate((80, 1, 45, 120))]
+    rng = np.random.default_rng(seed)
+    inits = [rng.uniform(size=(len(x), 3)) for x in parts]
+    X = np.vstack(parts)
+    lengths = [len(x) for x in parts]
+    theta, bound = smf_posterior(p, X, lengths=lengths, tol=0.0, max_sweeps=7,
+                                 theta_init=np.vstack(inits))
+    sep = [smf_posterior(p, x, tol=0.0, max_sweeps=7, theta_init=t0) for x, t0 in zip(parts, inits)]
+    assert bound == pytest.approx(sum(b for _, b in sep), rel=1e-12)
+    np.testing.assert_allclose(theta, np.vstack([t for t, _ in sep]), rtol=0, atol=1e-12)
+    # without lengths the concatenation is one sequence: a different (smaller) answer
+    _, joined = smf_posterior(p, X, tol=0.0, max_sweeps=7, theta_init=np.vstack(inits))
+    assert joined != pytest.approx(bound, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------
+# M-step
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("M,D,seed", [(1, 1, 80), (3, 4, 81), (6, 2, 82)])
+def test_m_step_is_least_squares(M, D, seed):
+    p = _model(M, D, seed)
+    rng = np.random.default_rng(seed)
+    lengths = np.array([40, 25, 35])
+    X = rng.standard_normal((100, D)) @ rng.standard_normal((D, D)) + 3.0
+    theta = rng.uniform(size=(100, M))
+    xi = rng.uniform(0.1, 5.0, size=(M, 2, 2))
+    new = smf_m_step(p, X, theta, xi, lengths=lengths)
+    W_ref, S_ref = naive.m_step_lstsq(X, theta)
+    np.testing.assert_allclose(new.W, W_ref, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(new.covariance, S_ref, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(new.transmat, xi / xi.sum(axis=2, keepdims=True), rtol=1e-12)
+    np.testing.assert_allclose(new.startprob, theta[[0, 40, 65]].mean(axis=0), rtol=1e-12)
+
+
+def test_m_step_guards():
+    """A chain never on keeps its W row and transition row; Σ stays positive definite."""
+    seed = 90
+    p = _model(3, 2, seed)
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((60, 2))
+    theta = rng.uniform(size=(60, 3))
+    theta[:, 1] = 0.0
+    xi = rng.uniform(0.1, 5.0, size=(3, 2, 2))
+    xi[1, 1, :] = 0.0
+    new = smf_m_step(p, X, theta, xi)
+    np.testing.assert_allclose(new.W[1], p.W[1], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(new.transmat[1, 1], p.transmat[1, 1], rtol=1e-12)
+    # the other rows are the least-squares solution without the dead chain
+    W_ref, _ = naive.m_step_lstsq(X, theta[:, [0, 2]])
+    np.testing.assert_allclose(new.W[[0, 2, 3]], W_ref, rtol=1e-9, atol=1e-10)
+    # Σ floored when the data are fitted exactly
+    theta2 = np.round(rng.uniform(size=(60, 1)))
+    X2 = theta2 @ np.array([[1.0, -2.0]]) + 0.5
+    new2 = smf_m_step(_model(1, 2, seed), X2, theta2, np.ones((1, 2, 2)), covariance_floor=1e-6)
+    np.testing.assert_allclose(np.linalg.eigvalsh(new2.covariance), 1e-6, rtol=1e-6)
+    np.testing.assert_allclose(new2.W, [[1.0, -2.0], [0.5, 0.5]], atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------
+# fitting
+# ----------------------------------------------------------------------------------------
+def test_fit_recovers_easy_model():
+    seed = 100
+    truth = _model(2, 3, seed, noise=0.15, switch=(0.05, 0.1))
+    X, _ = truth.sample(1500, random_state=seed)
+    params, history = fit_smf(X, n_chains=2, max_iter=100, random_state=seed, progress=False)
+    ll_fit = exact.log_likelihood(params, X)
+    ll_true = exact.log_likelihood(truth, X)
+    print(f"loglik fit={ll_fit:.3f} true={ll_true:.3f} iterations={len(history) - 1}")
+    assert ll_fit >= ll_true - 1e-3 * len(X)
+    # the chains' steps, up to order and the on/off relabelling s -> 1-s (which negates w_m)
+    err = min(np.abs(np.abs(params.W[list(order)]) - np.abs(truth.W[:2])).max()
+              for order in ((0, 1), (1, 0)))
+    assert err < 0.05
+    assert set(history[0]) >= {"iteration", "bound", "time"}
+
+
+def test_fit_stopping_rules():
+    seed = 110
+    truth = _model(2, 2, seed)
+    X, _ = truth.sample(300, random_state=seed)
+    params, history = fit_smf(X, n_chains=2, max_iter=3, tol=0.0, random_state=seed, progress=False)
+    assert len(history) == 4
+    _, history0 = fit_smf(X, n_chains=2, time_budget=0.0, random_state=seed, progress=False)
+    assert len(history0) == 1
+    times = [h["time"] for h in history]
+    assert times == sorted(times)
+    # the same seed gives the same fit
+    params2, history2 = fit_smf(X, n_chains=2, max_iter=3, tol=0.0, random_state=seed,
+                                progress=False)
+    np.testing.assert_array_equal(params.W, params2.W)
+    assert [h["bound"] for h in history] == [h["bound"] for h in history2]
+    # a starting model is used as given, and convergence stops early
+    params3, history3 = fit_smf(X, params=truth, max_iter=500, tol=1e-4, random_state=seed,
+                                progress=False)
+    assert len(history3) < 500
+    assert history3[-1]["bound"] - history3[-2]["bound"] < 1e-4 * abs(history3[-2]["bound"])
+
+
+def test_init_params_shapes_and_scale():
+    seed = 120
+    truth = _model(3, 4, seed, noise=0.1)
+    X, _ = truth.sample(800, random_state=seed)
+    p = init_params(X, 3, random_state=seed)
+    assert p.W.shape == (4, 4)
+    np.testing.assert_allclose(p.covariance, 0.5 * np.cov(X, rowvar=False), rtol=1e-4)
+    np.testing.assert_allclose(p.transmat[:, 0, 1], 0.1)
+    # the initial model reproduces the data's mean at the initial occupancy
+    assert np.isfinite(p.W).all()
+    # constant data and a single row do not break it
+    assert np.isfinite(init_params(np.ones((10, 2)), 2, random_state=0).W).all()
+    assert np.isfinite(init_params(np.ones((1, 2)), 1, random_state=0).W).all()
+
+
+# ----------------------------------------------------------------------------------------
+# validation
+# ----------------------------------------------------------------------------------------
+def test_validation_names_the_argument():
+    p = _model(2, 3, 130)
+    X, _ = p.sample(20, random_state=0)
+    with pytest.raises(ValueError, match="X must have 3 features"):
+        smf_posterior(p, X[:, :2])
+    with pytest.raises(ValueError, match="params"):
+        smf_posterior("model", X)
+    with pytest.raises(ValueError, match="lengths"):
+        smf_posterior(p, X, lengths=[10, 5])
+    with pytest.raises(ValueError, match="theta_init"):
+        smf_posterior(p, X, theta_init=np.full((20, 2), 1.5))
+    with pytest.raises(ValueError, match="theta_init"):
+        smf_posterior(p, X, theta_init=np.full((20, 3), 0.5))
+    with pytest.raises(ValueError, match="tol"):
+        smf_posterior(p, X, tol=-1.0)
+    with pytest.raises(ValueError, match="max_sweeps"):
+        smf_posterior(p, X, max_sweeps=0)
+    with pytest.raises(ValueError, match="X must not contain NaN"):
+        smf_posterior(p, np.where(X > 0, np.nan, X))
+    with pytest.raises(ValueError, match="n_chains"):
+        fit_smf(X)
+    with pytest.raises(ValueError, match="n_chains"):
+        fit_smf(X, params=p, n_chains=3)
+    with pytest.raises(ValueError, match="time_budget"):
+        fit_smf(X, n_chains=2, time_budget=-1, progress=False)
+    with pytest.raises(ValueError, match="xi"):
+        smf_m_step(p, X, np.full((20, 2), 0.5), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="previous"):
+        smf_e_step(p, X, previous=object())
+    with pytest.raises(ValueError, match="transition probability"):
+        smf_posterior(p.replace(alpha=np.array([-300.0, 0.0])), X)
+    assert isinstance(smf_e_step(p, X), SMFEStep)
