@@ -20,7 +20,6 @@ import sys
 import time
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import best_time, header, matmul_peak_flops, table  # noqa: E402
@@ -28,6 +27,7 @@ from _common import best_time, header, matmul_peak_flops, table  # noqa: E402
 from streamfhmm.kernels import elbo as ke  # noqa: E402
 from streamfhmm.kernels import recognition as kr  # noqa: E402
 from streamfhmm.learn.objective import _log_stationary, _log_transmat  # noqa: E402
+from streamfhmm._blas import limit_blas_threads  # noqa: E402
 from streamfhmm.model import FHMMParams  # noqa: E402
 from streamfhmm.network import RecognitionNet  # noqa: E402
 
@@ -36,7 +36,7 @@ M, D, WINDOW, HIDDEN = 10, 6, 21, 200
 
 def main():
     header("kernels at the power configuration: M=10, D=6, window 21, 200 shared hidden units")
-    limiter = threadpool_limits(1, "blas")
+    limiter = limit_blas_threads(1)
     peak = matmul_peak_flops()
     print(f"# machine peak (1-thread float64 matrix product): {peak / 1e9:.1f} GFLOP/s")
     params = FHMMParams.random(M, D, random_state=0)

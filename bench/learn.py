@@ -17,12 +17,12 @@ import sys
 import time
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import header, matmul_peak_flops, table  # noqa: E402
 
 from streamfhmm.learn.svi import fit_svi  # noqa: E402
+from streamfhmm._blas import limit_blas_threads  # noqa: E402
 from streamfhmm.model import FHMMParams  # noqa: E402
 from streamfhmm.network import RecognitionNet  # noqa: E402
 
@@ -36,7 +36,7 @@ def main(argv=None):
     ap.add_argument("--lengths", type=int, nargs="+", default=[1, 5, 21])
     args = ap.parse_args(argv)
     header("SVI learner step: M=10, D=6, window 21, 200 shared hidden units, 10 subchains/step")
-    with threadpool_limits(1, "blas"):
+    with limit_blas_threads(1):
         peak = matmul_peak_flops()
     print(f"# machine peak (1-thread float64 matrix product): {peak / 1e9:.1f} GFLOP/s")
     params = FHMMParams.random(M, D, random_state=0)

@@ -7,8 +7,10 @@ import logging as _logging
 
 from .estimator import FHMM
 from .model import FHMMParams
+from .stream.engine import StreamEngine
+from .stream.posterior import Posterior
 
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __version__ = "0.1.0"
-__all__ = ["FHMM", "FHMMParams", "__version__"]
+__all__ = ["FHMM", "FHMMParams", "StreamEngine", "Posterior", "__version__"]

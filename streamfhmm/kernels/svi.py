@@ -258,6 +258,8 @@ def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, sca
     inv = 1.0 / counted
     for i in range(grad.shape[0]):
         grad[i] *= inv
+    if not np.isfinite(value):
+        return np.nan
     if not rmsprop_update(x, grad, sq, decay, eps, lr, step_count):
         return np.nan
     return value * inv

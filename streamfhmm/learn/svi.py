@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
+from .._blas import limit_blas_threads
 from ..kernels import svi as _ks
 from ..model import FHMMParams
 from ..network import RecognitionNet
@@ -139,7 +139,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     opt = state.opt
     # one BLAS thread: the step's products are small, and on a busy machine
     # multithreaded BLAS waits for its threads far longer than it computes
-    limiter = threadpool_limits(limits=1, user_api="blas")
+    limiter = limit_blas_threads(1)
     try:
         for i in range(1, max_iter + 1):
             sampler.ensure(B)

@@ -1,0 +1,204 @@
+"""Streaming engine throughput and latency.
+
+    python bench/stream.py [--samples 30000] [--quick]
+
+For M = 10 chains, D = 6, window 21, 200 hidden units shared by all heads (the paper's
+power-disaggregation network) it prints, in one run:
+
+* push latency p50 / p99 (µs) and sustained samples/s one push at a time, with the
+  learner off and on, and the learner's steps/s while inference runs;
+* push_many samples/s (batch kernels);
+* the same for exact inference at M = 10 (filtering and fixed-lag smoothing);
+* per-sample cost against M (4 … 32 chains) for the recognition path and exact mode,
+  showing where each is the right choice;
+
+each beside a reference measured in the same run: the bare window kernel
+(``forward_one``) and the batch exact forward pass (``exact.log_likelihood``), so the
+engine's overhead reads as a ratio. BLAS is limited to one thread.
+Targets (issue: streaming engine): ≥ 20,000 samples/s one push at a time with learning
+on and p99 ≤ 100 µs; push_many ≥ 300,000 samples/s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import scipy.linalg.cython_blas  # noqa: F401  (the BLAS the kernels call: load it before limiting)
+from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import best_time, header, table  # noqa: E402
+
+from streamfhmm import FHMM, exact  # noqa: E402
+from streamfhmm.kernels import recognition as rk  # noqa: E402
+from streamfhmm.model import FHMMParams  # noqa: E402
+from streamfhmm.network import RecognitionNet  # noqa: E402
+from streamfhmm.stream.engine import StreamEngine  # noqa: E402
+
+D, WINDOW, HIDDEN = 6, 21, 200
+
+
+def make_model(M, n, seed=0):
+    params = FHMMParams.random(M, D, random_state=seed, noise=0.5)
+    X, _ = params.sample(n, random_state=seed + 1)
+    model = FHMM.from_params(W=params.W, covariance=params.covariance, transmat=params.transmat,
+                             window=WINDOW, n_hidden=HIDDEN, share_hidden="all")
+    net = RecognitionNet(M, D, window=WINDOW, n_hidden=HIDDEN, share="all").init(random_state=seed)
+    model.net_ = net.fit_scaler(X)
+    return model, X
+
+
+CPU = {}
+
+
+def push_loop(eng, X, key=None):
+    """Push X one sample at a time; returns samples/s (wall clock). The pushing thread's
+    CPU time per sample goes to ``CPU[key]`` (a figure a busy machine does not distort)."""
+    push = eng.push
+    c0 = time.thread_time()
+    t0 = time.perf_counter()
+    for x in X:
+        push(x)
+    dt = time.perf_counter() - t0
+    if key is not None:
+        CPU[key] = len(X) / (time.thread_time() - c0)
+    return len(X) / dt
+
+
+def bare_forward_one(net, X):
+    """µs per call of the window kernel alone, reading a ring the same way."""
+    ring = np.concatenate([X[:64], X[:64]])
+    flat = ring.reshape(-1)
+    th, rh, sc = np.empty(net.n_chains), np.empty(net.n_chains), np.empty(net.scratch_size)
+    args = (net.weights, net.layout, net.mean, net.scale, sc, th, rh)
+
+    def run():
+        for i in range(1000):
+            rk.forward_one(flat, (i % 40) * D, *args)
+    return best_time(run, repeat=3, min_time=0.2) / 1000 * 1e6
+
+
+def measure_push(model, X, n, key=None, **kw):
+    with StreamEngine(model, latency_window=n, **kw) as eng:
+        eng.push_many(X[:3000])
+        push_loop(eng, X[3000:4000])  # warm
+        rate = push_loop(eng, X[4000:4000 + n], key)
+        m = eng.metrics()
+    return rate, m["push_p50_us"], m["push_p99_us"]
+
+
+def measure_push_learning(model, X, n, **kw):
+    with StreamEngine(model, learn=True, latency_window=n, **kw) as eng:
+        eng.push_many(X[:20_000])
+        t0 = time.perf_counter()
+        while eng.metrics()["learner_steps"] < 20 and time.perf_counter() - t0 < 60:
+            time.sleep(0.01)
+        push_loop(eng, X[20_000:21_000])
+        s0, v0, t0 = eng.metrics()["learner_steps"], eng.version, time.perf_counter()
+        rate = push_loop(eng, X[21_000:21_000 + n], "on")
+        dt = time.perf_counter() - t0
+        m = eng.metrics()
+        # the learner alone, inference idle, for the ratio
+        s1, t1 = m["learner_steps"], time.perf_counter()
+        time.sleep(min(3.0, max(1.0, dt)))
+        idle = (eng.metrics()["learner_steps"] - s1) / (time.perf_counter() - t1)
+    return (rate, m["push_p50_us"], m["push_p99_us"], (m["learner_steps"] - s0) / dt, idle,
+            m["snapshot_version"] - v0)
+
+
+def measure_push_many(model, X, chunk=10_000, **kw):
+    with StreamEngine(model, **kw) as eng:
+        eng.push_many(X[:chunk])
+
+        def run():
+            for s in range(0, len(X), chunk):
+                eng.push_many(X[s:s + chunk])
+        return len(X) / best_time(run, repeat=2, min_time=0.5)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=30_000, help="pushes per measurement")
+    ap.add_argument("--quick", action="store_true", help="fewer samples, smaller table")
+    args = ap.parse_args(argv)
+    n = 5000 if args.quick else args.samples
+    limiter = threadpool_limits(limits=1, user_api="blas")
+    header(f"streaming engine, M=10, D={D}, window {WINDOW}, {HIDDEN} hidden units (share='all'), "
+           f"BLAS 1 thread")
+    model, X = make_model(10, max(60_000, n + 25_000))
+    kernel_us = bare_forward_one(model.net_, X)
+    print(f"# load average {os.getloadavg()[0]:.1f} (other processes share the cores: "
+          f"wall-clock rates fall with it, 'samples/CPU-s' does not)")
+    print(f"reference: bare forward_one kernel {kernel_us:.1f} µs/window "
+          f"({1e6 / kernel_us:,.0f} windows/s)")
+    rows = []
+    r, p50, p99 = measure_push(model, X, n, "off", mode="smooth", learn=False)
+    rows.append({"path": "recognition push, learner off", "samples/s": r,
+                 "samples/CPU-s": CPU["off"], "p50 µs": p50,
+                 "p99 µs": p99, "× kernel time": 1e6 / r / kernel_us})
+    r_on, p50_on, p99_on, steps, idle, nsnap = measure_push_learning(model, X, n, mode="smooth",
+                                                                     snapshot_interval=20)
+    rows.append({"path": "recognition push, learner on", "samples/s": r_on,
+                 "samples/CPU-s": CPU["on"], "p50 µs": p50_on,
+                 "p99 µs": p99_on, "× kernel time": 1e6 / r_on / kernel_us})
+    pm = measure_push_many(model, X[:50_000], mode="smooth", learn=False)
+    rows.append({"path": "recognition push_many (10k blocks)", "samples/s": pm,
+                 "× kernel time": 1e6 / pm / kernel_us})
+    Mx = 10
+    ll_rate = 20_000 / best_time(lambda: exact.log_likelihood(model.params_, X[:20_000]),
+                                 repeat=2, min_time=0.3)
+    for mode in ("filter", "smooth"):
+        r, p50, p99 = measure_push(model, X, n, mode, mode=mode, learn=False, posterior="exact")
+        rows.append({"path": f"exact {mode} push (M={Mx})", "samples/s": r,
+                     "samples/CPU-s": CPU[mode], "p50 µs": p50,
+                     "p99 µs": p99, "× batch exact forward": ll_rate / r})
+        pme = measure_push_many(model, X[:30_000], mode=mode, learn=False, posterior="exact")
+        rows.append({"path": f"exact {mode} push_many (M={Mx})", "samples/s": pme,
+                     "× batch exact forward": ll_rate / pme})
+    print(f"reference: batch exact forward (exact.log_likelihood) {ll_rate:,.0f} steps/s at M=10")
+    table(rows, ["path", "samples/s", "samples/CPU-s", "p50 µs", "p99 µs", "× kernel time", "× batch exact forward"])
+    print(f"learner while one-at-a-time inference runs: {steps:,.1f} steps/s "
+          f"({nsnap} snapshots); learner alone: {idle:,.1f} steps/s "
+          f"(batch 10 subchains of {WINDOW} positions)")
+
+    print()
+    print("# per-sample cost against the number of chains (µs per sample, one push at a time;")
+    print("# push_many in brackets); exact smoothing lag = 10")
+    rows = []
+    chains = [4, 8, 12] if args.quick else [4, 8, 12, 16, 24, 32]
+    for M in chains:
+        mdl, Xm = make_model(M, 12_000, seed=M)
+        k = 2000 if args.quick else 5000
+        row, costs = {"M": M}, {}
+        r, _, _ = measure_push(mdl, Xm, k, mode="smooth", learn=False)
+        rb = measure_push_many(mdl, Xm[:10_000], chunk=5000, mode="smooth", learn=False)
+        costs["recognition"] = 1e6 / r
+        row["recognition"] = f"{1e6 / r:.1f} [{1e6 / rb:.2f}]"
+        for mode in ("filter", "smooth"):
+            row[f"exact {mode}"] = "-"
+            if M <= (16 if mode == "filter" else 12):
+                kk = k if M <= 12 else 300
+                r, _, _ = measure_push(mdl, Xm, kk, mode=mode, learn=False, posterior="exact")
+                costs[f"exact {mode}"] = 1e6 / r
+                row[f"exact {mode}"] = f"{1e6 / r:.1f}"
+        row["cheapest"] = min(costs, key=costs.get)
+        rows.append(row)
+        print(f"  M={M} done", file=sys.stderr, flush=True)
+    table(rows, ["M", "recognition", "exact filter", "exact smooth", "cheapest"])
+    print("# exact mode is exact and needs no network or training; it costs O(M 2^M) per sample")
+    print("# (times the lag for smoothing), the recognition path O(window·D·hidden) whatever M.")
+
+    print()
+    checks = [("push one at a time, learner on: >= 20,000 samples/s", r_on, r_on >= 20_000),
+              ("push latency p99, learner on: <= 100 µs", p99_on, p99_on <= 100),
+              ("push_many: >= 300,000 samples/s", pm, pm >= 300_000)]
+    for text, value, ok in checks:
+        print(f"target {text}: {value:,.1f} ({'met' if ok else 'NOT met'})")
+    limiter.restore_original_limits()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Atomic, pickle-free checkpoint files.
+
+A checkpoint is an ``.npz`` file of plain arrays plus a JSON description, tagged with a
+format name and version. It is written to a temporary file in the target's directory,
+flushed and fsync'ed, then moved into place with ``os.replace``, so a reader (or a
+process restarted after a crash, even a ``SIGKILL`` in the middle of a write) sees
+either the previous complete checkpoint or the new one, never a torn file. Reading
+never unpickles anything (``allow_pickle=False``).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+__all__ = ["FORMAT_TAG", "FORMAT_VERSION", "save_checkpoint", "load_checkpoint"]
+
+FORMAT_TAG = "streamfhmm.StreamEngine.checkpoint"
+FORMAT_VERSION = 1
+
+
+def _path(path) -> str:
+    path = os.fspath(path)
+    return path if path.endswith(".npz") else path + ".npz"
+
+
+def save_checkpoint(path, arrays: dict, meta: dict) -> str:
+    """Write ``arrays`` (name → array) and ``meta`` (JSON-serialisable) atomically.
+
+    Parameters
+    ----------
+    path : str or path-like
+        Target file; ``.npz`` is appended when missing.
+    arrays : dict of str to array_like
+        Plain numeric or string arrays (no objects).
+    meta : dict
+        Stored as JSON.
+
+    Returns
+    -------
+    str
+        The path written.
+    """
+    path = _path(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    payload = {k: np.asarray(v) for k, v in arrays.items()}
+    for k, v in payload.items():
+        if v.dtype == object:
+            raise ValueError(f"checkpoint array {k!r} has dtype object; only plain arrays are stored")
+    payload["format"] = np.array(FORMAT_TAG)
+    payload["version"] = np.array(FORMAT_VERSION)
+    payload["meta"] = np.array(json.dumps(meta))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{id(payload)}")
+    try:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    return path
+
+
+def load_checkpoint(path) -> tuple[dict, dict]:
+    """Read a checkpoint written by :func:`save_checkpoint`.
+
+    Returns
+    -------
+    meta : dict
+    arrays : dict of str to ndarray
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    ValueError
+        The file is not a streamfhmm checkpoint (foreign, truncated or damaged), or was
+        written by a newer format version.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path) and os.path.exists(path + ".npz"):
+        path += ".npz"
+    try:
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
+            # (opened here so that the file is closed even when np.load fails)
+            data = {k: f[k] for k in f.files}
+    except FileNotFoundError:
+        raise
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory, not a streamfhmm checkpoint") from None
+    except Exception as exc:  # a truncated or foreign file fails in many ways
+        raise ValueError(f"{path} is not a valid streamfhmm checkpoint (unreadable or truncated "
+                         f".npz: {exc})") from None
+    if not isinstance(data, dict) or str(data.get("format", "")) != FORMAT_TAG:
+        raise ValueError(f"{path} is not a streamfhmm checkpoint (no '{FORMAT_TAG}' tag)")
+    try:
+        version = int(data.pop("version"))
+        meta = json.loads(str(data.pop("meta")))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"{path} is a damaged streamfhmm checkpoint: {exc}") from None
+    if version > FORMAT_VERSION:
+        raise ValueError(f"{path} has checkpoint format version {version}; this streamfhmm reads "
+                         f"versions up to {FORMAT_VERSION}: upgrade streamfhmm")
+    data.pop("format")
+    return meta, data

@@ -1,0 +1,1345 @@
+"""The streaming engine: one sample in, the posteriors that became available out.
+
+Data flow (ARCHITECTURE.md)::
+
+    push(x) ──▶ RingBuffer ──▶ window kernel (recognition) or exact forward step ──▶ Posterior
+                    │
+                    └──▶ segments ──▶ Reservoir ──▶ LearnerThread (SVI) ──▶ Snapshot (reference swap)
+
+Positions and windows
+---------------------
+Samples get stream positions ``t = 0, 1, …``. With ``window = 2h + 1``:
+
+* ``mode="smooth"``: when sample ``t`` arrives the posterior of ``τ = t - h`` is emitted
+  (centred window ``y_{τ-h..τ+h}``, or exact fixed-lag smoothing ``p(s_τ | y_≤t)``);
+* ``mode="filter"``: the posterior of ``τ = t`` is emitted at once (causal window
+  ``y_{t-2h..t}``, or exact filtering ``p(s_t | y_≤t)``).
+
+A sequence's first sample pads the windows that reach before it (the batch path's edge
+padding, :meth:`RecognitionNet.forward`); :meth:`StreamEngine.flush` ends a sequence and
+emits its last ``h`` smoothing posteriors from windows padded with its last sample
+(exact mode: the exact smoothing marginals of those steps). A later ``push`` starts a
+new sequence.
+
+Flags (:mod:`streamfhmm.stream.posterior`): ``FLAG_EDGE`` when the window reached past a
+sequence edge (exact mode: a posterior emitted by :meth:`flush`, with less than h steps
+of look-ahead); ``FLAG_IMPUTED`` when one of the ``window`` samples ending at the newest
+sample the posterior uses had a missing value; ``FLAG_WARMUP`` for the posteriors of the
+cold-start warm-up, emitted once the model is initialised.
+"""
+from __future__ import annotations
+
+import math
+import time
+import weakref
+
+import numpy as np
+
+from .. import exact as _exact
+from .._validation import check_positive_int, check_random_state
+from .._blas import limit_blas_threads
+from ..kernels import online as _ko
+from ..kernels import recognition as _rk
+from ..model import FHMMParams
+from ..network import RecognitionNet
+from .learner import Learner, LearnerThread, Snapshot, make_snapshot
+from .posterior import FLAG_EDGE, FLAG_IMPUTED, FLAG_WARMUP, Posterior
+from .reservoir import Reservoir
+from .ring import RingBuffer
+
+__all__ = ["StreamEngine", "PosteriorBatch"]
+
+_MODES = ("smooth", "filter")
+_POSTERIORS = ("recognition", "exact")
+#: rows of the preallocated output blocks the Posterior arrays are views into
+_BLOCK_ROWS = 4096
+#: samples per chunk of the batch path
+_CHUNK = 4096
+_NO_NAN = -(1 << 62)
+#: constructor arguments a checkpoint stores and :meth:`StreamEngine.resume` may override
+_RUNTIME_OVERRIDES = ("learn", "learning_rate", "lr_decay_steps", "min_learning_rate",
+                      "snapshot_interval", "checkpoint_path", "checkpoint_every",
+                      "checkpoint_seconds", "latency_window", "blas_threads", "random_state")
+
+
+class PosteriorBatch:
+    """The posteriors of one :meth:`StreamEngine.push_many` call, as arrays.
+
+    Behaves as a sequence of :class:`Posterior` (``len``, indexing, iteration build
+    them on demand) and exposes the arrays for vectorised use.
+
+    Attributes
+    ----------
+    t : ndarray of int64, shape (n,)
+    theta, rho : ndarray, shape (n, M)
+    mean : ndarray, shape (n, D)
+    version : ndarray of int64, shape (n,)
+    flags : ndarray of int64, shape (n,)
+    """
+
+    __slots__ = ("t", "theta", "rho", "mean", "version", "flags")
+
+    def __init__(self, t, theta, rho, mean, version, flags):
+        self.t, self.theta, self.rho, self.mean = t, theta, rho, mean
+        self.version, self.flags = version, flags
+
+    @classmethod
+    def empty(cls, M: int, D: int) -> "PosteriorBatch":
+        return cls(np.empty(0, np.int64), np.empty((0, M)), np.empty((0, M)), np.empty((0, D)),
+                   np.empty(0, np.int64), np.empty(0, np.int64))
+
+    @classmethod
+    def concat(cls, parts) -> "PosteriorBatch":
+        parts = list(parts)
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(np.concatenate([getattr(p, k) for p in parts]) for k in cls.__slots__))
+
+    def __len__(self) -> int:
+        return self.t.shape[0]
+
+    def __getitem__(self, i) -> Posterior:
+        if isinstance(i, slice):
+            return PosteriorBatch(*(getattr(self, k)[i] for k in self.__slots__))
+        return Posterior(int(self.t[i]), self.theta[i], self.rho[i], self.mean[i],
+                         int(self.version[i]), int(self.flags[i]))
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        span = f"t={self.t[0]}..{self.t[-1]}" if len(self) else "empty"
+        return f"PosteriorBatch({len(self)} posteriors, {span})"
+
+
+class _Builder:
+    """Collects the rows of a PosteriorBatch."""
+
+    def __init__(self, n, M, D):
+        self.t = np.empty(n, np.int64)
+        self.theta = np.empty((n, M))
+        self.rho = np.empty((n, M))
+        self.mean = np.empty((n, D))
+        self.version = np.empty(n, np.int64)
+        self.flags = np.empty(n, np.int64)
+        self.n = 0
+
+    def grow(self, extra):
+        need = self.n + extra
+        if need <= self.t.shape[0]:
+            return
+        size = max(need, 2 * self.t.shape[0])
+        for k in ("t", "theta", "rho", "mean", "version", "flags"):
+            old = getattr(self, k)
+            new = np.empty((size,) + old.shape[1:], old.dtype)
+            new[:self.n] = old[:self.n]
+            setattr(self, k, new)
+
+    def add(self, t, theta, rho, mean, version, flags):
+        k = len(t)
+        self.grow(k)
+        s = slice(self.n, self.n + k)
+        self.t[s], self.theta[s], self.rho[s], self.mean[s] = t, theta, rho, mean
+        self.version[s], self.flags[s] = version, flags
+        self.n += k
+
+    def finish(self) -> PosteriorBatch:
+        n = self.n
+        return PosteriorBatch(self.t[:n], self.theta[:n], self.rho[:n], self.mean[:n],
+                              self.version[:n], self.flags[:n])
+
+
+def _publish_to(engine_ref):
+    def publish(snap):
+        engine = engine_ref()
+        if engine is not None:
+            engine._snapshot = snap
+    return publish
+
+
+def _snapshot_arrays(snap: Snapshot) -> dict:
+    p = snap.params
+    out = {"params.W": p.W, "params.L": p.L, "params.alpha": p.alpha, "params.beta": p.beta,
+           "params.startprob": p.startprob, "snapshot.version": np.array(snap.version, np.int64)}
+    if snap.weights is not None:
+        out["snapshot.weights"] = snap.weights
+    return out
+
+
+def _moment_scaler(params: FHMMParams):
+    """Mean and standard deviation of y under the stationary model (a scaler that needs
+    no data)."""
+    p = params.stationary
+    W = params.W[:-1]
+    mean = params.W[-1] + p @ W
+    var = np.diag(params.covariance) + (p * (1 - p)) @ (W ** 2)
+    return mean, np.sqrt(np.maximum(var, 1e-300))
+
+
+class StreamEngine:
+    """Online posterior inference for a factorial HMM, with an optional background learner.
+
+    Parameters
+    ----------
+    model : FHMM
+        The model. A fitted one (``params_``) starts at once; an unfitted one is
+        initialised from a warm-up of the stream's first ``warmup`` samples (k-means
+        start and a short structured mean-field fit, then a short SVI run). The engine
+        never modifies ``model``: read the current parameters from :attr:`params`.
+    mode : {"smooth", "filter"}
+        ``"smooth"``: the posterior of ``t - h`` when sample t arrives (``h =
+        window // 2``); ``"filter"``: the posterior of t at once.
+    learn : bool
+        Run the background learner (SVI on a reservoir of recent subchains).
+    posterior : {"recognition", "exact"}
+        ``"recognition"``: the recognition network (centred for smoothing, causal for
+        filtering); ``"exact"``: exact filtering / fixed-lag smoothing over the 2^M
+        joint states (M ≤ 20; O(M 2^M) per sample, times h for smoothing).
+    net : RecognitionNet, optional
+        The inference network (its mode must match: ``"centred"`` for smoothing,
+        ``"causal"`` for filtering). Default: ``model.net_`` in smooth mode. Without a
+        suitable network in recognition mode the engine creates one, trains it on the
+        warm-up and then online, which needs ``learn=True``.
+    n_features : int, optional
+        D, for an unfitted model (default: the length of the first sample).
+    warmup : int
+        Samples buffered before an unfitted model (or a new network) is initialised.
+        The warm-up posteriors are emitted, flagged ``FLAG_WARMUP``, by the call that
+        completes the warm-up.
+    warmup_steps : int
+        SVI steps on the warm-up buffer before streaming starts.
+    warmup_time : float
+        Seconds the warm-up fits may take at most (SMF gets half).
+    reservoir_size : int
+        Segments the learner keeps.
+    recency_half_life : float, optional
+        Recency-weighted reservoir: a stored segment's survival halves every so many
+        samples (the learner follows drift). ``None``: uniform reservoir (Algorithm R).
+    batch_size : int
+        Subchains per SVI step.
+    subchain_length : int, optional
+        Counted positions per subchain (default: ``window``).
+    learning_rate : float
+        RMSprop step size of the online learner.
+    lr_decay_steps : float, optional
+        ``η_k = η / √(1 + k / lr_decay_steps)``; ``None`` keeps η constant.
+    min_learning_rate : float
+        Floor of the decaying learning rate.
+    decay : float
+        RMSprop's γ.
+    snapshot_interval : int
+        Learner steps between parameter snapshots.
+    net_burnin : int
+        Steps that train a new network alone before the model parameters move too.
+    checkpoint_path : str or path-like, optional
+        Where periodic checkpoints (and a final one at :meth:`close`) go.
+    checkpoint_every : int, optional
+        Write a checkpoint every so many samples.
+    checkpoint_seconds : float, optional
+        Write a checkpoint every so many seconds (checked at each push).
+    latency_window : int
+        Pushes over which the latency percentiles are computed.
+    blas_threads : int, optional
+        Limit BLAS to so many threads while the engine is open (the learner and the
+        inference path each use one core); ``None`` leaves BLAS alone.
+    random_state : None, int or numpy Generator
+        Seeds initialisation, the reservoir and minibatch sampling (default:
+        ``model.random_state``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from streamfhmm import FHMM
+    >>> A = np.array([[[0.95, 0.05], [0.1, 0.9]]] * 2)
+    >>> m = FHMM.from_params(W=[[1.0, 0.0], [0.0, 2.0], [0.5, 0.5]], covariance=0.1 * np.eye(2),
+    ...                      transmat=A, window=5)
+    >>> X, _ = m.sample(20, random_state=0)
+    >>> with StreamEngine(m, mode="filter", learn=False, posterior="exact") as eng:
+    ...     posts = [p for x in X for p in eng.push(x)]
+    >>> len(posts), posts[0].theta.shape
+    (20, (2,))
+    """
+
+    def __init__(self, model, mode: str = "smooth", learn: bool = True,
+                 posterior: str = "recognition", *, net: RecognitionNet | None = None,
+                 n_features: int | None = None, warmup: int = 2000, warmup_steps: int = 2000,
+                 warmup_time: float = 30.0, reservoir_size: int = 2000,
+                 recency_half_life: float | None = None, batch_size: int = 10,
+                 subchain_length: int | None = None, learning_rate: float = 1e-3,
+                 lr_decay_steps: float | None = None, min_learning_rate: float = 0.0,
+                 decay: float = 0.9, snapshot_interval: int = 20, net_burnin: int = 1000,
+                 checkpoint_path=None, checkpoint_every: int | None = None,
+                 checkpoint_seconds: float | None = None, latency_window: int = 10_000,
+                 blas_threads: int | None = 1, random_state=None):
+        self._closed = True  # until fully built (close() is then a no-op)
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        if posterior not in _POSTERIORS:
+            raise ValueError(f"posterior must be one of {_POSTERIORS}, got {posterior!r}")
+        for name in ("n_chains", "window", "n_hidden", "share_hidden"):
+            if not hasattr(model, name):
+                raise ValueError(f"model must be an FHMM, got {type(model).__name__}")
+        model._check_hyperparameters()
+        cfg = dict(mode=mode, learn=bool(learn), posterior=posterior, n_features=n_features,
+                   warmup=warmup, warmup_steps=warmup_steps, warmup_time=warmup_time,
+                   reservoir_size=reservoir_size, recency_half_life=recency_half_life,
+                   batch_size=batch_size, subchain_length=subchain_length,
+                   learning_rate=learning_rate, lr_decay_steps=lr_decay_steps,
+                   min_learning_rate=min_learning_rate, decay=decay,
+                   snapshot_interval=snapshot_interval, net_burnin=net_burnin,
+                   checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
+                   checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
+                   latency_window=latency_window, blas_threads=blas_threads,
+                   n_chains=model.n_chains, window=model.window, n_hidden=model.n_hidden,
+                   share_hidden=model.share_hidden)
+        cfg = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in cfg.items()}
+        self._set_config(cfg, random_state if random_state is not None else model.random_state)
+        self.model = model
+        params = getattr(model, "params_", None)
+        M = self._M
+        if params is not None and params.n_chains != M:
+            raise ValueError(f"model.params_ has {params.n_chains} chains, model.n_chains is {M}")
+        if posterior == "exact" and M > _exact.MAX_EXACT_CHAINS:
+            raise ValueError(f"posterior='exact' is limited to n_chains <= {_exact.MAX_EXACT_CHAINS} "
+                             f"(2^M joint states per step); this model has {M} chains: use "
+                             f"posterior='recognition'")
+        want = "centred" if mode == "smooth" else "causal"
+        if net is not None:
+            if not isinstance(net, RecognitionNet):
+                raise ValueError(f"net must be a RecognitionNet, got {type(net).__name__}")
+            if posterior == "recognition" and net.mode != want:
+                raise ValueError(f"mode={mode!r} needs a {want!r} recognition network, got a "
+                                 f"{net.mode!r} one")
+        elif posterior == "recognition" and mode == "smooth":
+            net = getattr(model, "net_", None)
+            if net is not None and net.mode != "centred":
+                net = None
+        model_net = net if net is not None else getattr(model, "net_", None)
+        if model_net is not None:
+            if model_net.n_chains != M:
+                raise ValueError(f"the recognition network has {model_net.n_chains} chains, the "
+                                 f"model {M}")
+            if params is not None and model_net.n_features != params.n_features:
+                raise ValueError(f"the recognition network has {model_net.n_features} features, "
+                                 f"the model {params.n_features}")
+        self._new_net = posterior == "recognition" and net is None
+        if self._new_net and not self._learn:
+            if params is None:
+                raise ValueError("an unfitted FHMM in recognition mode needs learn=True: the engine "
+                                 "creates its recognition network and trains it online (or use "
+                                 "posterior='exact')")
+            raise ValueError(f"mode={mode!r} with posterior='recognition' needs a {want} recognition "
+                             f"network (RecognitionNet(mode={want!r})) and this model has none: "
+                             f"pass net=..., use learn=True so that the engine creates one and "
+                             f"trains it online, or use posterior='exact'")
+        # the network inference uses (recognition) and the one the learner trains
+        self._net = net.copy() if (net is not None and posterior == "recognition") else None
+        self._learner_net = (self._net if posterior == "recognition"
+                             else (model_net.copy() if model_net is not None else None))
+        self._window = self._net.window if self._net is not None else model.window
+        self._params0 = params
+        D = params.n_features if params is not None else (
+            check_positive_int(n_features, "n_features") if n_features is not None else None)
+        self._D = D
+        self._init_counters()
+        self._learner = None
+        self._thread = None
+        self._snapshot = None
+        self._limiter = None
+        self._closed = False
+        if blas_threads is not None:
+            self._limiter = limit_blas_threads(check_positive_int(blas_threads, "blas_threads"))
+        try:
+            if params is None or self._new_net:
+                self._phase = "warmup"
+                if D is not None:
+                    self._configure(D)
+            else:
+                self._phase = "running"
+                self._configure(D)
+                self._start_ready(params)
+        except BaseException:
+            self.close()
+            raise
+        self._ready = True
+
+    # ------------------------------------------------------------------ configuration
+    def _set_config(self, cfg, random_state):
+        self._cfg = dict(cfg)
+        self.mode = cfg["mode"]
+        self.posterior = cfg["posterior"]
+        self._learn = bool(cfg["learn"])
+        self._exact_mode = cfg["posterior"] == "exact"
+        self._M = int(cfg["n_chains"])
+        self._warmup = check_positive_int(cfg["warmup"], "warmup", minimum=2)
+        self._warmup_steps = check_positive_int(cfg["warmup_steps"], "warmup_steps", minimum=0)
+        self._warmup_time = float(cfg["warmup_time"])
+        check_positive_int(cfg["reservoir_size"], "reservoir_size")
+        check_positive_int(cfg["batch_size"], "batch_size")
+        if cfg["subchain_length"] is not None:
+            check_positive_int(cfg["subchain_length"], "subchain_length")
+        check_positive_int(cfg["snapshot_interval"], "snapshot_interval")
+        check_positive_int(cfg["net_burnin"], "net_burnin", minimum=0)
+        if not (float(cfg["learning_rate"]) > 0 and math.isfinite(float(cfg["learning_rate"]))):
+            raise ValueError(f"learning_rate must be a positive number, got {cfg['learning_rate']!r}")
+        if not 0.0 <= float(cfg["decay"]) < 1.0:
+            raise ValueError(f"decay must lie in [0, 1), got {cfg['decay']!r}")
+        self._lat = np.zeros(check_positive_int(cfg["latency_window"], "latency_window"), np.int64)
+        self._ckpt_path = cfg["checkpoint_path"]
+        every = cfg["checkpoint_every"]
+        secs = cfg["checkpoint_seconds"]
+        if every is not None:
+            check_positive_int(every, "checkpoint_every")
+        if secs is not None and not float(secs) > 0:
+            raise ValueError(f"checkpoint_seconds must be positive, got {secs!r}")
+        if (every is not None or secs is not None) and self._ckpt_path is None:
+            raise ValueError("checkpoint_every / checkpoint_seconds need checkpoint_path")
+        self._rng = check_random_state(random_state)
+
+    def _init_counters(self):
+        self._ready = False
+        self._learning_wanted = True
+        self._t = 0
+        self._seq_open = False
+        self._seq_start = 0
+        self._last_nan = _NO_NAN
+        self._n_samples = 0
+        self._n_emitted = 0
+        self._n_imputed = 0
+        self._n_rejected = 0
+        self._n_checkpoints = 0
+        self._lat_n = 0
+        self._loglik = 0.0
+        self._loglik_n = 0
+        self._wn = 0
+        self._ckpt_error = None
+        self._next_ckpt_t = None
+        self._next_ckpt_ns = None
+
+    @property
+    def _lag(self) -> int:
+        return self._window // 2 if self.mode == "smooth" else 0
+
+    def _configure(self, D: int):
+        """Allocate everything that depends on D (once D is known)."""
+        self._D = D
+        M, W = self._M, self._window
+        cfg = self._cfg
+        self._L = int(cfg["subchain_length"] or self.model_window)
+        lw = self._learner_net.window if self._learner_net is not None else W
+        self._S = self._L + lw
+        self._hist = max(W, self._S) - 1
+        self._C = max(self._S, W + W // 2, 64) + 1
+        self._ring = RingBuffer(self._C, D)
+        self._Z = np.empty((self._hist + _CHUNK, D))
+        self._new_blocks()
+        self._zeros_M = np.zeros(M)
+        self._zeros_M.setflags(write=False)
+        if self._exact_mode:
+            K = 1 << M
+            R = self._lag + 1
+            self._alpha_ring = np.zeros((R, K))
+            self._le_ring = np.zeros((R, K))
+            self._logc_ring = np.zeros(R)
+            self._work = np.empty(K)
+            self._beta = np.empty(K)
+            self._g = np.empty(K)
+            self._ytil = np.empty(D)
+            self._ch_theta = np.empty((_CHUNK, M))
+            self._ch_mean = np.empty((_CHUNK, D))
+            self._ch_tau = np.empty(_CHUNK, np.int64)
+        if self._phase == "warmup":
+            self._wbuf = np.empty((self._warmup, D))
+        self._schedule_checkpoints(reset=True)
+
+    @property
+    def model_window(self) -> int:
+        return int(self._cfg["window"])
+
+    def _new_blocks(self):
+        M, D = self._M, self._D
+        self._tb = np.empty((_BLOCK_ROWS, M))
+        self._rb = np.empty((_BLOCK_ROWS, M))
+        self._mb = np.empty((_BLOCK_ROWS, D))
+        self._bi = 0
+
+    def _net_buffers(self):
+        net = self._net
+        self._layout = net.layout
+        self._nmean = net.mean
+        self._nscale = net.scale
+        self._scratch = np.empty(net.scratch_size)
+        self._Xw = np.empty((_CHUNK, net.n_inputs))
+        self._hidden = np.empty((_CHUNK, net.n_groups * net.n_hidden))
+        self._ch_theta = np.empty((_CHUNK, self._M))
+        self._ch_rho = np.empty((_CHUNK, self._M))
+        self._ss = np.zeros(_CHUNK, np.int64)
+        self._se = np.empty(_CHUNK, np.int64)
+
+    def _make_learner(self, params: FHMMParams, net: RecognitionNet, freeze_steps: int) -> Learner:
+        cfg = self._cfg
+        res = Reservoir(cfg["reservoir_size"], self._S, self._D,
+                        half_life=cfg["recency_half_life"], stride=self._L, random_state=self._rng)
+        return Learner(params, net, res, batch_size=cfg["batch_size"], subchain_length=self._L,
+                       learning_rate=cfg["learning_rate"], lr_decay_steps=cfg["lr_decay_steps"],
+                       min_learning_rate=cfg["min_learning_rate"], decay=cfg["decay"],
+                       freeze_steps=freeze_steps, exact=self._exact_mode,
+                       publish_weights=not self._exact_mode)
+
+    def _start_ready(self, params: FHMMParams):
+        """Start with a model that has what the mode needs."""
+        if self._net is not None:
+            self._net_buffers()
+        weights = self._net.weights if self._net is not None else None
+        self._snapshot = make_snapshot(0, params, weights, self._exact_mode)
+        if self._learn:
+            self._fresh_learner(params)
+            self._start_thread()
+        self._ready = True
+
+    def _fresh_learner(self, params: FHMMParams):
+        """A learner with an empty reservoir, starting from ``params`` and the current
+        network (a new one, with a scaler from the model's moments, in exact mode)."""
+        new = self._learner_net is None
+        if new:
+            # exact mode: the learner's network has the model's window, like the inference
+            # window, so the segment length is unchanged
+            self._learner_net = RecognitionNet(self._M, self._D, window=self.model_window,
+                                               n_hidden=self._cfg["n_hidden"],
+                                               share=self._cfg["share_hidden"], mode="centred")
+            self._learner_net.init(random_state=self._rng)
+            self._learner_net.set_scaler(*_moment_scaler(params))
+        self._learner = self._make_learner(params, self._learner_net,
+                                           self._cfg["net_burnin"] if new else 0)
+        if self._learner_net is self._net and self._snapshot is not None \
+                and self._snapshot.weights is not None:
+            self._learner.x[self._learner.nm:] = self._snapshot.weights
+            self._learner._last_good[:] = self._learner.x
+
+    def _start_thread(self):
+        self._learner.enabled = self._learning_wanted
+        self._thread = LearnerThread(self._learner, _publish_to(weakref.ref(self)),
+                                     snapshot_interval=self._cfg["snapshot_interval"],
+                                     min_fill=self._cfg["batch_size"])
+        self._finalizer = weakref.finalize(self, LearnerThread.stop, self._thread)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ cold start
+    def _initialise(self):
+        """Initialise from the warm-up buffer; returns the warm-up posteriors."""
+        from ..learn.smf import fit_smf, init_params
+        Y = self._wbuf[:self._wn].copy()
+        M, D, rng = self._M, self._D, self._rng
+        Y_obs = Y[~np.isnan(Y).all(axis=1)]  # the scaler's input: samples with a value
+        if len(Y_obs) == 0:
+            raise ValueError("the warm-up holds no observed value: cannot initialise")
+        params = self._params0
+        if params is None:
+            complete = Y[~np.isnan(Y).any(axis=1)]
+            if len(complete) < max(M + 2, 4):
+                raise ValueError(f"the warm-up holds {len(complete)} complete samples (no missing "
+                                 f"value); at least {max(M + 2, 4)} are needed to initialise "
+                                 f"{M} chains")
+            params = init_params(complete, M, random_state=rng)
+            params, _ = fit_smf(complete[-5000:], params=params, max_iter=30, tol=1e-5,
+                                time_budget=0.5 * self._warmup_time, random_state=rng,
+                                progress=False)
+        if self.posterior == "recognition" and self._net is None:
+            want = "centred" if self.mode == "smooth" else "causal"
+            self._net = RecognitionNet(M, D, window=self.model_window, n_hidden=self._cfg["n_hidden"],
+                                       share=self._cfg["share_hidden"], mode=want)
+            self._net.init(random_state=rng)
+            self._net.fit_scaler(Y_obs)
+            self._learner_net = self._net
+            self._window = self._net.window
+        if self._net is not None:
+            self._net_buffers()
+        new_learner_net = False
+        if self._learn and self._learner_net is None:
+            self._learner_net = RecognitionNet(M, D, window=self.model_window,
+                                               n_hidden=self._cfg["n_hidden"],
+                                               share=self._cfg["share_hidden"], mode="centred")
+            self._learner_net.init(random_state=rng)
+            self._learner_net.fit_scaler(Y_obs)
+            new_learner_net = True
+        snap = None
+        n_imputed = self._n_imputed
+        if self._learn:
+            fresh = self._new_net or new_learner_net
+            learner = self._make_learner(params, self._learner_net,
+                                         self._cfg["net_burnin"] if fresh else 0)
+            S, L = self._S, self._L
+            for end in range(S - 1, len(Y), L):
+                learner.reservoir.offer(Y[end - S + 1:end + 1].copy(), self._seq_start + end)
+            t0 = time.perf_counter()
+            chunk = self._cfg["snapshot_interval"]
+            while (learner.steps + learner.discarded < self._warmup_steps
+                   and time.perf_counter() - t0 < self._warmup_time and learner.reservoir.size):
+                learner.run_steps(min(chunk, self._warmup_steps - learner.steps - learner.discarded))
+            snap = learner.snapshot()
+            self._learner = learner
+        if snap is None:  # no learner, or its state was rejected (then x is the start)
+            learner = self._learner
+            weights = None
+            if self._net is not None:
+                weights = (learner.weights if learner is not None and self._learner_net is self._net
+                           else self._net.weights)
+            snap = make_snapshot(learner.version if learner else 0,
+                                 learner.params() if learner else params, weights,
+                                 self._exact_mode)
+        self._snapshot = snap
+        self._phase = "running"
+        self._wbuf = None
+        self._wn = 0
+        # replay the warm-up through the batch path (its segments are in the reservoir)
+        n_before = self._n_samples
+        batch = self._process(Y, FLAG_WARMUP, feed=False)
+        self._n_samples = n_before  # already counted while buffering
+        self._n_imputed = n_imputed
+        self._ready = True
+        if self._learner is not None:
+            self._start_thread()
+        return batch
+
+    def _push_warmup(self, x, status):
+        if self._wn == self._wbuf.shape[0]:
+            self._wbuf = np.concatenate([self._wbuf, np.empty_like(self._wbuf)])
+        self._wbuf[self._wn] = x
+        self._wn += 1
+        self._n_samples += 1
+        if status == _ko.STATUS_MISSING:
+            self._n_imputed += 1
+        if self._wn >= self._warmup:
+            return list(self._initialise())
+        return []
+
+    # ------------------------------------------------------------------ input checks
+    def _reject(self, msg, n=1):
+        self._n_rejected += n
+        raise ValueError(msg)
+
+    def _as_sample(self, x):
+        D = self._D
+        if not (type(x) is np.ndarray and x.dtype == np.float64 and x.ndim == 1):
+            if isinstance(x, (str, bytes)) or x is None:
+                self._reject(f"push expects one sample of D={D} numbers, got {type(x).__name__}")
+            try:
+                raw = np.asarray(x)
+            except Exception as exc:
+                self._reject(f"push expects one sample of D={D} numbers, got {type(x).__name__}: {exc}")
+            if raw.dtype.kind not in "biuf":
+                self._reject(f"push expects one sample of D={D} numbers, got an array of dtype "
+                             f"{raw.dtype}")
+            x = raw.astype(np.float64)
+        if D is None:
+            if x.ndim != 1 or x.shape[0] < 1:
+                self._reject(f"push expects one sample (a 1-D array of D numbers), got an array of "
+                             f"shape {x.shape}")
+            self._configure(x.shape[0])
+            D = self._D
+        elif x.shape != (D,):
+            self._reject(f"push expects one sample of D={D} numbers (a 1-D array of length {D}), "
+                         f"got an array of shape {x.shape}")
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        return x
+
+    def _check_block(self, X):
+        D = self._D
+        if isinstance(X, (str, bytes)) or X is None:
+            self._reject(f"push_many expects an array of shape (n, D={D}), got {type(X).__name__}")
+        try:
+            raw = np.asarray(X)
+        except Exception as exc:
+            self._reject(f"push_many expects an array of shape (n, D={D}), got {type(X).__name__}: {exc}")
+        if raw.dtype.kind not in "biuf":
+            self._reject(f"push_many expects a numeric array of shape (n, D={D}), got dtype {raw.dtype}")
+        if raw.ndim != 2 or (D is not None and raw.shape[1] != D):
+            n = raw.shape[0] if raw.ndim >= 1 else 1
+            self._reject(f"push_many expects an array of shape (n, D={D}), got shape {raw.shape}", n)
+        X = np.ascontiguousarray(raw, dtype=np.float64)
+        inf = np.isinf(X)
+        if inf.any():
+            r, c = np.argwhere(inf)[0]
+            self._reject(f"push_many: X must not contain infinities (use NaN for a missing value); "
+                         f"found {X[r, c]} at row {r}, column {c}; nothing was processed", X.shape[0])
+        if D is None and X.shape[0]:
+            self._configure(X.shape[1])
+        return X
+
+    def _check_open(self):
+        if self._closed:
+            raise RuntimeError("this StreamEngine is closed")
+
+    # ------------------------------------------------------------------ the hot path
+    def push(self, x) -> list:
+        """Add one sample; return the posteriors that became available.
+
+        Parameters
+        ----------
+        x : array_like, shape (D,)
+            One sample; NaN marks a missing value (imputed in the window, marginalised by
+            the learner and the exact kernels; the posterior is flagged ``FLAG_IMPUTED``).
+
+        Returns
+        -------
+        list of Posterior
+            ``[]`` or one posterior (smooth mode: of position ``t - h``; filter mode: of
+            t); all warm-up posteriors at the end of the warm-up.
+
+        Raises
+        ------
+        ValueError
+            ``x`` is not D numbers, or holds an infinity (nothing is changed).
+        """
+        t_ns = time.perf_counter_ns()
+        if self._closed:
+            self._check_open()
+        x = self._as_sample(x)
+        if self._phase == "warmup":
+            status = _ko.check_sample(x)
+            if status == _ko.STATUS_INFINITE:
+                self._reject_inf(x)
+            return self._push_warmup(x, status)
+        t = self._t
+        if not self._seq_open:
+            if _ko.check_sample(x) == _ko.STATUS_INFINITE:
+                self._reject_inf(x)
+            self._open_sequence(x)
+        snap = self._snapshot
+        i = self._bi
+        if i == _BLOCK_ROWS:
+            self._new_blocks()
+            i = 0
+        lag = self._lag
+        emit = t - lag >= self._seq_start
+        C = self._C
+        W = self._window
+        if self._exact_mode:
+            ex = snap.exact
+            status = _ko.exact_push(x, self._ring.buf, t % C, C, t, t == self._seq_start, lag,
+                                    self._alpha_ring, self._le_ring, self._logc_ring, self._work,
+                                    self._beta, self._g, self._ytil, ex.bias, ex.Linv, ex.Ut,
+                                    ex.half_c, ex.const, ex.A, ex.pi, ex.W, ex.Sigma, emit,
+                                    self._tb, self._mb, i)
+            if status != _ko.STATUS_INFINITE:
+                self._loglik += self._logc_ring[t % (lag + 1)]
+                self._loglik_n += 1
+        else:
+            status = _ko.recognition_push(x, self._ring.buf, t % C, C, emit, (t - W + 1) % C,
+                                          snap.weights, self._layout, self._nmean, self._nscale,
+                                          self._scratch, snap.params.W, self._tb, self._rb,
+                                          self._mb, i)
+        if status == _ko.STATUS_INFINITE:
+            self._reject_inf(x)
+        self._t = t + 1
+        self._n_samples += 1
+        if status == _ko.STATUS_MISSING:
+            self._n_imputed += 1
+            self._last_nan = t
+        out = []
+        if emit:
+            a = t - W + 1
+            flags = 0
+            if a < self._seq_start and not self._exact_mode:
+                flags = FLAG_EDGE
+            if self._last_nan >= a:
+                flags |= FLAG_IMPUTED
+            out.append(Posterior(t - lag, self._tb[i],
+                                 self._zeros_M if self._exact_mode else self._rb[i],
+                                 self._mb[i], snap.version, flags))
+            self._bi = i + 1
+            self._n_emitted += 1
+        learner = self._learner
+        if learner is not None:
+            n_in = t - self._seq_start + 1 - self._S
+            if n_in >= 0 and n_in % self._L == 0:
+                learner.feed(self._ring.last(t, self._S).copy(), t)
+        if self._next_ckpt_t is not None and (t >= self._next_ckpt_t
+                                              or t_ns >= self._next_ckpt_ns):
+            self._periodic_checkpoint()
+        self._lat[self._lat_n % self._lat.shape[0]] = time.perf_counter_ns() - t_ns
+        self._lat_n += 1
+        return out
+
+    def _reject_inf(self, x):
+        d = int(np.flatnonzero(np.isinf(x))[0])
+        self._reject(f"push: a sample must not contain infinities (use NaN for a missing value); "
+                     f"found {x[d]} at index {d} of the D={self._D} values")
+
+    def _open_sequence(self, x0):
+        self._ring.fill(x0)
+        self._seq_start = self._t
+        self._seq_open = True
+        self._last_nan = _NO_NAN
+
+    def push_many(self, X) -> PosteriorBatch:
+        """Add a block of samples through the batch kernels.
+
+        Parameters
+        ----------
+        X : array_like, shape (n, D)
+            Samples in stream order; NaN marks a missing value.
+
+        Returns
+        -------
+        PosteriorBatch
+            The posteriors that became available, in order (a sequence of
+            :class:`Posterior`, with the arrays exposed). Identical to pushing the rows
+            one at a time with the same parameter snapshot.
+
+        Raises
+        ------
+        ValueError
+            X is not (n, D) numbers or holds an infinity (nothing is processed).
+        """
+        self._check_open()
+        X = self._check_block(X)
+        parts = []
+        if self._phase == "warmup":
+            k = 0
+            while self._phase == "warmup" and k < X.shape[0]:
+                posts = self._push_warmup(X[k], _ko.check_sample(X[k]))
+                k += 1
+                if posts:
+                    parts.append(self._last_init_batch)
+            X = X[k:]
+        if X.shape[0]:
+            parts.append(self._process(X, 0, feed=True))
+        if not parts:
+            return PosteriorBatch.empty(self._M, self._D if self._D is not None else 0)
+        return PosteriorBatch.concat(parts)
+
+    def _process(self, X, extra_flags, feed):
+        """The batch path over X (n, D), no infinities; returns a PosteriorBatch."""
+        n = X.shape[0]
+        out = _Builder(n, self._M, self._D)
+        pos = 0
+        while pos < n:
+            if not self._seq_open:
+                self._open_sequence(X[pos])
+            m = min(_CHUNK, n - pos)
+            self._process_chunk(X[pos:pos + m], out, extra_flags, feed)
+            pos += m
+            if self._next_ckpt_t is not None and (self._t - 1 >= self._next_ckpt_t
+                                                  or time.perf_counter_ns() >= self._next_ckpt_ns):
+                self._periodic_checkpoint()
+        batch = out.finish()
+        if extra_flags & FLAG_WARMUP:
+            self._last_init_batch = batch
+        return batch
+
+    def _process_chunk(self, Xc, out, extra_flags, feed):
+        m = Xc.shape[0]
+        t = self._t
+        s0 = self._seq_start
+        W, lag, Hn = self._window, self._lag, self._hist
+        Z = self._Z[:Hn + m]
+        Z[:Hn] = self._ring.last(t - 1, Hn)
+        Z[Hn:] = Xc
+        nanrow = np.isnan(Z).any(axis=1)
+        cs = np.zeros(Hn + m + 1, np.int64)
+        np.cumsum(nanrow, out=cs[1:])
+        snap = self._snapshot
+        if self._exact_mode:
+            ex = snap.exact
+            ne, ll = _ko.exact_run(Xc, t, s0, lag, self._alpha_ring, self._le_ring,
+                                   self._logc_ring, self._work, self._beta, self._g, self._ytil,
+                                   ex.bias, ex.Linv, ex.Ut, ex.half_c, ex.const, ex.A, ex.pi, ex.W,
+                                   ex.Sigma, self._ch_theta, self._ch_mean, self._ch_tau)
+            self._loglik += ll
+            self._loglik_n += m
+            tau = self._ch_tau[:ne]
+            k = tau + lag - t
+            theta, mean, rho = self._ch_theta[:ne], self._ch_mean[:ne], np.zeros((ne, self._M))
+            flags = np.full(ne, extra_flags, np.int64)
+        else:
+            k = np.arange(m, dtype=np.int64)
+            k = k[t + k - lag >= s0]
+            ne = k.shape[0]
+            tau = t + k - lag
+            theta, rho = self._ch_theta[:ne], self._ch_rho[:ne]
+            if ne:
+                a_rows = Hn + k - W + 1
+                se = self._se[:ne]
+                se[:] = Hn + m
+                off = self._net.offset
+                _rk.build_windows(Z, self._ss[:ne], se, a_rows + off, W, off, self._nmean,
+                                  self._nscale, self._Xw[:ne])
+                _rk.forward_batch(self._Xw[:ne], snap.weights, self._layout, theta, rho,
+                                  self._hidden[:ne])
+            Wp = snap.params.W
+            mean = theta @ Wp[:-1] + Wp[-1]
+            flags = np.full(ne, extra_flags, np.int64)
+            flags[t + k - W + 1 < s0] |= FLAG_EDGE
+        if ne:
+            a_rows = Hn + k - W + 1
+            flags[cs[a_rows + W] - cs[a_rows] > 0] |= FLAG_IMPUTED
+            out.add(tau, theta, rho, mean, snap.version, flags)
+        self._ring.write_block(t, Xc)
+        learner = self._learner
+        if feed and learner is not None:
+            S, L = self._S, self._L
+            n_in = t + np.arange(m) - s0 + 1 - S
+            for j in np.flatnonzero((n_in >= 0) & (n_in % L == 0)):
+                learner.feed(Z[Hn + j - S + 1:Hn + j + 1].copy(), t + int(j))
+        new_nan = np.flatnonzero(nanrow[Hn:])
+        if new_nan.size:
+            self._last_nan = t + int(new_nan[-1])
+            self._n_imputed += int(new_nan.size)
+        self._t = t + m
+        self._n_samples += m
+        self._n_emitted += ne
+
+    def flush(self) -> list:
+        """End the current sequence: emit the posteriors still pending.
+
+        In smooth mode these are the last ``h`` positions, from windows padded by
+        repeating the last sample (exact mode: the exact smoothing marginals
+        ``p(s_τ | y_1..y_T)``), flagged ``FLAG_EDGE``; in filter mode nothing is pending.
+        The next :meth:`push` starts a new sequence. During the warm-up, the model is
+        first initialised from the samples buffered so far.
+
+        Returns
+        -------
+        list of Posterior
+        """
+        self._check_open()
+        posts = []
+        if self._phase == "warmup":
+            if self._wn == 0:
+                return []
+            posts = list(self._initialise())
+        if not self._seq_open:
+            return posts
+        t_last = self._t - 1
+        lag = self._lag
+        if lag > 0:
+            tau0 = max(self._seq_start, self._t - lag)
+            n = t_last - tau0 + 1
+            snap = self._snapshot
+            theta = np.empty((n, self._M))
+            mean = np.empty((n, self._D))
+            flags = np.full(n, FLAG_EDGE, np.int64)
+            if self._exact_mode:
+                ex = snap.exact
+                _ko.exact_tail(t_last, tau0, self._alpha_ring, self._le_ring, ex.A, self._beta,
+                               self._g, ex.W, theta, mean)
+                rho = np.zeros((n, self._M))
+            else:
+                rho = np.empty((n, self._M))
+                h = lag
+                ring = self._ring
+                last = ring.last(t_last, 1)[0].copy()
+                ring.write_block(self._t, np.repeat(last[None, :], h, axis=0))
+                D = self._D
+                for k in range(n):
+                    tau = tau0 + k
+                    _rk.forward_one(ring.flat, ring.first_row(tau + h, self._window) * D,
+                                    snap.weights, self._layout, self._nmean, self._nscale,
+                                    self._scratch, theta[k], rho[k])
+                    _ko.reconstruct(theta[k], snap.params.W, mean[k])
+            for k in range(n):
+                if self._last_nan >= tau0 + k - lag:
+                    flags[k] |= FLAG_IMPUTED
+            batch = PosteriorBatch(np.arange(tau0, t_last + 1, dtype=np.int64), theta, rho, mean,
+                                   np.full(n, snap.version, np.int64), flags)
+            posts.extend(batch)
+            self._n_emitted += n
+        self._seq_open = False
+        return posts
+
+    # ------------------------------------------------------------------ state
+    @property
+    def params(self) -> FHMMParams | None:
+        """The parameters of the current snapshot (None during the warm-up)."""
+        snap = self._snapshot
+        return None if snap is None else snap.params
+
+    @property
+    def net(self) -> RecognitionNet | None:
+        """A copy of the inference network with the current snapshot's weights."""
+        if self._net is None or self._snapshot is None:
+            return None
+        net = self._net.copy()
+        if self._snapshot.weights is not None:
+            net.weights = self._snapshot.weights
+        return net
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The current parameter snapshot."""
+        return self._snapshot
+
+    @property
+    def version(self) -> int:
+        """Version of the current snapshot (-1 during the warm-up)."""
+        snap = self._snapshot
+        return -1 if snap is None else snap.version
+
+    @property
+    def lag(self) -> int:
+        """Samples between a posterior's position and the newest sample it uses."""
+        return self._lag
+
+    @property
+    def window(self) -> int:
+        return self._window
+
+    @property
+    def n_samples(self) -> int:
+        """Samples accepted so far (the next sample's stream position)."""
+        return self._t + self._wn if self._phase == "warmup" else self._t
+
+    @property
+    def learning(self) -> bool:
+        """Whether the learner takes steps; assignable at run time."""
+        if self._learner is None:
+            return self._learn and self._learning_wanted
+        return self._learner.enabled
+
+    @learning.setter
+    def learning(self, value: bool):
+        value = bool(value)
+        if value and not self._learn:
+            raise ValueError("this engine was built with learn=False: it has no learner")
+        self._learning_wanted = value
+        if self._learner is not None:
+            self._learner.enabled = value
+
+    @property
+    def learner_error(self):
+        """The exception that stopped the learner thread, if any."""
+        return None if self._thread is None else self._thread.error
+
+    def metrics(self) -> dict:
+        """Counters and running estimates the host can read.
+
+        Returns
+        -------
+        dict
+            ``samples`` accepted, ``emitted`` posteriors, ``imputed`` samples (with a
+            missing value), ``rejected`` samples, ``learner_steps`` kept,
+            ``discarded_steps`` (non-finite), ``dropped_segments`` (learner overrun),
+            ``reservoir_size``, ``snapshot_version``, ``elbo`` (running per-position ELBO
+            of the learner's minibatches), ``loglik_per_sample`` (exact mode: mean
+            ``log p(y_t | y_<t)``), ``push_p50_us`` / ``push_p99_us`` / ``push_max_us``
+            (over the last ``latency_window`` pushes), ``checkpoints`` written,
+            ``learning``, ``phase``, ``learner_error``, ``checkpoint_error``.
+        """
+        n = min(self._lat_n, self._lat.shape[0])
+        if n:
+            lat = self._lat[:n] / 1e3
+            p50, p99 = (float(v) for v in np.percentile(lat, [50, 99]))
+            pmax = float(lat.max())
+        else:
+            p50 = p99 = pmax = math.nan
+        lr = self._learner
+        err = self.learner_error
+        return {
+            "samples": self.n_samples,
+            "emitted": self._n_emitted,
+            "imputed": self._n_imputed,
+            "rejected": self._n_rejected,
+            "learner_steps": lr.steps if lr else 0,
+            "discarded_steps": lr.discarded if lr else 0,
+            "dropped_segments": lr.dropped if lr else 0,
+            "reservoir_size": lr.reservoir.size if lr else 0,
+            "snapshot_version": self.version,
+            "elbo": lr.elbo if lr else math.nan,
+            "loglik_per_sample": self._loglik / self._loglik_n if self._loglik_n else math.nan,
+            "push_p50_us": p50,
+            "push_p99_us": p99,
+            "push_max_us": pmax,
+            "checkpoints": self._n_checkpoints,
+            "learning": self.learning,
+            "phase": self._phase,
+            "learner_error": None if err is None else repr(err),
+            "checkpoint_error": None if self._ckpt_error is None else repr(self._ckpt_error),
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Stop the learner thread (writing a last checkpoint when ``checkpoint_path`` is
+        set); idempotent."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        thread = self._thread
+        if thread is not None:
+            thread.stop()
+        if self._ckpt_path is not None and self._D is not None and getattr(self, "_ready", False):
+            try:
+                self._checkpoint(self._ckpt_path)
+            except Exception as exc:  # reported through metrics; close must not fail
+                self._ckpt_error = exc
+        if self._limiter is not None:
+            self._limiter.restore_original_limits()
+            self._limiter = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"StreamEngine(mode={self.mode!r}, posterior={self.posterior!r}, "
+                f"learn={self._learn}, n_chains={self._M}, window={self._window}, "
+                f"samples={self.n_samples}, version={self.version})")
+
+    # ------------------------------------------------------------------ checkpoints
+    def _schedule_checkpoints(self, reset=False):
+        every = self._cfg["checkpoint_every"]
+        secs = self._cfg["checkpoint_seconds"]
+        if every is None and secs is None:
+            self._next_ckpt_t = None
+            return
+        big = 1 << 62
+        base = self._t + self._wn
+        self._next_ckpt_t = base + every - 1 if every is not None else big
+        self._next_ckpt_ns = (time.perf_counter_ns() + int(float(secs) * 1e9)
+                              if secs is not None else big)
+
+    def _engine_arrays(self) -> tuple[dict, dict]:
+        """Copies of the inference-side state, and the JSON description."""
+        arrays = {"ring.buf": self._ring.buf.copy(),
+                  "state": np.array([self._t, self._seq_open, self._seq_start, self._last_nan,
+                                     self._n_samples, self._n_emitted, self._n_imputed,
+                                     self._n_rejected, self._n_checkpoints + 1, self._wn,
+                                     self._lat_n],  # (+1: this checkpoint)
+                                    dtype=np.int64),
+                  "loglik": np.array([self._loglik, self._loglik_n], dtype=np.float64)}
+        snap = self._snapshot
+        if snap is not None:
+            arrays.update(_snapshot_arrays(snap))
+        elif self._params0 is not None:
+            p = self._params0
+            arrays.update({"params0.W": p.W, "params0.L": p.L, "params0.alpha": p.alpha,
+                           "params0.beta": p.beta, "params0.startprob": p.startprob})
+        if self._net is not None:
+            arrays.update({f"net.{k}": v for k, v in self._net.to_arrays().items()})
+        if self._learner_net is not None and self._learner_net is not self._net:
+            arrays.update({f"lnet.{k}": v for k, v in self._learner_net.to_arrays().items()})
+        if self._exact_mode and self._D is not None:
+            arrays.update({"exact.alpha": self._alpha_ring.copy(), "exact.le": self._le_ring.copy(),
+                           "exact.logc": self._logc_ring.copy()})
+        if self._phase == "warmup" and self._wbuf is not None:
+            arrays["warmup.buf"] = self._wbuf[:self._wn].copy()
+        meta = {"config": self._cfg, "phase": self._phase, "n_features": self._D,
+                "new_net": self._new_net, "window": self._window,
+                "shared_net": self._learner_net is self._net and self._net is not None,
+                "learner": self._learner is not None, "learning": bool(self._learning_wanted),
+                "S": getattr(self, "_S", None),
+                "L": getattr(self, "_L", None), "C": getattr(self, "_C", None)}
+        return arrays, meta
+
+    def checkpoint(self, path=None) -> str:
+        """Write the engine's whole state to ``path`` atomically.
+
+        Parameters, network weights, optimiser state, scaler, reservoir, ring contents,
+        exact-filter messages, counters and stream position; :meth:`resume` continues
+        from it. The file is written to a temporary name in the same directory, fsync'ed
+        and moved into place with ``os.replace``.
+
+        Parameters
+        ----------
+        path : str or path-like, optional
+            Default ``checkpoint_path``; ``.npz`` is appended when missing.
+
+        Returns
+        -------
+        str
+            The path written.
+        """
+        self._check_open()
+        return self._checkpoint(path)
+
+    def _checkpoint(self, path=None) -> str:
+        from ..io.checkpoint import save_checkpoint
+        path = path if path is not None else self._ckpt_path
+        if path is None:
+            raise ValueError("checkpoint() needs a path (or the engine's checkpoint_path)")
+        if self._D is None:
+            raise ValueError("nothing to checkpoint yet: the engine has not seen a sample")
+        if self._learner is not None:
+            with self._learner.lock:  # the snapshot and the learner state that made it
+                arrays, meta = self._engine_arrays()
+                arrays.update({f"learner.{k}": v for k, v in self._learner.to_arrays().items()})
+        else:
+            arrays, meta = self._engine_arrays()
+        out = save_checkpoint(path, arrays, meta)
+        self._n_checkpoints += 1
+        return out
+
+    def _periodic_checkpoint(self):
+        from ..io.checkpoint import save_checkpoint
+        self._schedule_checkpoints()
+        arrays, meta = self._engine_arrays()
+        path = self._ckpt_path
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            learner = self._learner
+            engine_ref = weakref.ref(self)
+
+            def job():  # runs on the learner thread, holding the learner's lock
+                arrays.update({f"learner.{k}": v for k, v in learner.to_arrays().items()})
+                engine = engine_ref()
+                if engine is not None:  # the snapshot that goes with the learner state
+                    arrays.update(_snapshot_arrays(engine._snapshot))
+
+                def write():
+                    engine = engine_ref()
+                    try:
+                        save_checkpoint(path, arrays, meta)
+                        if engine is not None:
+                            engine._n_checkpoints += 1
+                    except Exception as exc:
+                        if engine is not None:
+                            engine._ckpt_error = exc
+                return write
+
+            thread.request(job)
+            return
+        try:
+            if self._learner is not None:
+                with self._learner.lock:
+                    arrays.update({f"learner.{k}": v for k, v in self._learner.to_arrays().items()})
+            save_checkpoint(path, arrays, meta)
+            self._n_checkpoints += 1
+        except OSError as exc:
+            self._ckpt_error = exc
+
+    @classmethod
+    def resume(cls, path, **overrides) -> "StreamEngine":
+        """An engine continuing from a checkpoint written by :meth:`checkpoint`.
+
+        Parameters
+        ----------
+        path : str or path-like
+        **overrides
+            Run-time arguments to change: ``learn``, ``learning_rate``,
+            ``lr_decay_steps``, ``min_learning_rate``, ``snapshot_interval``,
+            ``checkpoint_path``, ``checkpoint_every``, ``checkpoint_seconds``,
+            ``latency_window``, ``blas_threads``, ``random_state``.
+
+        Raises
+        ------
+        ValueError
+            The file is not a valid checkpoint, or an override is unknown.
+        """
+        from ..io.checkpoint import load_checkpoint
+        bad = set(overrides) - set(_RUNTIME_OVERRIDES)
+        if bad:
+            raise ValueError(f"resume() cannot override {sorted(bad)}; allowed: {_RUNTIME_OVERRIDES}")
+        meta, arrays = load_checkpoint(path)
+        try:
+            return cls._from_state(meta, arrays, overrides)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"{path} is a damaged streamfhmm checkpoint: missing or malformed "
+                             f"{exc}") from None
+
+    @classmethod
+    def _from_state(cls, meta, arrays, overrides):
+        from ..estimator import FHMM
+        cfg = dict(meta["config"])
+        random_state = overrides.pop("random_state", None)
+        cfg.update({k: (str(v) if k == "checkpoint_path" and v is not None else v)
+                    for k, v in overrides.items()})
+        self = cls.__new__(cls)
+        self._closed = True
+        self._set_config(cfg, random_state)
+        model = FHMM(n_chains=cfg["n_chains"], window=cfg["window"], n_hidden=cfg["n_hidden"],
+                     share_hidden=cfg["share_hidden"])
+
+        def params_from(prefix):
+            return FHMMParams(W=arrays[f"{prefix}.W"], L=arrays[f"{prefix}.L"],
+                              alpha=arrays[f"{prefix}.alpha"], beta=arrays[f"{prefix}.beta"],
+                              startprob=arrays[f"{prefix}.startprob"])
+
+        def net_from(prefix):
+            sub = {k[len(prefix) + 1:]: v for k, v in arrays.items() if k.startswith(prefix + ".")}
+            return RecognitionNet.from_arrays(sub) if sub else None
+
+        self._net = net_from("net")
+        lnet = net_from("lnet")
+        self._learner_net = self._net if meta["shared_net"] else lnet
+        self._new_net = bool(meta["new_net"])
+        self._window = int(meta["window"])
+        self.model = model
+        self._init_counters()
+        self._learning_wanted = bool(meta.get("learning", True))
+        self._learner = None
+        self._thread = None
+        self._snapshot = None
+        self._limiter = None
+        self._phase = meta["phase"]
+        D = meta["n_features"]
+        self._D = D
+        params = params_from("params") if "params.W" in arrays else None
+        self._params0 = params_from("params0") if "params0.W" in arrays else params
+        if self._params0 is not None:
+            model._set_params(self._params0, self._net if (self._net is not None
+                                                           and self._net.mode == "centred") else None)
+        self._closed = False
+        try:
+            if D is None:
+                return self
+            if cfg["blas_threads"] is not None:
+                self._limiter = limit_blas_threads(check_positive_int(cfg["blas_threads"], "blas_threads"))
+            self._configure(int(D))
+            if meta["S"] is not None:
+                self._L, self._S, self._C = int(meta["L"]), int(meta["S"]), int(meta["C"])
+                self._hist = max(self._window, self._S) - 1
+                self._Z = np.empty((self._hist + _CHUNK, self._D))
+            self._ring = RingBuffer.from_arrays(arrays["ring.buf"])
+            if self._ring.capacity != self._C:
+                raise ValueError("ring capacity does not match the configuration")
+            st = [int(v) for v in arrays["state"]]
+            (self._t, seq_open, self._seq_start, self._last_nan, self._n_samples,
+             self._n_emitted, self._n_imputed, self._n_rejected, self._n_checkpoints, wn,
+             self._lat_n) = st
+            self._lat_n = 0
+            self._seq_open = bool(seq_open)
+            self._loglik, ln = (float(v) for v in arrays["loglik"])
+            self._loglik_n = int(ln)
+            if self._exact_mode:
+                for name, attr in (("exact.alpha", "_alpha_ring"), ("exact.le", "_le_ring"),
+                                   ("exact.logc", "_logc_ring")):
+                    a = np.asarray(arrays[name], dtype=np.float64)
+                    if a.shape != getattr(self, attr).shape:
+                        raise ValueError(f"{name} has shape {a.shape}, expected "
+                                         f"{getattr(self, attr).shape}")
+                    getattr(self, attr)[...] = a
+            if self._phase == "warmup":
+                buf = np.asarray(arrays["warmup.buf"], dtype=np.float64)
+                self._wbuf = np.empty((max(self._warmup, len(buf) + 1), D))
+                self._wbuf[:len(buf)] = buf
+                self._wn = len(buf)
+                self._schedule_checkpoints(reset=True)
+                self._ready = True
+                return self
+            if self._net is not None:
+                self._net_buffers()
+            weights = arrays.get("snapshot.weights")
+            self._snapshot = make_snapshot(int(arrays["snapshot.version"]), params, weights,
+                                           self._exact_mode)
+            if self._learn and meta["learner"]:
+                self._learner = self._make_learner(params, self._learner_net, 0)
+                self._learner.load_arrays({k[8:]: v for k, v in arrays.items()
+                                           if k.startswith("learner.")})
+                if random_state is not None:
+                    self._learner.reservoir.rng = self._rng
+            elif self._learn:
+                if self.posterior == "recognition" and self._net is None:
+                    raise ValueError("this checkpoint has no recognition network")
+                self._fresh_learner(params)
+            if self._learner is not None:
+                self._start_thread()
+            self._ready = True
+            self._schedule_checkpoints(reset=True)
+        except BaseException:
+            self.close()
+            raise
+        return self

@@ -1,0 +1,385 @@
+"""The background learner of :class:`~streamfhmm.stream.engine.StreamEngine`
+(paper §3.3; MATH.md §5).
+
+A :class:`Learner` holds the model vector, the recognition network weights and the
+RMSprop state, and runs SVI steps on minibatches of subchains drawn from a
+:class:`~streamfhmm.stream.reservoir.Reservoir` of raw stream segments: one call of
+:func:`~streamfhmm.kernels.online.svi_run` (compiled, without the GIL) per
+snapshot interval. A step whose gradient, ELBO or result is not finite is discarded
+and counted; nothing non-finite ever reaches the parameters.
+
+A :class:`LearnerThread` drives it in the background: it takes the segments the
+stream hands over (a deque: appending and popping are atomic, so the inference path
+takes no lock), runs steps, and publishes an immutable :class:`Snapshot` that the
+inference path picks up by a reference swap.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..kernels import exact as _kx
+from ..kernels import online as _ko
+from ..learn.objective import ModelPacker
+from ..model import FHMMParams
+from ..network import RecognitionNet
+from .reservoir import Reservoir
+
+__all__ = ["ExactTables", "Snapshot", "make_snapshot", "Learner", "LearnerThread"]
+
+_log = logging.getLogger("streamfhmm")
+
+
+def _frozen(a) -> np.ndarray:
+    a = np.array(a, dtype=np.float64, order="C", copy=True)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class ExactTables:
+    """Per-parameter-set tables of the exact kernels (MATH.md §7)."""
+
+    bias: np.ndarray
+    Linv: np.ndarray
+    Ut: np.ndarray
+    half_c: np.ndarray
+    const: float
+    A: np.ndarray
+    pi: np.ndarray
+    W: np.ndarray
+    Sigma: np.ndarray
+
+    @classmethod
+    def from_params(cls, params: FHMMParams) -> "ExactTables":
+        Linv, Ut, half_c, const = _kx.prepare_emission(params.W, params.L)
+        pi = np.empty(1 << params.n_chains)
+        _kx.joint_startprob(params.startprob, pi)
+        return cls(bias=_frozen(params.W[-1]), Linv=_frozen(Linv), Ut=_frozen(Ut),
+                   half_c=_frozen(half_c), const=float(const), A=_frozen(params.transmat),
+                   pi=_frozen(pi), W=params.W, Sigma=_frozen(params.covariance))
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """An immutable parameter set the inference path reads.
+
+    Attributes
+    ----------
+    version : int
+        0 for the parameters the engine started with, +1 per publication.
+    params : FHMMParams
+    weights : ndarray or None
+        Read-only copy of the inference network's weights (recognition mode).
+    exact : ExactTables or None
+        Tables of the exact kernels (exact mode).
+    """
+
+    version: int
+    params: FHMMParams
+    weights: np.ndarray | None
+    exact: ExactTables | None
+
+    @property
+    def W(self) -> np.ndarray:
+        return self.params.W
+
+
+def make_snapshot(version: int, params: FHMMParams, weights=None, exact: bool = False) -> Snapshot:
+    """A :class:`Snapshot`; ``weights`` is copied, the exact tables computed if ``exact``."""
+    return Snapshot(version=int(version), params=params,
+                    weights=None if weights is None else _frozen(weights),
+                    exact=ExactTables.from_params(params) if exact else None)
+
+
+class Learner:
+    """SVI on a reservoir of raw segments (no thread; see :class:`LearnerThread`).
+
+    Parameters
+    ----------
+    params : FHMMParams
+        Starting model (its start probabilities are replaced by the stationary ones,
+        as in every SVI fit).
+    net : RecognitionNet
+        Starting network (weights copied; its scaler is used as is).
+    reservoir : Reservoir
+        ``segment_length`` must be ``subchain_length + net.window``.
+    batch_size : int
+        Subchains per step.
+    subchain_length : int
+        Counted positions per subchain (L).
+    learning_rate : float
+        RMSprop step size η.
+    lr_decay_steps : float, optional
+        ``η_k = η / √(1 + k / lr_decay_steps)`` (floored at ``min_learning_rate``);
+        ``None``: constant η (a stream has no end).
+    min_learning_rate : float
+    decay, eps : float
+        RMSprop's γ and ε.
+    freeze_steps : int
+        The first so many steps train the network only (the model part is held fixed):
+        a new network's first outputs carry no information about the chains, and the
+        model's gradient through them would only pull good parameters away.
+    exact : bool
+        Snapshots carry the exact kernels' tables.
+    publish_weights : bool
+        Snapshots carry the network weights (the inference path uses the network).
+    version : int
+        Version of the last published snapshot.
+    max_pending : int
+        Segments waiting for the learner beyond this are dropped (counted).
+    """
+
+    def __init__(self, params: FHMMParams, net: RecognitionNet, reservoir: Reservoir, *,
+                 batch_size: int = 10, subchain_length: int = 10, learning_rate: float = 1e-3,
+                 lr_decay_steps=None, min_learning_rate: float = 0.0, decay: float = 0.9,
+                 eps: float = 1e-8, freeze_steps: int = 0, exact: bool = False,
+                 publish_weights: bool = True, version: int = 0, max_pending: int = 10_000):
+        self.packer = ModelPacker(params.n_chains, params.n_features)
+        self.net = net.copy()
+        self.reservoir = reservoir
+        self.batch_size = int(batch_size)
+        self.subchain_length = int(subchain_length)
+        if reservoir.segment_length != self.subchain_length + self.net.window:
+            raise ValueError(f"reservoir segments must hold subchain_length + window = "
+                             f"{self.subchain_length + self.net.window} samples, got "
+                             f"{reservoir.segment_length}")
+        self.learning_rate = float(learning_rate)
+        self.lr_decay_steps = None if lr_decay_steps is None else float(lr_decay_steps)
+        self.min_learning_rate = float(min_learning_rate)
+        self.decay = float(decay)
+        self.eps = float(eps)
+        self.freeze_remaining = int(freeze_steps)
+        self.exact = bool(exact)
+        self.publish_weights = bool(publish_weights)
+        self.version = int(version)
+        self.max_pending = int(max_pending)
+        self.x = np.concatenate([self.packer.pack(params), self.net.weights])
+        self.nm = self.packer.size
+        self.sq = np.zeros_like(self.x)
+        self.steps = 0
+        self.discarded = 0
+        self.dropped = 0
+        self.elbo = math.nan
+        self.enabled = True
+        self.lock = threading.Lock()
+        self.pending = deque()
+        self._last_good = self.x.copy()
+        self._alloc()
+
+    def _alloc(self):
+        B, L, net = self.batch_size, self.subchain_length, self.net
+        M, D = self.packer.n_chains, self.packer.n_features
+        n = B * (L + 1)
+        self._rows = np.empty(n, dtype=np.int64)
+        self._row_start = np.empty(n, dtype=np.int64)
+        self._row_end = np.empty(n, dtype=np.int64)
+        self._offsets = np.empty(B + 1, dtype=np.int64)
+        self._first = np.zeros(B, dtype=np.bool_)
+        self._Xw = np.empty((n, net.n_inputs))
+        self._hidden = np.empty((n, net.n_groups * net.n_hidden))
+        self._theta = np.empty((n, M))
+        self._rho = np.empty((n, M))
+        self._g_theta = np.empty((n, M))
+        self._g_rho = np.empty((n, M))
+        self._Yb = np.empty((n, D))
+        self._grad = np.empty_like(self.x)
+        self._x_prev = np.empty_like(self.x)
+        self._sq_prev = np.empty_like(self.x)
+
+    # -- the stream side (any thread) --------------------------------------------------
+    def feed(self, segment: np.ndarray, end: int) -> None:
+        """Hand over one raw segment (copied by the caller); never blocks."""
+        if len(self.pending) >= self.max_pending:
+            self.dropped += 1
+            return
+        self.pending.append((segment, end))
+
+    # -- the learner side (hold ``lock``) ----------------------------------------------
+    def drain(self) -> int:
+        """Offer every pending segment to the reservoir; returns how many."""
+        n = 0
+        pending = self.pending
+        while pending:
+            segment, end = pending.popleft()
+            self.reservoir.offer(segment, end)
+            n += 1
+        return n
+
+    def learning_rates(self, n: int) -> np.ndarray:
+        k = self.steps + np.arange(n, dtype=np.float64)
+        if self.lr_decay_steps is None:
+            lr = np.full(n, self.learning_rate)
+        else:
+            lr = self.learning_rate / np.sqrt(1.0 + k / self.lr_decay_steps)
+        return np.maximum(lr, self.min_learning_rate)
+
+    def run_steps(self, n_steps: int) -> int:
+        """Take ``n_steps`` SVI steps (one compiled call); returns how many were kept."""
+        if self.reservoir.size == 0 or n_steps <= 0:
+            return 0
+        slots = self.reservoir.sample_slots(n_steps, self.batch_size)
+        values = np.empty(n_steps)
+        freeze = self.freeze_remaining > 0
+        net = self.net
+        n_ok = _ko.svi_run(self.reservoir.flat, slots, self.reservoir.segment_length,
+                           self.subchain_length, net.window, net.offset, net.mean, net.scale,
+                           self.x, self.nm, net.layout, self.packer.n_features, self.sq,
+                           self.decay, self.eps, self.learning_rates(n_steps), self.steps, freeze,
+                           self._rows, self._row_start, self._row_end, self._offsets,
+                           self._first, self._Xw, self._hidden, self._theta, self._rho,
+                           self._g_theta, self._g_rho, self._Yb, self._grad, self._x_prev,
+                           self._sq_prev, values)
+        ok = values[np.isfinite(values)]
+        if ok.size:
+            e = self.elbo
+            for v in ok:
+                e = float(v) if math.isnan(e) else 0.98 * e + 0.02 * float(v)
+            self.elbo = e
+        self.steps += int(n_ok)
+        self.discarded += n_steps - int(n_ok)
+        self.freeze_remaining = max(0, self.freeze_remaining - n_steps)
+        return int(n_ok)
+
+    def params(self) -> FHMMParams:
+        """The current model parameters."""
+        return self.packer.unpack(self.x[:self.nm])
+
+    @property
+    def weights(self) -> np.ndarray:
+        """View of the current network weights."""
+        return self.x[self.nm:]
+
+    def snapshot(self) -> Snapshot | None:
+        """A new snapshot of the current state (version + 1), or None if the state does
+        not make a valid parameter set — then the state returns to the last published one
+        and the steps since are counted as discarded."""
+        try:
+            params = self.params()
+            snap = make_snapshot(self.version + 1, params,
+                                 self.weights if self.publish_weights else None, self.exact)
+            if snap.exact is not None and not (np.isfinite(snap.exact.half_c).all()
+                                               and math.isfinite(snap.exact.const)):
+                raise ValueError("non-finite exact tables")
+        except (ValueError, FloatingPointError, ZeroDivisionError) as exc:
+            _log.warning("learner state rejected (%s): back to snapshot version %d", exc,
+                         self.version)
+            self.x[:] = self._last_good
+            self.sq[:] = 0.0
+            self.discarded += 1
+            return None
+        self.version += 1
+        self._last_good[:] = self.x
+        return snap
+
+    # -- checkpoints -------------------------------------------------------------------
+    def to_arrays(self) -> dict:
+        """The learner's state as plain arrays (hold ``lock``; pending segments are
+        drained into the reservoir first)."""
+        self.drain()
+        out = {"x": self.x.copy(), "sq": self.sq.copy(),
+               "counters": np.array([self.steps, self.discarded, self.dropped,
+                                     self.freeze_remaining, self.version], dtype=np.int64),
+               "elbo": np.array(self.elbo)}
+        out.update({f"reservoir.{k}": v for k, v in self.reservoir.to_arrays().items()})
+        return out
+
+    def load_arrays(self, arrays: dict) -> None:
+        """Restore :meth:`to_arrays` output (the reservoir included)."""
+        x = np.asarray(arrays["x"], dtype=np.float64)
+        sq = np.asarray(arrays["sq"], dtype=np.float64)
+        if x.shape != self.x.shape or sq.shape != self.x.shape:
+            raise ValueError(f"learner state of size {x.shape} does not match the model "
+                             f"({self.x.shape})")
+        if not (np.isfinite(x).all() and np.isfinite(sq).all()):
+            raise ValueError("learner state must be finite")
+        self.x[:] = x
+        self.sq[:] = sq
+        self._last_good[:] = x
+        c = np.asarray(arrays["counters"], dtype=np.int64)
+        self.steps, self.discarded, self.dropped, self.freeze_remaining, self.version = (
+            int(v) for v in c)
+        self.elbo = float(arrays["elbo"])
+        res = Reservoir.from_arrays({k[10:]: v for k, v in arrays.items()
+                                     if k.startswith("reservoir.")})
+        if (res.segment_length != self.reservoir.segment_length
+                or res.n_features != self.reservoir.n_features):
+            raise ValueError("the checkpoint's reservoir does not match the engine's segments")
+        self.reservoir = res
+
+
+class LearnerThread(threading.Thread):
+    """Runs a :class:`Learner` in the background.
+
+    Parameters
+    ----------
+    learner : Learner
+    publish : callable
+        ``publish(snapshot)``, called after every ``snapshot_interval`` steps that kept
+        at least one step (from this thread).
+    snapshot_interval : int
+        Steps per compiled call and per snapshot.
+    min_fill : int
+        Segments the reservoir must hold before learning starts.
+    idle_sleep : float
+        Seconds to wait when there is nothing to do.
+    """
+
+    def __init__(self, learner: Learner, publish, snapshot_interval: int = 20, min_fill: int = 10,
+                 idle_sleep: float = 0.002):
+        super().__init__(name="streamfhmm-learner", daemon=True)
+        self.learner = learner
+        self.publish = publish
+        self.snapshot_interval = int(snapshot_interval)
+        self.min_fill = int(min_fill)
+        self.idle_sleep = float(idle_sleep)
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+        self._job = None
+
+    def request(self, job) -> None:
+        """Run ``job()`` on this thread, holding the learner's lock, before the next
+        steps (a newer request replaces one not yet run)."""
+        self._job = job
+
+    def run(self):
+        learner = self.learner
+        try:
+            while not self._halt.is_set():
+                worked = False
+                after = None
+                with learner.lock:
+                    learner.drain()
+                    job, self._job = self._job, None
+                    if job is not None:
+                        try:
+                            after = job()
+                        except Exception:  # a failed job must not stop the learning
+                            _log.exception("a job on the streamfhmm learner thread failed")
+                        worked = True
+                    if learner.enabled and learner.reservoir.size >= self.min_fill:
+                        if learner.run_steps(self.snapshot_interval):
+                            snap = learner.snapshot()
+                            if snap is not None:
+                                self.publish(snap)
+                        worked = True
+                if after is not None:
+                    try:
+                        after()
+                    except Exception:
+                        _log.exception("a job on the streamfhmm learner thread failed")
+                if not worked:
+                    self._halt.wait(self.idle_sleep)
+        except BaseException as exc:  # recorded and exposed; inference goes on
+            self.error = exc
+            _log.exception("the streamfhmm learner stopped")
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join(timeout)

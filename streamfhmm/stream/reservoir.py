@@ -1,0 +1,160 @@
+"""A reservoir of raw stream segments for the background learner (MATH.md §5).
+
+Each item is one contiguous segment of ``segment_length`` raw samples, long enough for
+the windows of one subchain (a context row and L counted positions), so the learner
+never pads. Two sampling schemes:
+
+* **uniform** (``half_life=None``): Vitter's Algorithm R. After n offers every segment
+  seen is in the reservoir with probability ``capacity / n``; the learner then fits the
+  whole stream's history.
+* **recency-weighted** (``half_life`` in samples): biased reservoir sampling with an
+  exponential memory (Aggarwal, VLDB 2006). A full reservoir takes a new segment with
+  probability ``p`` and then overwrites a uniformly chosen slot, so a stored segment
+  survives each offer with probability ``1 - p/C`` and its survival halves every
+  ``half_life`` samples: ``p = C (1 - 2^(-stride / half_life))``, capped at 1, where
+  ``stride`` is the number of samples between offers. The cap bounds the shortest
+  half-life to about ``0.69 · C · stride`` samples. The learner then follows drift.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from .._validation import check_positive_int, check_random_state
+
+__all__ = ["Reservoir"]
+
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+
+
+class Reservoir:
+    """A fixed-size sample of stream segments.
+
+    Parameters
+    ----------
+    capacity : int
+        C, the number of segments kept.
+    segment_length : int
+        Samples per segment.
+    n_features : int
+        D.
+    half_life : float, optional
+        Recency weighting: the half-life of a stored segment, in samples; ``None``
+        (default) for uniform sampling.
+    stride : int
+        Samples between successive offers (for ``half_life``).
+    random_state : None, int or numpy Generator
+
+    Attributes
+    ----------
+    data : ndarray, shape (C, segment_length, D)
+        Slot j holds a segment when ``j < size``.
+    end : ndarray of int64, shape (C,)
+        Stream position of each stored segment's last sample.
+    size : int
+        Filled slots.
+    n_seen : int
+        Segments offered so far.
+
+    Examples
+    --------
+    >>> r = Reservoir(3, 2, 1, random_state=0)
+    >>> for t in range(10):
+    ...     _ = r.offer(np.full((2, 1), t), t)
+    >>> r.size, r.n_seen
+    (3, 10)
+    """
+
+    def __init__(self, capacity: int, segment_length: int, n_features: int, half_life=None,
+                 stride: int = 1, random_state=None):
+        self.capacity = check_positive_int(capacity, "capacity")
+        self.segment_length = check_positive_int(segment_length, "segment_length")
+        self.n_features = check_positive_int(n_features, "n_features")
+        self.stride = check_positive_int(stride, "stride")
+        if half_life is not None:
+            half_life = float(half_life)
+            if not (math.isfinite(half_life) and half_life > 0):
+                raise ValueError(f"half_life must be a positive number of samples or None, "
+                                 f"got {half_life!r}")
+        self.half_life = half_life
+        self.rng = check_random_state(random_state)
+        self.data = np.zeros((self.capacity, self.segment_length, self.n_features))
+        self.end = np.zeros(self.capacity, dtype=np.int64)
+        self.size = 0
+        self.n_seen = 0
+
+    @property
+    def insert_probability(self) -> float:
+        """Probability that a full reservoir takes a new segment."""
+        if self.half_life is None:
+            return self.capacity / max(self.n_seen, 1)
+        return min(1.0, self.capacity * -math.expm1(-math.log(2.0) * self.stride / self.half_life))
+
+    @property
+    def flat(self) -> np.ndarray:
+        """View ``(C · segment_length, D)`` of :attr:`data` (segment j in rows
+        ``j·L … (j+1)·L - 1``)."""
+        return self.data.reshape(self.capacity * self.segment_length, self.n_features)
+
+    def offer(self, segment: np.ndarray, end: int) -> int:
+        """Offer one segment (segment_length, D) ending at stream position ``end``;
+        returns the slot it went to, or -1."""
+        self.n_seen += 1
+        if self.size < self.capacity:
+            slot = self.size
+            self.size += 1
+        elif self.half_life is None:
+            j = int(self.rng.integers(0, self.n_seen))
+            if j >= self.capacity:
+                return -1
+            slot = j
+        else:
+            if self.rng.random() >= self.insert_probability:
+                return -1
+            slot = int(self.rng.integers(0, self.capacity))
+        self.data[slot] = segment
+        self.end[slot] = end
+        return slot
+
+    def sample_slots(self, n_steps: int, batch_size: int) -> np.ndarray:
+        """Uniformly chosen filled slots, int64 array (n_steps, batch_size)."""
+        if self.size == 0:
+            raise ValueError("the reservoir is empty")
+        return self.rng.integers(0, self.size, size=(n_steps, batch_size), dtype=np.int64)
+
+    # -- checkpoints --------------------------------------------------------------------
+    def to_arrays(self) -> dict:
+        """Plain arrays describing the reservoir (filled slots only)."""
+        meta = {"capacity": self.capacity, "segment_length": self.segment_length,
+                "n_features": self.n_features, "half_life": self.half_life,
+                "stride": self.stride, "size": self.size, "n_seen": self.n_seen,
+                "rng": self.rng.bit_generator.state}
+        return {"meta": np.array(json.dumps(meta)), "data": self.data[:self.size].copy(),
+                "end": self.end[:self.size].copy()}
+
+    @classmethod
+    def from_arrays(cls, arrays) -> "Reservoir":
+        meta = json.loads(str(arrays["meta"]))
+        res = cls(meta["capacity"], meta["segment_length"], meta["n_features"],
+                  half_life=meta["half_life"], stride=meta["stride"])
+        size = int(meta["size"])
+        data = np.asarray(arrays["data"], dtype=np.float64)
+        end = np.asarray(arrays["end"], dtype=np.int64)
+        if data.shape != (size, res.segment_length, res.n_features) or end.shape != (size,):
+            raise ValueError(f"reservoir arrays of shape {data.shape} / {end.shape} do not match "
+                             f"its description (size {size})")
+        if np.isinf(data).any():
+            raise ValueError("reservoir data must not contain infinities")
+        res.data[:size] = data
+        res.end[:size] = end
+        res.size = size
+        res.n_seen = int(meta["n_seen"])
+        name = meta["rng"].get("bit_generator")
+        if name not in _BIT_GENERATORS:
+            raise ValueError(f"unknown random bit generator {name!r} in reservoir state")
+        bg = getattr(np.random, name)()
+        bg.state = meta["rng"]
+        res.rng = np.random.Generator(bg)
+        return res

@@ -1,0 +1,456 @@
+"""The streaming engine: push against the batch path, exact mode against the exact
+smoother, cold start, drift, stress, bad input, the learner thread."""
+import time
+
+import numpy as np
+import pytest
+
+from streamfhmm import FHMM, exact
+from streamfhmm.evaluation import align_params
+from streamfhmm.model import FHMMParams
+from streamfhmm.network import RecognitionNet
+from streamfhmm.stream.engine import PosteriorBatch, StreamEngine
+from streamfhmm.stream.posterior import FLAG_EDGE, FLAG_IMPUTED, FLAG_WARMUP, Posterior
+
+from . import naive_stream as naive
+
+
+def _model(M=3, D=3, window=5, n_hidden=6, share="all", seed=0, noise=0.5):
+    print(f"model seed={seed}")
+    p = FHMMParams.random(M, D, random_state=seed, noise=noise, switch=(0.05, 0.3))
+    return FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat,
+                            window=window, n_hidden=n_hidden, share_hidden=share)
+
+
+def _net(model, mode, X, seed):
+    print(f"net seed={seed}")
+    net = RecognitionNet(model.n_chains, X.shape[1], window=model.window, n_hidden=model.n_hidden,
+                         share=model.share_hidden, mode=mode).init(random_state=seed)
+    rng = np.random.default_rng(seed)
+    net.weights = 0.6 * rng.standard_normal(net.n_weights)
+    return net.fit_scaler(X[~np.isnan(X).all(axis=1)])
+
+
+def _data(model, n, seed, nan_fraction=0.0, all_missing=()):
+    print(f"data seed={seed}")
+    X, _ = model.sample(n, random_state=seed)
+    if nan_fraction:
+        rng = np.random.default_rng(seed)
+        mask = rng.random(X.shape) < nan_fraction
+        mask[mask.all(axis=1), 0] = False
+        X[mask] = np.nan
+    for r in all_missing:
+        X[r] = np.nan  # a sample with nothing observed
+    return X
+
+
+def _stack(posts):
+    return (np.array([p.t for p in posts]), np.array([p.theta for p in posts]),
+            np.array([p.rho for p in posts]), np.array([p.mean for p in posts]),
+            np.array([p.flags for p in posts]))
+
+
+def _expected_flags(X, starts, ends, t, window, off, lag):
+    """Edge and imputed flags by their definition, for positions t of sequences."""
+    flags = np.zeros(len(t), np.int64)
+    nan = np.isnan(X).any(axis=1)
+    for i, tau in enumerate(t):
+        s = starts[np.searchsorted(starts, tau, side="right") - 1]
+        e = ends[np.searchsorted(starts, tau, side="right") - 1]
+        a, b = tau - off, tau - off + window - 1
+        if a < s or b > e - 1:
+            flags[i] |= FLAG_EDGE
+        newest = min(tau + lag, e - 1)
+        if nan[max(s, newest - window + 1):newest + 1].any():
+            flags[i] |= FLAG_IMPUTED
+    return flags
+
+
+# ------------------------------------------------------------------ push = batch path
+@pytest.mark.parametrize("mode", ["smooth", "filter"])
+@pytest.mark.parametrize("share", ["all", "chain"])
+def test_push_equals_batch_path(mode, share):
+    model = _model(share=share, seed=1)
+    X = _data(model, 157, seed=2, nan_fraction=0.05)
+    net = _net(model, "centred" if mode == "smooth" else "causal", X, seed=3)
+    lengths = [100, 57]
+    with StreamEngine(model, mode=mode, learn=False, net=net) as eng:
+        posts = []
+        for x in X[:100]:
+            got = eng.push(x)
+            assert len(got) <= 1
+            posts += got
+        posts += eng.flush()
+        for x in X[100:]:
+            posts += eng.push(list(x))  # lists are accepted too
+        posts += eng.flush()
+        m = eng.metrics()
+    t, theta, rho, mean, flags = _stack(posts)
+    theta_ref, rho_ref = net.forward(X, lengths)
+    np.testing.assert_array_equal(t, np.arange(157))
+    np.testing.assert_allclose(theta, theta_ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(rho, rho_ref, rtol=0, atol=1e-12)
+    W = model.params_.W
+    np.testing.assert_allclose(mean, theta @ W[:-1] + W[-1], rtol=0, atol=1e-12)
+    assert all(p.version == 0 for p in posts)
+    starts, ends = np.array([0, 100]), np.array([100, 157])
+    np.testing.assert_array_equal(flags, _expected_flags(X, starts, ends, t, net.window,
+                                                         net.offset, net.lag))
+    assert m["samples"] == 157 and m["emitted"] == 157
+    assert m["imputed"] == int(np.isnan(X).any(axis=1).sum())
+
+    # the batch path, in blocks of any size, gives the same posteriors
+    with StreamEngine(model, mode=mode, learn=False, net=net) as eng:
+        parts = [eng.push_many(X[:1]), eng.push_many(X[1:37]), eng.push_many(X[37:100])]
+        tail = eng.flush()
+        parts.append(eng.push_many(X[100:]))
+        tail2 = eng.flush()
+    b = PosteriorBatch.concat(parts)
+    t2 = np.concatenate([b.t, [p.t for p in tail], [p.t for p in tail2]]).astype(int)
+    order = np.argsort(t2, kind="stable")
+    theta2 = np.concatenate([b.theta] + [np.array([p.theta for p in q]).reshape(-1, 3)
+                                         for q in (tail, tail2)])[order]
+    flags2 = np.concatenate([b.flags, [p.flags for p in tail], [p.flags for p in tail2]])[order]
+    np.testing.assert_array_equal(t2[order], np.arange(157))
+    np.testing.assert_allclose(theta2, theta, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(flags2, flags)
+
+
+@pytest.mark.parametrize("mode", ["smooth", "filter"])
+def test_push_with_empty_samples_matches_naive_windows(mode):
+    model = _model(seed=27)
+    X = _data(model, 30, seed=28, nan_fraction=0.1, all_missing=(0, 3, 29))
+    net = _net(model, "centred" if mode == "smooth" else "causal", X, seed=29)
+    with StreamEngine(model, mode=mode, learn=False, net=net) as eng:
+        posts = [p for x in X for p in eng.push(x)] + eng.flush()
+    t, theta, rho, _, flags = _stack(posts)
+    wins = naive.windows(X, net.window, net.offset)
+    ref = np.array([net.forward_window(w)[0] for w in wins])
+    np.testing.assert_array_equal(t, np.arange(30))
+    np.testing.assert_allclose(theta, ref, rtol=0, atol=1e-12)
+    assert (flags[:3] & FLAG_IMPUTED).all()
+
+
+def test_smooth_posterior_arrives_h_samples_late():
+    model = _model(window=7, seed=4)
+    X = _data(model, 20, seed=5)
+    net = _net(model, "centred", X, seed=6)
+    with StreamEngine(model, learn=False, net=net) as eng:
+        got = [eng.push(x) for x in X]
+        assert [len(g) for g in got] == [0, 0, 0] + [1] * 17
+        assert [g[0].t for g in got[3:]] == list(range(17))
+        assert eng.lag == 3
+        tail = eng.flush()
+        assert [p.t for p in tail] == [17, 18, 19] and all(p.edge for p in tail)
+        assert eng.flush() == []
+
+
+def test_posterior_arrays_are_not_overwritten():
+    model = _model(seed=7)
+    X = _data(model, 5000, seed=8)
+    net = _net(model, "causal", X, seed=9)
+    with StreamEngine(model, mode="filter", learn=False, net=net) as eng:
+        first = eng.push(X[0])[0]
+        keep = first.theta.copy()
+        for x in X[1:]:
+            eng.push(x)
+    np.testing.assert_array_equal(first.theta, keep)
+    assert isinstance(first, Posterior) and first.t == 0
+
+
+# ------------------------------------------------------------------ exact mode
+def test_exact_filter_equals_filtered_marginals():
+    model = _model(M=4, seed=10)
+    X = _data(model, 400, seed=11)
+    with StreamEngine(model, mode="filter", learn=False, posterior="exact") as eng:
+        posts = [p for x in X[:150] for p in eng.push(x)]
+        batch = eng.push_many(X[150:])
+        m = eng.metrics()
+    ll, ref = exact.filtered_marginals(model.params_, X)
+    theta = np.concatenate([np.array([p.theta for p in posts]), batch.theta])
+    np.testing.assert_allclose(theta, ref, rtol=0, atol=1e-12)
+    assert all((p.rho == 0).all() and p.flags == 0 for p in posts)
+    np.testing.assert_allclose(m["loglik_per_sample"] * 400, ll, rtol=1e-10)
+
+
+def test_exact_smooth_is_fixed_lag_and_flush_is_smoothing():
+    model = _model(M=2, D=2, window=7, seed=12)
+    X = _data(model, 40, seed=13, nan_fraction=0.1, all_missing=(5,))
+    with StreamEngine(model, mode="smooth", learn=False, posterior="exact") as eng:
+        posts = [p for x in X for p in eng.push(x)]
+        assert [p.t for p in posts] == list(range(37))
+        tail = eng.flush()
+    p = model.params_
+    ref = naive.fixed_lag_dense(p.W, p.covariance, p.transmat, p.startprob, X, 3)
+    t, theta, _, mean, flags = _stack(posts + tail)
+    np.testing.assert_array_equal(t, np.arange(40))
+    np.testing.assert_allclose(theta, ref, rtol=0, atol=1e-10)
+    smooth = naive.smooth_dense(p.W, p.covariance, p.transmat, p.startprob, X)
+    np.testing.assert_allclose(theta[-3:], smooth[-3:], rtol=0, atol=1e-10)
+    np.testing.assert_array_equal(flags & FLAG_EDGE, [0] * 37 + [FLAG_EDGE] * 3)
+    np.testing.assert_array_equal(flags & FLAG_IMPUTED, _expected_flags(
+        X, np.array([0]), np.array([40]), t, 7, 3, 3) & FLAG_IMPUTED)
+
+
+def test_exact_smooth_flush_on_long_sequence():
+    model = _model(M=5, D=3, window=11, seed=14)
+    X = _data(model, 500, seed=15)
+    with StreamEngine(model, mode="smooth", learn=False, posterior="exact") as eng:
+        eng.push_many(X)
+        tail = eng.flush()
+    _, smooth = exact.smoothed_marginals(model.params_, X)
+    np.testing.assert_allclose(np.array([q.theta for q in tail]), smooth[-5:], rtol=0, atol=1e-10)
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_input_messages_and_counts():
+    model = _model(D=3, seed=16)
+    X = _data(model, 50, seed=17)
+    with StreamEngine(model, mode="filter", learn=False, posterior="exact") as eng:
+        eng.push_many(X[:10])
+        before = eng.metrics()
+        state = eng._ring.buf.copy()
+        with pytest.raises(ValueError, match=r"D=3 numbers .*shape \(2,\)"):
+            eng.push([1.0, 2.0])
+        with pytest.raises(ValueError, match=r"D=3 numbers .*shape \(2, 3\)"):
+            eng.push(np.zeros((2, 3)))
+        with pytest.raises(ValueError, match="D=3 numbers, got str"):
+            eng.push("1,2,3")
+        with pytest.raises(ValueError, match="D=3 numbers, got NoneType"):
+            eng.push(None)
+        with pytest.raises(ValueError, match="D=3 numbers, got an array of dtype <U1"):
+            eng.push(["a", "b", "c"])
+        with pytest.raises(ValueError, match="D=3 numbers.*dtype object"):
+            eng.push([1.0, None, {}])
+        with pytest.raises(ValueError, match=r"infinities .*found inf at index 1 of the D=3"):
+            eng.push([0.0, np.inf, 1.0])
+        with pytest.raises(ValueError, match=r"infinities .*found -inf at row 2, column 0"):
+            bad = X[10:15].copy()
+            bad[2, 0] = -np.inf
+            eng.push_many(bad)
+        with pytest.raises(ValueError, match=r"shape \(n, D=3\), got shape \(4,\)"):
+            eng.push_many(np.zeros(4))
+        with pytest.raises(ValueError, match="numeric array of shape"):
+            eng.push_many([["x", "y", "z"]])
+        after = eng.metrics()
+        np.testing.assert_array_equal(eng._ring.buf, state)  # nothing reached the state
+        assert after["samples"] == before["samples"] == 10
+        assert after["rejected"] == 7 + 5 + 4 + 1
+        # a NaN is a missing value, not an error
+        got = eng.push([np.nan, np.nan, np.nan])
+        assert got[0].imputed and np.isfinite(got[0].theta).all()
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.push(X[0])
+
+
+def test_constructor_errors():
+    model = _model(seed=18)
+    X = _data(model, 30, seed=19)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        StreamEngine(model, mode="centred")
+    with pytest.raises(ValueError, match="posterior must be one of"):
+        StreamEngine(model, posterior="smf")
+    with pytest.raises(ValueError, match=r"causal recognition network .*learn=True.*'exact'"):
+        StreamEngine(model, mode="filter", learn=False)
+    with pytest.raises(ValueError, match=r"centred recognition network .*learn=True"):
+        StreamEngine(model, mode="smooth", learn=False)
+    with pytest.raises(ValueError, match="needs a 'causal' recognition network, got a 'centred'"):
+        StreamEngine(model, mode="filter", learn=False, net=_net(model, "centred", X, 1))
+    with pytest.raises(ValueError, match="unfitted FHMM in recognition mode needs learn=True"):
+        StreamEngine(FHMM(n_chains=2), learn=False)
+    with pytest.raises(ValueError, match="need checkpoint_path"):
+        StreamEngine(model, learn=False, posterior="exact", checkpoint_every=10)
+    with pytest.raises(ValueError, match="n_chains <= 20"):
+        StreamEngine(FHMM(n_chains=21), learn=False, posterior="exact")
+    eng = StreamEngine(model, learn=False, posterior="exact")
+    with pytest.raises(ValueError, match="learn=False"):
+        eng.learning = True
+    eng.close()
+    eng.close()  # idempotent
+
+
+# ------------------------------------------------------------------ the learner
+def _pace(eng, X, chunk, steps_per_sample, timeout=10.0, collect=None):
+    """Stream X in chunks, waiting after each chunk until the learner has taken
+    ``steps_per_sample`` steps per sample streamed (a stream at a fixed rate)."""
+    for s in range(0, len(X), chunk):
+        b = eng.push_many(X[s:s + chunk])
+        if collect is not None:
+            collect.append(b)
+        target = steps_per_sample * (s + chunk)
+        t0 = time.perf_counter()
+        while (eng.metrics()["learner_steps"] < target and time.perf_counter() - t0 < timeout
+               and eng.learner_error is None):
+            time.sleep(0.002)
+    assert eng.learner_error is None
+
+
+def _cold_start_params():
+    W = np.array([[1.5, 0.0, 0.5, 0.0],
+                  [0.0, 1.5, -0.5, 0.5],
+                  [0.5, -0.5, 0.0, 1.5],
+                  [1.0, 1.0, 1.0, 1.0]])
+    A = np.array([[[0.97, 0.03], [0.05, 0.95]], [[0.95, 0.05], [0.04, 0.96]],
+                  [[0.96, 0.04], [0.06, 0.94]]])
+    return FHMMParams.from_natural(W, 0.5 ** 2 * np.eye(4), A)
+
+
+@pytest.mark.slow
+def test_cold_start_reaches_exact_smoothing():
+    seed = 20
+    print(f"seed={seed}")
+    true = _cold_start_params()
+    X, _ = true.sample(50_000, random_state=seed)
+    model = FHMM(n_chains=3, window=5, n_hidden=20, share_hidden="chain", random_state=seed)
+    out = []
+    with StreamEngine(model, mode="smooth", learn=True, warmup=2000, warmup_steps=1500,
+                      learning_rate=2e-3, random_state=seed) as eng:
+        _pace(eng, X, 1000, 0.1, collect=out)
+        tail = eng.flush()
+        params = eng.params
+        m = eng.metrics()
+    b = PosteriorBatch.concat(out)
+    assert (b.flags[:2000 - 2] & FLAG_WARMUP).all() and not (b.flags[2000:] & FLAG_WARMUP).any()
+    t = np.concatenate([b.t, [p.t for p in tail]])
+    theta = np.concatenate([b.theta, [p.theta for p in tail]])
+    np.testing.assert_array_equal(t, np.arange(50_000))
+    _, ref = exact.smoothed_marginals(true, X)
+    _, perm, flip = align_params(params, true)
+    aligned = theta[:, perm]
+    aligned[:, flip] = 1 - aligned[:, flip]
+    mae_last = np.abs(aligned[-10_000:] - ref[-10_000:]).mean()
+    mae_all = np.abs(aligned - ref).mean()
+    print(f"seed={seed} MAE last 10k={mae_last:.4f} all={mae_all:.4f} steps={m['learner_steps']} "
+          f"version={m['snapshot_version']}")
+    assert mae_last <= 0.05
+    assert m["snapshot_version"] > 10 and m["discarded_steps"] == 0
+
+
+def _drift_pair():
+    W_a = np.array([[1.5, 0.0, 0.3], [0.0, 1.5, -0.3], [0.5, 0.5, 0.5]])
+    W_b = np.array([[1.5, 0.8, 0.3], [-0.6, 1.5, -0.3], [1.5, 0.0, 1.0]])
+    A = np.array([[[0.95, 0.05], [0.05, 0.95]], [[0.96, 0.04], [0.06, 0.94]]])
+    S = 0.4 ** 2 * np.eye(3)
+    return FHMMParams.from_natural(W_a, S, A), FHMMParams.from_natural(W_b, S, A)
+
+
+@pytest.mark.slow
+def test_recency_learner_follows_drift_better_than_uniform():
+    seed = 21
+    print(f"seed={seed}")
+    pa, pb = _drift_pair()
+    Xa, _ = pa.sample(20_000, random_state=seed)
+    Xb, _ = pb.sample(20_000, random_state=seed + 1)
+    fresh, _ = pb.sample(20_000, random_state=seed + 2)
+    X = np.concatenate([Xa, Xb])
+    ll_true = exact.log_likelihood(pb, fresh) / len(fresh)
+    gaps = {}
+    for name, half_life in (("recency", 3000.0), ("uniform", None)):
+        model = FHMM.from_params(W=pa.W, covariance=pa.covariance, transmat=pa.transmat,
+                                 window=5, n_hidden=16, share_hidden="chain")
+        with StreamEngine(model, mode="filter", posterior="exact", learn=True,
+                          reservoir_size=600, recency_half_life=half_life, learning_rate=3e-3,
+                          net_burnin=500, random_state=seed) as eng:
+            _pace(eng, X, 500, 0.15)
+            params = eng.params
+        gaps[name] = ll_true - exact.log_likelihood(params, fresh) / len(fresh)
+        print(f"{name}: loglik per step gap to the new true parameters = {gaps[name]:.4f}")
+    gap_a = ll_true - exact.log_likelihood(pa, fresh) / len(fresh)
+    print(f"old parameters: gap {gap_a:.4f}")
+    assert gaps["recency"] < 0.05
+    assert gaps["recency"] < 0.5 * gaps["uniform"]
+    assert gaps["uniform"] < gap_a
+
+
+@pytest.mark.slow
+def test_stress_million_samples_with_learner():
+    seed = 22
+    print(f"seed={seed}")
+    model = _model(M=3, D=3, window=5, n_hidden=8, seed=seed)
+    X, _ = model.params_.sample(1_000_000, random_state=seed)
+    rng = np.random.default_rng(seed)
+    X[rng.random(X.shape) < 0.01] = np.nan
+    versions, n_out = [], 0
+    with StreamEngine(model, mode="smooth", learn=True, warmup=1000, warmup_steps=200,
+                      snapshot_interval=5, random_state=seed) as eng:
+        s = 0
+        while s < len(X):
+            kind = rng.integers(0, 10)
+            if kind == 0:  # single pushes
+                for x in X[s:s + 2000]:
+                    for p in eng.push(x):
+                        assert np.isfinite(p.theta).all() and np.isfinite(p.mean).all()
+                        versions.append(np.array([p.version]))
+                        n_out += 1
+                s += 2000
+            else:
+                n = int(rng.integers(1, 20_000))
+                b = eng.push_many(X[s:s + n])
+                assert np.isfinite(b.theta).all() and np.isfinite(b.rho).all()
+                assert np.isfinite(b.mean).all()
+                assert ((b.theta >= 0) & (b.theta <= 1)).all()
+                versions.append(b.version)
+                n_out += len(b)
+                s += n
+            if kind == 1:
+                eng.learning = not eng.learning
+            if kind == 2:
+                n_out += len(eng.flush())
+        eng.learning = True
+        n_out += len(eng.flush())
+        m = eng.metrics()
+    v = np.concatenate(versions)
+    assert (np.diff(v) >= 0).all()
+    assert m["samples"] == 1_000_000 and m["emitted"] == n_out == 1_000_000
+    assert m["learner_error"] is None and m["learner_steps"] > 100
+    assert v[-1] == m["snapshot_version"] or v[-1] < m["snapshot_version"]
+    assert np.isfinite(m["elbo"])
+    print(m)
+
+
+def test_learner_toggle_and_metrics():
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=23)
+    X = _data(model, 6000, seed=24)
+    with StreamEngine(model, mode="smooth", learn=True, warmup=500, warmup_steps=50,
+                      snapshot_interval=5, random_state=0) as eng:
+        assert eng.push(X[0]) == [] and eng.metrics()["phase"] == "warmup"
+        assert eng.version == -1 and eng.params is None
+        posts = eng.push_many(X[1:500])  # completes the warm-up: posteriors 0..498
+        assert len(posts) == 499 and all(p.warmup for p in posts)
+        assert posts.t[0] == 0 and posts[0].edge
+        _pace(eng, X[500:3000], 500, 0.02)
+        m1 = eng.metrics()
+        assert m1["learner_steps"] > 0 and m1["snapshot_version"] > 0 and m1["learning"]
+        eng.learning = False
+        time.sleep(0.05)
+        s = eng.metrics()["learner_steps"]
+        for x in X[3000:3500]:
+            eng.push(x)
+        time.sleep(0.1)
+        assert eng.metrics()["learner_steps"] == s
+        eng.learning = True
+        t0 = time.perf_counter()
+        while eng.metrics()["learner_steps"] == s and time.perf_counter() - t0 < 10:
+            time.sleep(0.01)
+        m = eng.metrics()
+    assert m["learner_steps"] > s
+    for key in ("samples", "emitted", "imputed", "rejected", "learner_steps", "discarded_steps",
+                "snapshot_version", "elbo", "push_p50_us", "push_p99_us"):
+        assert key in m
+    assert m["samples"] == 3500
+    assert 0 < m["push_p50_us"] <= m["push_p99_us"] <= m["push_max_us"]
+    assert np.isfinite(m["elbo"]) and m["elbo"] < 0
+
+
+def test_learner_discards_non_finite_steps_and_keeps_parameters_finite():
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=25)
+    X = _data(model, 3000, seed=26)
+    X[1000:1400] = 1e200  # finite, accepted, but overflows the ELBO
+    with StreamEngine(model, mode="filter", posterior="exact", learn=True, reservoir_size=100,
+                      snapshot_interval=5, random_state=1) as eng:
+        _pace(eng, X, 200, 0.05)
+        m = eng.metrics()
+        p = eng.params
+    assert m["discarded_steps"] > 0
+    assert all(np.isfinite(a).all() for a in (p.W, p.L, p.alpha, p.beta))
+    assert m["learner_error"] is None

@@ -1,0 +1,258 @@
+"""Incremental kernels of the streaming engine (MATH.md §3, §5, §7) against the batch
+kernels and the dense references of tests/naive_stream.py."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from streamfhmm import exact
+from streamfhmm.kernels import exact as kx
+from streamfhmm.kernels import online as ko
+from streamfhmm.learn.objective import ModelPacker
+from streamfhmm.model import FHMMParams
+from streamfhmm.network import RecognitionNet
+
+from . import naive_stream as naive
+
+
+def _params(M, D, seed, noise=0.5):
+    print(f"params seed={seed}")
+    return FHMMParams.random(M, D, random_state=seed, noise=noise, switch=(0.05, 0.3))
+
+
+def _tables(p):
+    Linv, Ut, half_c, const = kx.prepare_emission(p.W, p.L)
+    pi = np.empty(1 << p.n_chains)
+    kx.joint_startprob(p.startprob, pi)
+    return dict(bias=p.W[-1].copy(), Linv=Linv, Ut=Ut, half_c=half_c, const=const, A=p.transmat,
+                pi=pi, W=p.W, Sigma=p.covariance)
+
+
+def _run(p, X, lag, t0=0):
+    """exact_run over X as one sequence starting at stream position t0."""
+    M, D = p.n_chains, p.n_features
+    K, R = 1 << M, lag + 1
+    tb = _tables(p)
+    alpha, le, logc = np.zeros((R, K)), np.zeros((R, K)), np.zeros(R)
+    theta, mean, tau = np.empty((len(X), M)), np.empty((len(X), D)), np.empty(len(X), np.int64)
+    work, beta, g, ytil = np.empty(K), np.empty(K), np.empty(K), np.empty(D)
+    n, ll = ko.exact_run(X, t0, t0, lag, alpha, le, logc, work, beta, g, ytil, tb["bias"],
+                         tb["Linv"], tb["Ut"], tb["half_c"], tb["const"], tb["A"], tb["pi"], tb["W"],
+                         tb["Sigma"], theta, mean, tau)
+    tail = np.empty((lag, M))
+    tail_mean = np.empty((lag, D))
+    t_last = t0 + len(X) - 1
+    nt = ko.exact_tail(t_last, max(t0, t_last - lag + 1), alpha, le, tb["A"], beta, g, tb["W"],
+                       tail, tail_mean)
+    return theta[:n], mean[:n], tau[:n], ll, tail[:nt], tail_mean[:nt]
+
+
+def test_check_sample_codes():
+    assert ko.check_sample(np.array([1.0, 2.0])) == ko.STATUS_OK
+    assert ko.check_sample(np.array([1.0, np.nan])) == ko.STATUS_MISSING
+    assert ko.check_sample(np.array([np.nan, np.inf])) == ko.STATUS_INFINITE
+    assert ko.check_sample(np.array([-np.inf, 0.0])) == ko.STATUS_INFINITE
+    assert ko.check_sample(np.array([1e308, -1e308])) == ko.STATUS_OK
+
+
+@pytest.mark.parametrize("M", [1, 3, 5])
+def test_filtering_equals_batch_forward(M):
+    p = _params(M, 3, seed=M)
+    X, _ = p.sample(200, random_state=10 + M)
+    theta, mean, tau, ll, _, _ = _run(p, X, lag=0, t0=7)
+    ll_ref, theta_ref = exact.filtered_marginals(p, X)
+    np.testing.assert_array_equal(tau, np.arange(200) + 7)
+    np.testing.assert_allclose(theta, theta_ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(ll, ll_ref, rtol=1e-12)
+    np.testing.assert_allclose(mean, theta @ p.W[:-1] + p.W[-1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("lag", [1, 3])
+@pytest.mark.parametrize("nan_fraction", [0.0, 0.25])
+def test_fixed_lag_against_dense_reference(lag, nan_fraction):
+    seed = 3 + lag
+    p = _params(3, 3, seed=seed)
+    X, _ = p.sample(18, random_state=seed)
+    rng = np.random.default_rng(seed)
+    print(f"nan seed={seed}")
+    mask = rng.random(X.shape) < nan_fraction
+    mask[4] = True  # one sample with nothing observed
+    X[mask] = np.nan
+    theta, _, tau, _, tail, _ = _run(p, X, lag)
+    ref = naive.fixed_lag_dense(p.W, p.covariance, p.transmat, p.startprob, X, lag)
+    np.testing.assert_array_equal(tau, np.arange(len(X) - lag))
+    np.testing.assert_allclose(theta, ref[:len(X) - lag], rtol=0, atol=1e-10)
+    # the tail (end of the sequence) is the exact smoothing of the last steps
+    np.testing.assert_allclose(tail, ref[len(X) - lag:], rtol=0, atol=1e-10)
+
+
+def test_tail_equals_smoothing_marginals():
+    p = _params(4, 2, seed=21)
+    X, _ = p.sample(300, random_state=22)
+    lag = 6
+    theta, _, _, _, tail, _ = _run(p, X, lag)
+    _, smooth = exact.smoothed_marginals(p, X)
+    np.testing.assert_allclose(tail, smooth[-lag:], rtol=0, atol=1e-10)
+    # fixed-lag smoothing is close to full smoothing but not equal to it
+    assert np.abs(theta - smooth[:-lag]).max() < 0.5
+    assert np.abs(theta - smooth[:-lag]).max() > 1e-6
+
+
+def test_short_sequence_tail():
+    p = _params(2, 2, seed=5)
+    X, _ = p.sample(3, random_state=6)
+    theta, _, _, _, tail, _ = _run(p, X, lag=5)
+    assert theta.shape == (0, 2)
+    np.testing.assert_allclose(tail, exact.smoothed_marginals(p, X)[1], rtol=0, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), M=st.integers(1, 4), D=st.integers(1, 4))
+def test_log_emission_missing_matches_scipy(seed, M, D):
+    p = _params(M, D, seed)
+    rng = np.random.default_rng(seed)
+    y = rng.normal(size=D) * 2
+    y[rng.random(D) < 0.5] = np.nan
+    out = np.empty(1 << M)
+    mx = ko.log_emission_missing(y, p.W, p.covariance, out)
+    ref = naive.log_emission_dense(p.W, p.covariance, y)
+    np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
+    assert mx == out.max()
+
+
+def test_log_emission_missing_without_missing_equals_whitened_kernel():
+    p = _params(4, 5, seed=8)
+    y = np.random.default_rng(8).normal(size=5)
+    Linv, Ut, half_c, const = kx.prepare_emission(p.W, p.L)
+    a, b = np.empty(16), np.empty(16)
+    kx.log_emission(y, p.W[-1].copy(), Linv, Ut, half_c, const, np.empty(5), a)
+    ko.log_emission_missing(y, p.W, p.covariance, b)
+    np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-10)
+
+
+def test_ring_write_and_recognition_push_match_forward_one():
+    seed = 31
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    M, D, w, C = 3, 2, 5, 8
+    net = RecognitionNet(M, D, window=w, n_hidden=4, share="chain").init(random_state=seed)
+    net.weights = 0.5 * rng.standard_normal(net.n_weights)
+    W = rng.normal(size=(M + 1, D))
+    ring = np.zeros((2 * C, D))
+    Y = rng.normal(size=(20, D))
+    tb, rb, mb = np.zeros((20, M)), np.zeros((20, M)), np.zeros((20, D))
+    scratch = np.empty(net.scratch_size)
+    for t in range(20):
+        emit = t >= w - 1
+        st_ = ko.recognition_push(Y[t], ring, t % C, C, emit, (t - w + 1) % C, net.weights,
+                                  net.layout, net.mean, net.scale, scratch, W, tb, rb, mb, t)
+        assert st_ == ko.STATUS_OK
+        np.testing.assert_array_equal(ring[t % C], Y[t])
+        np.testing.assert_array_equal(ring[t % C + C], Y[t])
+        if emit:
+            th, rh = net.forward_window(Y[t - w + 1:t + 1])
+            np.testing.assert_allclose(tb[t], th, rtol=0, atol=1e-14)
+            np.testing.assert_allclose(rb[t], rh, rtol=0, atol=1e-14)
+            np.testing.assert_allclose(mb[t], th @ W[:-1] + W[-1], rtol=0, atol=1e-14)
+    before = ring.copy()
+    bad = np.array([1.0, np.inf])
+    assert ko.recognition_push(bad, ring, 3, C, True, 0, net.weights, net.layout, net.mean,
+                               net.scale, scratch, W, tb, rb, mb, 0) == ko.STATUS_INFINITE
+    np.testing.assert_array_equal(ring, before)
+
+
+# ----------------------------------------------------------------------------- learner loop
+def _svi_setup(seed, M=2, D=2, w=3, L=4, n_seg=12, scale=1.0):
+    print(f"seed={seed}")
+    p = _params(M, D, seed)
+    X, _ = p.sample(n_seg * (L + w) + 5, random_state=seed)
+    net = RecognitionNet(M, D, window=w, n_hidden=3, share="chain").init(random_state=seed)
+    net.fit_scaler(X)
+    S = L + w
+    segs = np.stack([X[j * S:(j + 1) * S] for j in range(n_seg)]) * scale
+    packer = ModelPacker(M, D)
+    x = np.concatenate([packer.pack(p), net.weights])
+    return p, net, segs.reshape(-1, D), S, L, x, packer.size
+
+
+def _svi_scratch(net, B, L, x, M, D):
+    n = B * (L + 1)
+    return dict(rows=np.empty(n, np.int64), row_start=np.empty(n, np.int64),
+                row_end=np.empty(n, np.int64), offsets=np.empty(B + 1, np.int64),
+                first=np.zeros(B, np.bool_), Xw=np.empty((n, net.n_inputs)),
+                hidden=np.empty((n, net.n_groups * net.n_hidden)), theta=np.empty((n, M)),
+                rho=np.empty((n, M)), g_theta=np.empty((n, M)), g_rho=np.empty((n, M)),
+                Yb=np.empty((n, D)), grad=np.empty_like(x), x_prev=np.empty_like(x),
+                sq_prev=np.empty_like(x))
+
+
+def _call_svi_run(Y, slots, S, L, net, x, nm, D, sq, lr, freeze, sc, values):
+    return ko.svi_run(Y, slots, S, L, net.window, net.offset, net.mean, net.scale, x, nm,
+                      net.layout, D, sq, 0.9, 1e-8, lr, 0, freeze, sc["rows"], sc["row_start"],
+                      sc["row_end"], sc["offsets"], sc["first"], sc["Xw"], sc["hidden"],
+                      sc["theta"], sc["rho"], sc["g_theta"], sc["g_rho"], sc["Yb"], sc["grad"],
+                      sc["x_prev"], sc["sq_prev"], values)
+
+
+def test_svi_run_matches_svi_step_on_gathered_subchains():
+    from streamfhmm.kernels.svi import svi_step
+    p, net, Y, S, L, x, nm = _svi_setup(seed=41)
+    M, D = p.n_chains, p.n_features
+    slots = np.array([[3, 0, 7]], dtype=np.int64)
+    B = slots.shape[1]
+    x1, sq1 = x.copy(), np.zeros_like(x)
+    sc = _svi_scratch(net, B, L, x, M, D)
+    values = np.empty(1)
+    assert _call_svi_run(Y, slots, S, L, net, x1, nm, D, sq1, np.array([1e-2]), False, sc,
+                         values) == 1
+    # the same step by hand: subchain b = segment rows off..off+L, context row first
+    off = net.offset
+    rows = np.concatenate([j * S + off + np.arange(L + 1) for j in slots[0]]).astype(np.int64)
+    rs = np.repeat(slots[0] * S, L + 1).astype(np.int64)
+    re = rs + S
+    offsets = np.arange(B + 1, dtype=np.int64) * (L + 1)
+    first = np.zeros(B, np.bool_)
+    x2, sq2 = x.copy(), np.zeros_like(x)
+    sc2 = _svi_scratch(net, B, L, x, M, D)
+    v2 = svi_step(Y, rows, rs, re, offsets, first, net.window, off, net.mean, net.scale, x2, nm,
+                  net.layout, M, D, sq2, 0.9, 1e-8, 1e-2, 0, sc2["Xw"], sc2["hidden"], sc2["theta"],
+                  sc2["rho"], sc2["g_theta"], sc2["g_rho"], sc2["Yb"], sc2["grad"])
+    assert values[0] == v2
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(sq1, sq2)
+    # windows never leave their segment: no row index outside [start, end)
+    assert (sc["rows"] - net.offset >= sc["row_start"]).all()
+    assert (sc["rows"] - net.offset + net.window <= sc["row_end"]).all()
+
+
+def test_svi_run_freeze_keeps_model_part():
+    p, net, Y, S, L, x, nm = _svi_setup(seed=43)
+    sc = _svi_scratch(net, 2, L, x, p.n_chains, p.n_features)
+    x1, sq = x.copy(), np.zeros_like(x)
+    values = np.empty(5)
+    slots = np.random.default_rng(0).integers(0, 12, size=(5, 2))
+    assert _call_svi_run(Y, slots, S, L, net, x1, nm, p.n_features, sq, np.full(5, 1e-2), True,
+                         sc, values) == 5
+    np.testing.assert_array_equal(x1[:nm], x[:nm])
+    assert np.abs(x1[nm:] - x[nm:]).max() > 1e-4
+    assert np.isfinite(values).all()
+
+
+def test_svi_run_discards_non_finite_steps():
+    p, net, Y, S, L, x, nm = _svi_setup(seed=47)
+    sc = _svi_scratch(net, 2, L, x, p.n_chains, p.n_features)
+    Ybad = Y.copy()
+    Ybad[:S] = 1e300  # segment 0 overflows the emission term
+    slots = np.array([[0, 1], [2, 3], [0, 0], [4, 5]], dtype=np.int64)
+    x1, sq = x.copy(), np.zeros_like(x)
+    values = np.empty(4)
+    n_ok = _call_svi_run(Ybad, slots, S, L, net, x1, nm, p.n_features, sq, np.full(4, 1e-2),
+                         False, sc, values)
+    assert n_ok == 2
+    assert np.isnan(values[[0, 2]]).all() and np.isfinite(values[[1, 3]]).all()
+    assert np.isfinite(x1).all() and np.isfinite(sq).all()
+    # the kept steps equal the two good steps taken alone
+    x2, sq2 = x.copy(), np.zeros_like(x)
+    v2 = np.empty(2)
+    assert _call_svi_run(Ybad, slots[[1, 3]], S, L, net, x2, nm, p.n_features, sq2,
+                         np.full(2, 1e-2), False, sc, v2) == 2
+    np.testing.assert_array_equal(x1, x2)
