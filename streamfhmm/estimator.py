@@ -112,7 +112,8 @@ class FHMM:
             time_budget: float | None = None, batch_size: int = 10,
             subchain_length: int | None = None, learning_rate: float = 1e-2,
             final_lr_ratio: float = 0.01, decay: float = 0.9, tol: float = 1e-6,
-            init: str = "auto", init_samples: int = 5000, progress: bool = True) -> "FHMM":
+            init: str = "auto", init_samples: int = 5000, progress: bool = True,
+            client=None) -> "FHMM":
         """Learn the model (and, for SVI, the recognition networks) from data.
 
         Parameters
@@ -148,12 +149,26 @@ class FHMM:
             ``"smf"`` otherwise.
         progress : bool
             Show a progress bar.
+        client : distributed.Client, optional
+            Train on a Dask cluster (``method="svi"`` only): each step the driver sends
+            the parameters, every worker returns the gradient sum over the subchains it
+            samples from the data it holds, and the driver takes the RMSprop step
+            (synchronous data-parallel; :mod:`streamfhmm.learn.distributed`). With a
+            client, ``X`` may also be a list of arrays or of ``.npy`` files (independent
+            sequences) that the workers load themselves.
 
         Returns
         -------
         self
         """
         self._check_hyperparameters()
+        if client is not None:
+            return self._fit_distributed(X, lengths, method, client, max_iter=max_iter,
+                                         time_budget=time_budget, batch_size=batch_size,
+                                         subchain_length=subchain_length,
+                                         learning_rate=learning_rate, final_lr_ratio=final_lr_ratio,
+                                         decay=decay, init=init, init_samples=init_samples,
+                                         progress=progress)
         if method not in ("svi", "smf"):
             raise ValueError(f"method must be 'svi' or 'smf', got {method!r}")
         if init not in ("auto", "smf", "kmeans", "params"):
@@ -189,6 +204,43 @@ class FHMM:
                         subchain_length=subchain_length, learning_rate=learning_rate,
                         final_lr_ratio=final_lr_ratio, decay=decay, time_budget=budget, rng=rng,
                         progress=progress)
+        self._set_params(state.params, state.net)
+        self.history_ = state.history
+        self.fit_method_ = "svi"
+        return self
+
+    def _fit_distributed(self, X, lengths, method, client, *, max_iter, time_budget, batch_size,
+                         subchain_length, learning_rate, final_lr_ratio, decay, init,
+                         init_samples, progress) -> "FHMM":
+        from .learn.distributed import chunk_lengths, chunk_scaler, fit_svi_distributed, head_rows
+        from .network import RecognitionNet
+        if method != "svi":
+            raise ValueError(f"a Dask client trains with method='svi' only, got method={method!r}")
+        if init not in ("auto", "smf", "kmeans", "params"):
+            raise ValueError(f"init must be one of 'auto', 'smf', 'kmeans', 'params', got {init!r}")
+        if isinstance(X, (list, tuple)):
+            if lengths is not None:
+                raise ValueError("lengths must be None when X is a list of chunks (each chunk is a sequence)")
+            chunks = list(X)
+            chunk_lengths(chunks)  # validates shapes and files (headers only)
+        else:
+            X = check_observations(X, allow_nan=True)
+            lengths = check_lengths(lengths, X.shape[0])
+            chunks = np.split(X, np.cumsum(lengths)[:-1])
+        rng = check_random_state(self.random_state)
+        t0 = time.perf_counter()
+        head = head_rows(chunks, init_samples)
+        params = self._initial_params(head, None, init, init_samples, rng, progress)
+        net = RecognitionNet(self.n_chains, params.n_features, window=self.window,
+                             n_hidden=self.n_hidden, share=self.share_hidden, mode="centred")
+        net.init(random_state=rng)
+        net.set_scaler(*chunk_scaler(chunks, client))
+        budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
+        state = fit_svi_distributed(chunks, params, net, client, max_iter=max_iter or 20_000,
+                                    batch_size=batch_size, subchain_length=subchain_length,
+                                    learning_rate=learning_rate, final_lr_ratio=final_lr_ratio,
+                                    decay=decay, time_budget=budget, random_state=rng,
+                                    progress=progress)
         self._set_params(state.params, state.net)
         self.history_ = state.history
         self.fit_method_ = "svi"

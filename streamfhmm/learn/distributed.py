@@ -1,0 +1,889 @@
+"""Data-parallel stochastic variational learning on a Dask cluster (MATH.md §5).
+
+:func:`fit_svi_distributed` runs the learner of :mod:`streamfhmm.learn.svi` over data
+that lives on the workers: a list of independent sequences ("chunks"), given either as
+in-memory ``(T_i, D)`` arrays (sent once to the workers) or as paths of ``.npy`` files
+that the workers open themselves, memory-mapped. The driver reads only the files'
+headers (their shapes); it never loads a sequence.
+
+How a step runs
+---------------
+The chunks are split into one *shard* per worker (longest first onto the least-loaded
+shard). Each shard lives on its worker for the whole fit as a Dask actor holding the
+chunks (arrays or memory maps), its own :class:`~streamfhmm.learn.sampler.SubchainSampler`
+(seeded from ``random_state``, one independent stream per shard) and its scratch
+buffers. Each step the driver
+
+1. splits the ``batch_size`` subchains among the shards in proportion to their
+   positions (integer parts, then systematic rounding of the remainders, so every
+   position is equally likely to be drawn, as in the local learner);
+2. sends every shard the current flat parameter vector (model vector then network
+   weights, one float64 array) and its number of subchains;
+3. each shard samples its subchains, copies only the rows their windows need into a
+   small buffer and returns :func:`~streamfhmm.kernels.svi.batch_gradient`'s sums: the
+   ELBO terms, the gradient and the number of counted positions;
+4. the driver adds the sums, divides by the total counted positions (the
+   per-position mean of MATH.md §5, exactly what the local learner optimises) and
+   applies :func:`~streamfhmm.kernels.svi.rmsprop_update` with the same cosine
+   learning-rate schedule as :func:`~streamfhmm.learn.svi.fit_svi`.
+
+This is synchronous data parallelism: every step uses one global batch, so the
+optimisation is the local learner's with the batch drawn from several machines, its
+results are reproducible for a fixed seed and a fixed number of shards, and nothing
+about convergence changes. Asynchronous or local-step schemes (workers updating stale
+copies of the parameters) would save round trips but change the optimiser; they are
+not implemented.
+
+When it helps
+-------------
+A step costs one round trip to every worker (the parameter vector out, a gradient of
+the same size back) on top of the gradient itself. At the paper's power configuration
+(M = 10, D = 6, window 21, 200 hidden units: a 29,527-float vector) with 10 subchains
+of 5 positions, a gradient takes 2-4 ms on one core, while on a busy 2-core machine a
+round trip to a worker process measured 7-20 ms: there the local learner is 3-10 times
+faster. Distribution pays only when a step's gradient costs much more than the round
+trip — hundreds of subchains per step, long subchains, large networks — and the
+workers have cores (or machines) of their own, or when the data do not fit on one
+machine. ``bench/distributed.py`` measures both sides and prints the break-even batch
+size.
+
+Failures
+--------
+Every wait on a worker has a timeout (``step_timeout``, ``setup_timeout``). When a
+worker dies or does not answer in time, the shards it held are re-created on the
+remaining workers (in-memory chunks are sent again from the driver; ``.npy`` chunks
+are re-opened, so the files must be readable from every worker, e.g. on a shared
+file system) with fresh sampler seeds, and the step is repeated. After
+``max_recoveries`` such events, or when no worker is left, the fit raises
+:class:`RuntimeError` naming the lost shard; it never hangs.
+
+Clusters
+--------
+Works with any ``distributed.Client``: ``LocalCluster(processes=False)`` (workers are
+threads; the gradient kernels release the GIL), ``LocalCluster(n_workers=N,
+threads_per_worker=1)``, or a real cluster::
+
+    # on the machines: dask scheduler; dask worker tcp://scheduler:8786 --nthreads 1
+    from distributed import Client
+    client = Client("tcp://scheduler:8786")
+    paths = write_npy_chunks(X, "/shared/data/run1", n_chunks=16)   # or your own files
+    state = fit_svi_distributed(paths, params, net, client, max_iter=20_000,
+                                batch_size=200, random_state=0)
+
+Each worker runs one shard in one thread, so start workers with one thread each and
+as many workers as cores; streamfhmm must be importable on every worker.
+``direct_to_workers=True`` (the default here) sends the actor calls straight to the
+workers instead of through the scheduler; pass ``False`` when the client cannot reach
+the workers directly.
+
+Live streams
+------------
+This module learns from recorded data. Sharding many *live* streams across machines
+(inference and continual learning on each) is done with ``streamfhmm serve --topics``
+over ZeroMQ (:mod:`streamfhmm.stream`), not with Dask.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from .._validation import check_observations, check_positive_int, check_random_state
+from ..kernels import svi as _ks
+from ..model import FHMMParams
+from ..network import RecognitionNet
+from .objective import ModelPacker
+from .sampler import SubchainSampler
+from .svi import RMSprop, SVIState, cosine_lr
+
+__all__ = ["fit_svi_distributed", "write_npy_chunks", "chunk_lengths", "chunk_scaler",
+           "head_rows"]
+
+#: rows per block when a worker scans a memory-mapped chunk
+_SCAN_ROWS = 65536
+
+
+# --------------------------------------------------------------------------- chunks
+def _is_path(source) -> bool:
+    return isinstance(source, (str, os.PathLike))
+
+
+def _npy_header(path: str):
+    """Shape, Fortran order and dtype of a ``.npy`` file, from its header only."""
+    with open(path, "rb") as fh:
+        try:
+            version = np.lib.format.read_magic(fh)
+            if version == (1, 0):
+                return np.lib.format.read_array_header_1_0(fh)
+            if version == (2, 0):
+                return np.lib.format.read_array_header_2_0(fh)
+            # later format versions: numpy's private reader handles them
+            return np.lib.format._read_array_header(fh, version)
+        except ValueError as exc:
+            raise ValueError(f"chunk {path!r} is not a .npy file: {exc}") from None
+
+
+def _check_dtype(dtype, where):
+    if dtype.kind not in "fiu" or dtype.hasobject or dtype.fields is not None:
+        raise ValueError(f"{where} must hold real numbers, got dtype {dtype}")
+
+
+@dataclass
+class _Chunk:
+    source: object       # validated float64 ndarray, or the path of a .npy file
+    length: int
+    n_features: int
+
+
+def _describe_chunks(chunks) -> list[_Chunk]:
+    if isinstance(chunks, (str, os.PathLike, np.ndarray)) or not hasattr(chunks, "__len__"):
+        raise ValueError("chunks must be a list of (T_i, D) arrays or of .npy file paths, got "
+                         f"{type(chunks).__name__}")
+    if len(chunks) == 0:
+        raise ValueError("chunks must hold at least one sequence, got an empty list")
+    out = []
+    for i, src in enumerate(chunks):
+        if _is_path(src):
+            path = os.fspath(src)
+            if not path.endswith(".npy"):
+                raise ValueError(f"chunks[{i}] = {path!r}: only .npy files are supported "
+                                 f"(write them with write_npy_chunks or np.save)")
+            if not os.path.isfile(path):
+                raise ValueError(f"chunks[{i}] = {path!r} does not exist")
+            shape, _, dtype = _npy_header(path)
+            _check_dtype(dtype, f"chunks[{i}] ({path})")
+            if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+                raise ValueError(f"chunks[{i}] ({path}) must hold a 2-D array (T_i, D) with "
+                                 f"T_i, D >= 1, got shape {shape}")
+            out.append(_Chunk(path, int(shape[0]), int(shape[1])))
+        else:
+            X = check_observations(src, f"chunks[{i}]", allow_nan=True)
+            out.append(_Chunk(X, X.shape[0], X.shape[1]))
+    D = {c.n_features for c in out}
+    if len(D) > 1:
+        raise ValueError(f"every chunk must have the same number of features, got {sorted(D)}")
+    return out
+
+
+def chunk_lengths(chunks) -> np.ndarray:
+    """Lengths of the chunks (from the ``.npy`` headers for paths; nothing is loaded).
+
+    Parameters
+    ----------
+    chunks : list of ndarray (T_i, D) or of ``.npy`` paths
+
+    Returns
+    -------
+    ndarray of int64, shape (n_chunks,)
+    """
+    return np.array([c.length for c in _describe_chunks(chunks)], dtype=np.int64)
+
+
+def write_npy_chunks(X, directory, n_chunks: int, prefix: str = "chunk") -> list[str]:
+    """Write a long ``(T, D)`` array as ``n_chunks`` consecutive ``.npy`` files.
+
+    Each file is one independent sequence for :func:`fit_svi_distributed`; cutting a
+    sequence loses only the dependence across each cut (``n_chunks - 1`` transitions).
+
+    Parameters
+    ----------
+    X : array_like, shape (T, D)
+        NaN marks a missing value.
+    directory : str or path
+        Created if needed.
+    n_chunks : int
+        Number of files, at most T; the lengths differ by at most one.
+    prefix : str
+        Files are ``{prefix}_{i:05d}.npy``.
+
+    Returns
+    -------
+    list of str
+        The paths, in order.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> paths = write_npy_chunks(np.zeros((10, 2)), tempfile.mkdtemp(), 3)
+    >>> chunk_lengths(paths).tolist()
+    [4, 3, 3]
+    """
+    X = check_observations(X, allow_nan=True)
+    n_chunks = check_positive_int(n_chunks, "n_chunks")
+    if n_chunks > X.shape[0]:
+        raise ValueError(f"n_chunks must be at most the number of samples ({X.shape[0]}), "
+                         f"got {n_chunks}")
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for i, part in enumerate(np.array_split(X, n_chunks)):
+        path = os.path.join(directory, f"{prefix}_{i:05d}.npy")
+        np.save(path, np.ascontiguousarray(part))
+        paths.append(path)
+    return paths
+
+
+def _open_chunk(source, n_features: int):
+    """Worker side: the chunk as an array, ``.npy`` files memory-mapped and checked."""
+    if not _is_path(source):
+        return source
+    path = os.fspath(source)
+    # a plain array over the mapped file (slicing a memmap object is slower)
+    Y = np.asarray(np.load(path, mmap_mode="r"))
+    if Y.ndim != 2 or Y.shape[1] != n_features:
+        raise ValueError(f"chunk {path} has shape {Y.shape}, expected (T, {n_features})")
+    _check_dtype(Y.dtype, f"chunk {path}")
+    if Y.dtype.kind == "f":
+        for s in range(0, Y.shape[0], _SCAN_ROWS):
+            block = np.asarray(Y[s:s + _SCAN_ROWS], dtype=np.float64)
+            if np.isinf(block).any():
+                r, c = np.argwhere(np.isinf(block))[0]
+                raise ValueError(f"chunk {path} contains an infinity at row {s + r}, column {c}")
+            empty = np.isnan(block).all(axis=1)
+            if empty.any():
+                raise ValueError(f"chunk {path} has a row with every value missing (row "
+                                 f"{s + int(np.flatnonzero(empty)[0])}); drop or interpolate it")
+    return Y
+
+
+def _moments(source, n_features):
+    """Per-feature count, mean and sum of squared deviations of the observed values."""
+    Y = _open_chunk(source, n_features)
+    count = np.zeros(n_features)
+    mean = np.zeros(n_features)
+    m2 = np.zeros(n_features)
+    for s in range(0, Y.shape[0], _SCAN_ROWS):
+        block = np.asarray(Y[s:s + _SCAN_ROWS], dtype=np.float64)
+        obs = ~np.isnan(block)
+        n = obs.sum(axis=0).astype(np.float64)
+        mb = np.where(obs, block, 0.0).sum(axis=0) / np.maximum(n, 1)
+        m2b = (np.where(obs, block - mb, 0.0) ** 2).sum(axis=0)
+        count, mean, m2 = _combine(count, mean, m2, n, mb, m2b)
+    return count, mean, m2
+
+
+def _combine(na, ma, m2a, nb, mb, m2b):
+    """Chan et al.'s pairwise update of counts, means and squared deviations."""
+    n = na + nb
+    w = np.divide(nb, n, out=np.zeros_like(n), where=n > 0)
+    delta = mb - ma
+    return n, ma + delta * w, m2a + m2b + delta * delta * na * w
+
+
+def chunk_scaler(chunks, client=None, timeout: float = 600.0):
+    """The input scaler of :meth:`RecognitionNet.fit_scaler` over all chunks.
+
+    Computed chunk by chunk on the workers when ``client`` is given (each opens its
+    ``.npy`` files memory-mapped), else in this process.
+
+    Parameters
+    ----------
+    chunks : list of ndarray (T_i, D) or of ``.npy`` paths
+    client : distributed.Client, optional
+    timeout : float
+        Seconds to wait for the workers.
+
+    Returns
+    -------
+    mean, scale : ndarray, shape (D,)
+        For ``net.set_scaler(mean, scale)``.
+    """
+    desc = _describe_chunks(chunks)
+    D = desc[0].n_features
+    if client is None:
+        parts = [_moments(c.source, D) for c in desc]
+    else:
+        futures = [client.submit(_moments, c.source, D, pure=False) for c in desc]
+        parts = [f.result(timeout=timeout) for f in futures]
+    n, mean, m2 = parts[0]
+    for p in parts[1:]:
+        n, mean, m2 = _combine(n, mean, m2, *p)
+    std = np.sqrt(m2 / np.maximum(n, 1))
+    scale = np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), std, 1.0)
+    return mean, scale
+
+
+def head_rows(chunks, n_rows: int) -> np.ndarray:
+    """The first ``n_rows`` rows of the chunks in order (fewer if there are fewer).
+
+    Reads only those rows (``.npy`` files memory-mapped), e.g. to initialise the model
+    (:func:`streamfhmm.learn.smf.init_params`) without loading the data.
+
+    Returns
+    -------
+    ndarray of float64, shape (min(n_rows, Σ T_i), D)
+    """
+    n_rows = check_positive_int(n_rows, "n_rows")
+    desc = _describe_chunks(chunks)
+    parts, left = [], n_rows
+    for c in desc:
+        if left <= 0:
+            break
+        Y = _open_chunk(c.source, c.n_features) if _is_path(c.source) else c.source
+        parts.append(np.asarray(Y[:left], dtype=np.float64))
+        left -= parts[-1].shape[0]
+    return np.ascontiguousarray(np.concatenate(parts))
+
+
+# --------------------------------------------------------------------- worker side
+class _ShardLearner:
+    """One shard of the data on one worker: chunks, sampler and scratch (a Dask actor).
+
+    Parameters
+    ----------
+    sources : list
+        Float64 arrays or ``.npy`` paths (opened memory-mapped here).
+    spec : dict
+        Shapes and fixed network data: ``M, D, n_model, n_weights, window, offset,
+        layout, mean, scale, n_inputs, n_hidden_total, subchain_length, max_blocks``.
+    seed : numpy.random.SeedSequence
+        The sampler's seed.
+    """
+
+    def __init__(self, sources, spec, seed):
+        D = spec["D"]
+        self.chunks = [_open_chunk(s, D) for s in sources]
+        lengths = np.array([c.shape[0] for c in self.chunks], dtype=np.int64)
+        self.bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        L, B = spec["subchain_length"], spec["max_blocks"]
+        self.sampler = SubchainSampler(self.bounds, L, B, np.random.default_rng(seed))
+        self.M, self.D, self.n_model = spec["M"], D, spec["n_model"]
+        self.window, self.offset = spec["window"], spec["offset"]
+        self.layout = np.array(spec["layout"], dtype=np.int64)
+        self.mean = np.array(spec["mean"], dtype=np.float64)
+        self.scale = np.array(spec["scale"], dtype=np.float64)
+        self.size = spec["n_model"] + spec["n_weights"]
+        n_rows = B * (L + 1)
+        self.rows = np.zeros(n_rows, dtype=np.int64)
+        self.row_start = np.zeros(n_rows, dtype=np.int64)
+        self.row_end = np.zeros(n_rows, dtype=np.int64)
+        self.offsets = np.zeros(B + 1, dtype=np.int64)
+        self.first = np.zeros(B, dtype=np.bool_)
+        # rows a batch's windows read: each block's positions, its context row and the
+        # window's reach on either side
+        self.Y = np.zeros((B * (L + self.window), D))
+        self.Xw = np.empty((n_rows, spec["n_inputs"]))
+        self.hidden = np.empty((n_rows, spec["n_hidden_total"]))
+        self.theta, self.rho = np.empty((n_rows, self.M)), np.empty((n_rows, self.M))
+        self.g_theta, self.g_rho = np.empty((n_rows, self.M)), np.empty((n_rows, self.M))
+        self.Yb = np.empty((n_rows, D))
+        self._warm_up()
+
+    @property
+    def n_positions(self) -> int:
+        return int(self.bounds[-1])
+
+    def _warm_up(self):
+        """Compile (or load from cache) the kernel before the first timed step."""
+        x = np.zeros(self.size)  # W = 0, L = I, α = β = 0, zero weights: all finite
+        self.Y[0] = self.chunks[0][0]
+        self.rows[0], self.row_start[0], self.row_end[0] = 0, 0, 1
+        self.offsets[:2] = (0, 1)
+        self.first[0] = True
+        self._kernel(x, 1, np.empty(self.size))
+
+    def _kernel(self, x, n_blocks, grad):
+        return _ks.batch_gradient(self.Y, self.rows, self.row_start, self.row_end,
+                                  self.offsets[:n_blocks + 1], self.first[:n_blocks],
+                                  self.window, self.offset, self.mean, self.scale, x,
+                                  self.n_model, self.layout, self.M, self.D, self.Xw,
+                                  self.hidden, self.theta, self.rho, self.g_theta,
+                                  self.g_rho, self.Yb, grad)
+
+    def _fill(self, n_blocks):
+        """Lay out the sampler's next ``n_blocks`` subchains, copying the rows they read.
+
+        Block k's positions (and its context row) read rows ``[a_k, e_k)`` of its
+        sequence: they are copied to ``Y[m_k : m_k + e_k - a_k]``. The copy starts at
+        the sequence's start or early enough that no window reaches before it, and
+        ends likewise, so the copied span is the clipping range of its windows.
+        """
+        s = self.sampler
+        s.ensure(n_blocks)
+        c0 = s.cursor
+        sl = slice(c0, c0 + n_blocks)
+        start, stop, lo, hi = s.q_start[sl], s.q_stop[sl], s.q_lo[sl], s.q_hi[sl]
+        is_start = start == lo
+        r0 = np.where(is_start, start, start - 1)
+        a = np.maximum(lo, r0 - self.offset)
+        e = np.minimum(hi, stop + (self.window - 1 - self.offset))
+        span, nr = e - a, stop - r0
+        m_end = np.cumsum(span)
+        m0 = m_end - span
+        n_end = np.cumsum(nr)
+        n = int(n_end[-1])
+        self.offsets[0] = 0
+        self.offsets[1:n_blocks + 1] = n_end
+        self.first[:n_blocks] = is_start
+        self.rows[:n] = np.repeat(m0 + r0 - a - (n_end - nr), nr) + np.arange(n)
+        self.row_start[:n] = np.repeat(m0, nr)
+        self.row_end[:n] = np.repeat(m_end, nr)
+        Y, chunks = self.Y, self.chunks
+        which = (np.searchsorted(self.bounds, lo, side="right") - 1).tolist()
+        for k, c, i, j, m in zip(range(n_blocks), which, (a - lo).tolist(), (e - lo).tolist(),
+                                 m0.tolist()):
+            Y[m:m + j - i] = chunks[c][i:j]
+        s.advance(n_blocks)
+
+    def gradient(self, x, n_blocks):
+        """Sums over ``n_blocks`` fresh subchains.
+
+        Returns
+        -------
+        value : float
+            Σ ELBO terms.
+        counted : int
+            Counted positions.
+        grad : ndarray, shape (size,)
+            Σ gradient.
+        seconds : float
+            Time spent here.
+        """
+        t0 = time.perf_counter()
+        x = np.asarray(x, dtype=np.float64)
+        if not (x.flags.writeable and x.flags.c_contiguous):
+            x = x.copy()  # one compiled signature: writeable, C-ordered
+        grad = np.empty(self.size)
+        if n_blocks == 0:
+            grad[:] = 0.0
+            return 0.0, 0, grad, time.perf_counter() - t0
+        self._fill(n_blocks)
+        value, counted = self._kernel(x, n_blocks, grad)
+        return float(value), int(counted), grad, time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------- driver side
+def _allocate(batch_size, fractions, rng):
+    """Integers summing to ``batch_size`` with expectations ``batch_size * fractions``:
+    integer parts, then systematic sampling of the remainders."""
+    target = batch_size * fractions
+    base = np.floor(target).astype(np.int64)
+    rest = target - base
+    k = int(batch_size - base.sum())
+    if k > 0:
+        edges = np.cumsum(rest)
+        edges *= k / edges[-1]
+        points = rng.random() + np.arange(k)
+        picked = np.minimum(np.searchsorted(edges, points, side="right"), len(base) - 1)
+        base += np.bincount(picked, minlength=len(base))
+    return base
+
+
+def _shard_chunks(lengths, n_shards):
+    """Longest chunk first onto the least-loaded shard (deterministic)."""
+    load = np.zeros(n_shards, dtype=np.int64)
+    members = [[] for _ in range(n_shards)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        k = int(np.argmin(load))
+        members[k].append(i)
+        load[k] += lengths[i]
+    return [sorted(m) for m in members]
+
+
+#: what a wait that ran out of time raises (distinct classes before Python 3.11)
+_TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
+_POLL = 0.25  # seconds between liveness checks while waiting on a worker
+
+
+async def _collect(futures, timeout):
+    """Await actor futures together for at most ``timeout`` seconds.
+
+    Returns ``(True, result)``, ``(False, exception)`` or ``(None, None)`` (still
+    running) per future.
+    """
+    tasks = [asyncio.ensure_future(f) for f in futures]
+    await asyncio.wait(tasks, timeout=timeout)
+    out = []
+    for t in tasks:
+        if not t.done():
+            t.cancel()
+            out.append((None, None))
+        elif t.exception() is not None:
+            out.append((False, t.exception()))
+        else:
+            out.append((True, t.result()))
+    return out
+
+
+class _Lost(Exception):
+    """A shard's worker died, left the cluster or did not answer in time."""
+
+
+class _Shard:
+    def __init__(self, index, chunk_ids, n_positions, seed):
+        self.index = index
+        self.chunk_ids = chunk_ids
+        self.n_positions = n_positions
+        self.seed = seed
+        self.address = None
+        self.future = None
+        self.actor = None
+
+    @property
+    def name(self):
+        return f"shard {self.index} (chunks {self.chunk_ids})"
+
+
+class _ShardPool:
+    """The driver's view of the shards: placing, calling and replacing the actors."""
+
+    def __init__(self, client, chunks, shards, spec, workers, setup_timeout, step_timeout,
+                 max_recoveries):
+        self.client = client
+        self.chunks = chunks
+        self.shards = shards
+        self.spec = spec
+        self.workers = workers
+        self.setup_timeout = setup_timeout
+        self.step_timeout = step_timeout
+        self.max_recoveries = max_recoveries
+        self.recoveries = 0
+        self.excluded = set()
+
+    # -- liveness ------------------------------------------------------------------
+    def _live_workers(self):
+        return sorted(set(self.client.nthreads()) - self.excluded)
+
+    def _wait(self, get, address, key_future, deadline, what):
+        """``get(timeout)`` until it answers; :class:`_Lost` when the worker at
+        ``address`` leaves, the key is lost, the connection fails or time runs out."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return get(max(1e-3, min(_POLL, left)))
+            except _TIMEOUTS:
+                if left <= _POLL:
+                    raise _Lost(f"{what}: no answer from {address} in time") from None
+            except OSError as exc:
+                raise _Lost(f"{what}: connection to {address} failed ({exc})") from exc
+            if key_future is not None and key_future.status not in ("finished", "pending"):
+                raise _Lost(f"{what}: the worker {address} holding it was lost")
+            if address not in self.client.nthreads():
+                raise _Lost(f"{what}: the worker {address} left the cluster")
+
+    # -- placing -------------------------------------------------------------------
+    def start(self):
+        placed = [(s, self.workers[s.index % len(self.workers)]) for s in self.shards]
+        submitted = [self._submit(s, addr) for s, addr in placed]
+        deadline = time.monotonic() + self.setup_timeout
+        for (shard, addr), (fut, _) in zip(placed, submitted):
+            try:
+                self._bind(shard, addr, fut, deadline)
+            except _Lost as exc:
+                shard.address = addr
+                self._replace(shard, exc)
+        submitted.clear()  # the scattered arrays now live in the actors
+
+    def _submit(self, shard, address):
+        sources = [self.chunks[i].source for i in shard.chunk_ids]
+        data = None
+        arrays = [s for s in sources if not _is_path(s)]
+        if arrays:
+            data = self.client.scatter(arrays, workers=[address], hash=False)
+            it = iter(data)
+            sources = [s if _is_path(s) else next(it) for s in sources]
+        fut = self.client.submit(_ShardLearner, sources, self.spec, shard.seed, actor=True,
+                                 workers=[address], allow_other_workers=False, pure=False)
+        return fut, data
+
+    def _bind(self, shard, address, fut, deadline):
+        try:
+            actor = self._wait(fut.result, address, None, deadline, "while loading its data")
+        except _Lost:
+            if fut.status == "error":  # the shard itself failed (bad file, ...): no retry
+                fut.result()
+            raise
+        shard.address, shard.future, shard.actor = address, fut, actor
+
+    def _replace(self, shard, exc):
+        """Re-create ``shard`` on a live worker, or raise a clear error."""
+        while True:
+            self.recoveries += 1
+            if self.recoveries > self.max_recoveries:
+                raise RuntimeError(f"distributed SVI: {shard.name} was lost ({exc}) and the "
+                                   f"{self.max_recoveries} allowed recoveries are used up") from exc
+            if shard.address is not None:
+                self.excluded.add(shard.address)
+            shard.future = shard.actor = None
+            deadline = time.monotonic() + self.setup_timeout
+            live = self._live_workers()
+            while not live and time.monotonic() < deadline:
+                time.sleep(_POLL)
+                live = self._live_workers()
+            if not live:
+                raise RuntimeError(f"distributed SVI: {shard.name} was lost ({exc}) and no "
+                                   f"worker is left to take it over (waited "
+                                   f"{self.setup_timeout:g} s)") from exc
+            load = {w: 0 for w in live}
+            for s in self.shards:
+                if s.actor is not None and s.address in load:
+                    load[s.address] += 1
+            address = min(live, key=lambda w: (load[w], w))
+            shard.seed = shard.seed.spawn(1)[0]
+            try:
+                fut, _ = self._submit(shard, address)
+                self._bind(shard, address, fut, deadline)
+                return
+            except _Lost as new_exc:
+                shard.address, exc = address, new_exc
+
+    # -- one step ------------------------------------------------------------------
+    def gradients(self, x, counts):
+        """Every shard's sums for ``counts[k]`` subchains, replacing lost shards and
+        repeating the round until all answer."""
+        size = x.shape[0]
+        while True:
+            calls, failed = [], []
+            for shard, n in zip(self.shards, counts):
+                if n == 0:
+                    calls.append((shard, None))
+                    continue
+                try:
+                    calls.append((shard, shard.actor.gradient(x, int(n))))
+                except RuntimeError as exc:  # the proxy knows its worker is gone
+                    failed.append((shard, _Lost(f"during a step: {exc}")))
+            deadline = time.monotonic() + self.step_timeout
+            results = [None] * len(calls)
+            waiting = []
+            for j, (shard, fut) in enumerate(calls):
+                if fut is None:
+                    results[j] = (0.0, 0, np.zeros(size), 0.0)
+                else:
+                    waiting.append(j)
+            # fast path: one wait on the client's event loop for every shard
+            if waiting:
+                outcome = self.client.sync(_collect, [calls[j][1] for j in waiting],
+                                           min(self.step_timeout, 10 * _POLL))
+                for j, (ok, value) in zip(list(waiting), outcome):
+                    if ok is True:
+                        results[j] = value
+                        waiting.remove(j)
+                    elif ok is False and not isinstance(value, OSError):
+                        raise value  # a fault in the computation itself
+            # slow path: wait shard by shard, checking that the workers are alive
+            for j in waiting:
+                shard, fut = calls[j]
+                try:
+                    results[j] = self._wait(fut.result, shard.address, shard.future, deadline,
+                                            "during a step")
+                except _Lost as exc:
+                    failed.append((shard, exc))
+            if not failed:
+                return results
+            for shard, exc in failed:
+                self._replace(shard, exc)
+
+    def close(self):
+        for s in self.shards:
+            s.actor = s.future = None
+
+
+def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client, *,
+                        max_iter: int = 10_000, batch_size: int = 10,
+                        subchain_length: int | None = None, learning_rate: float = 1e-2,
+                        final_lr_ratio: float = 0.01, decay: float = 0.9,
+                        time_budget: float | None = None, random_state=None,
+                        progress: bool = True, log_every: int | None = None,
+                        state: SVIState | None = None, callback=None, workers=None,
+                        step_timeout: float = 60.0, setup_timeout: float = 120.0,
+                        max_recoveries: int = 3, direct_to_workers: bool | None = True) -> SVIState:
+    """Run SVI with the data and the gradient work spread over a Dask cluster.
+
+    Synchronous data parallelism: each step's ``batch_size`` subchains are drawn by the
+    workers from the chunks they hold, the workers return gradient sums, and the driver
+    takes one RMSprop step on their per-position mean (module docstring).
+
+    Parameters
+    ----------
+    chunks : list of ndarray (T_i, D) or of ``.npy`` paths
+        Independent sequences (NaN = missing). Paths are opened by the workers,
+        memory-mapped; the driver reads only their headers.
+    params : FHMMParams
+        Starting model (ignored when ``state`` is given).
+    net : RecognitionNet
+        Starting networks with their scaler set (:func:`chunk_scaler`); ignored when
+        ``state`` is given.
+    client : distributed.Client
+        A synchronous client.
+    max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay, time_budget
+        As :func:`~streamfhmm.learn.svi.fit_svi`; ``batch_size`` is the total number of
+        subchains per step over all workers, and ``time_budget`` also counts the
+        workers' start-up (loading the data, loading the compiled kernels).
+    random_state : None, int or numpy Generator
+        Seeds the shards' samplers and the split of each batch; a fixed seed gives the
+        same result for the same chunks and the same number of workers.
+    progress : bool
+        Show a progress bar.
+    log_every : int, optional
+        Append to ``history`` every so many steps (default: 100 entries per run).
+    state : SVIState, optional
+        Continue this state.
+    callback : callable, optional
+        ``callback(state)`` after each logged step.
+    workers : list of str, optional
+        Worker addresses to use (default: every worker of the cluster, one shard each,
+        at most one shard per chunk).
+    step_timeout : float
+        Seconds to wait for the workers' gradients in one step before treating the
+        silent workers as lost.
+    setup_timeout : float
+        Seconds to wait for a shard to load its data (and compile the kernels).
+    max_recoveries : int
+        Lost shards re-created before the fit gives up with :class:`RuntimeError`.
+    direct_to_workers : bool or None
+        Call the workers directly (True) or through the scheduler (False); None keeps
+        the client's setting. Restored when the fit returns.
+
+    Returns
+    -------
+    SVIState
+        As :func:`~streamfhmm.learn.svi.fit_svi`; each ``history`` entry also has
+        ``compute`` (the slowest worker's seconds per step), ``overhead`` (step wall
+        time minus ``compute``: communication and driver work) and ``recoveries``.
+
+    Notes
+    -----
+    MATH.md §5: ``∇ = (1/n) Σ_workers Σ_batch ∇ℓ_t`` with ``n`` the counted positions
+    of the whole batch, then :func:`~streamfhmm.kernels.svi.rmsprop_update`.
+    """
+    if getattr(client, "asynchronous", False):
+        raise ValueError("client must be a synchronous distributed.Client (asynchronous=False)")
+    if not hasattr(client, "submit") or not hasattr(client, "nthreads"):
+        raise ValueError(f"client must be a distributed.Client, got {type(client).__name__}")
+    max_iter = check_positive_int(max_iter, "max_iter")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    max_recoveries = check_positive_int(max_recoveries, "max_recoveries", minimum=0)
+    for name, v in (("step_timeout", step_timeout), ("setup_timeout", setup_timeout)):
+        if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+    desc = _describe_chunks(chunks)
+    D = desc[0].n_features
+    if state is None:
+        if not isinstance(params, FHMMParams):
+            raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
+        if not isinstance(net, RecognitionNet):
+            raise ValueError(f"net must be a RecognitionNet, got {type(net).__name__}")
+        packer = ModelPacker(params.n_chains, params.n_features)
+        state = SVIState(packer=packer, model_vec=packer.pack(params), net=net.copy(),
+                         opt=RMSprop(packer.size + net.n_weights, decay=decay))
+    packer, net = state.packer, state.net
+    if packer.n_features != D or net.n_features != D:
+        raise ValueError(f"the chunks have {D} features but the model has {packer.n_features} "
+                         f"and the networks {net.n_features}")
+    if net.n_chains != packer.n_chains:
+        raise ValueError(f"the networks have {net.n_chains} chains, the model {packer.n_chains}")
+    lengths = np.array([c.length for c in desc], dtype=np.int64)
+    if lengths.sum() < 2:
+        raise ValueError("the chunks must hold at least 2 samples for SVI")
+    L = check_positive_int(subchain_length or net.window, "subchain_length")
+
+    rng = check_random_state(random_state)
+    root = np.random.SeedSequence(int(rng.integers(2**63)))
+    if workers is None:
+        addresses = sorted(client.nthreads())
+        if not addresses:
+            client.wait_for_workers(1, timeout=setup_timeout)
+            addresses = sorted(client.nthreads())
+    else:
+        addresses = sorted(set(workers))
+        unknown = set(addresses) - set(client.nthreads())
+        if unknown or not addresses:
+            raise ValueError(f"workers must be addresses of this cluster's workers; unknown: "
+                             f"{sorted(unknown) or 'none given'}")
+    n_shards = min(len(addresses), len(desc))
+    members = _shard_chunks(lengths, n_shards)
+    seeds = root.spawn(n_shards + 1)
+    alloc_rng = np.random.default_rng(seeds[0])
+    shards = [_Shard(k, m, int(lengths[m].sum()), seeds[k + 1]) for k, m in enumerate(members)]
+    fractions = np.array([s.n_positions for s in shards], dtype=np.float64)
+    fractions /= fractions.sum()
+    spec = {"M": packer.n_chains, "D": D, "n_model": packer.size, "n_weights": net.n_weights,
+            "window": net.window, "offset": net.offset, "layout": net.layout.copy(),
+            "mean": net.mean.copy(), "scale": net.scale.copy(), "n_inputs": net.n_inputs,
+            "n_hidden_total": net.n_groups * net.n_hidden, "subchain_length": L,
+            "max_blocks": batch_size}
+
+    previous_direct = client.direct_to_workers
+    if direct_to_workers is not None:
+        client.direct_to_workers = bool(direct_to_workers)
+    pool = _ShardPool(client, desc, shards, spec, addresses, setup_timeout, step_timeout,
+                      max_recoveries)
+    x = state.state_vector()
+    nm = packer.size
+    grad = np.empty_like(x)
+    opt = state.opt
+    log_every = log_every or max(1, min(max_iter // 100, 500))
+    bar = None
+    limiter = None
+    t0 = time.perf_counter()
+    try:
+        pool.start()  # counts against time_budget, as the whole fit does
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=max_iter, desc="svi (dask)", unit="it", leave=False, mininterval=0.5)
+        # in-process workers share this process: one BLAS thread, as the local learner
+        limiter = threadpool_limits(limits=1, user_api="blas")
+        running = None
+        acc_compute = acc_wall = 0.0
+        acc_n = 0
+        for i in range(1, max_iter + 1):
+            ts = time.perf_counter()
+            counts = _allocate(batch_size, fractions, alloc_rng)
+            results = pool.gradients(x.copy(), counts)
+            value, counted, compute = 0.0, 0, 0.0
+            grad[:] = 0.0
+            for v, c, g, sec in results:
+                value += v
+                counted += c
+                grad += g
+                compute = max(compute, sec)
+            elapsed = time.perf_counter() - t0
+            frac = i / max_iter
+            if time_budget:
+                frac = max(frac, elapsed / time_budget)
+            lr = cosine_lr(learning_rate, final_lr_ratio, frac)
+            grad /= counted
+            if not (math.isfinite(value) and _ks.rmsprop_update(x, grad, opt.sq, opt.decay,
+                                                               opt.eps, lr, opt.steps)):
+                raise FloatingPointError(f"non-finite ELBO gradient at iteration "
+                                         f"{state.iteration + 1}; parameters left at the "
+                                         f"previous step")
+            opt.steps += 1
+            state.iteration += 1
+            value /= counted
+            running = value if running is None else 0.98 * running + 0.02 * value
+            acc_compute += compute
+            acc_wall += time.perf_counter() - ts
+            acc_n += 1
+            out_of_time = time_budget is not None and elapsed >= time_budget
+            if i % log_every == 0 or i == max_iter or out_of_time:
+                state.history.append({"iteration": state.iteration, "elbo": running, "lr": lr,
+                                      "time": elapsed, "compute": acc_compute / acc_n,
+                                      "overhead": (acc_wall - acc_compute) / acc_n,
+                                      "recoveries": pool.recoveries})
+                acc_compute = acc_wall = 0.0
+                acc_n = 0
+                if bar is not None:
+                    bar.set_postfix(elbo=f"{running:.4f}")
+                if callback is not None:
+                    state.model_vec, state.net.weights = x[:nm].copy(), x[nm:]
+                    callback(state)
+            if bar is not None:
+                bar.update(1)
+            if out_of_time:
+                break
+    finally:
+        if limiter is not None:
+            limiter.restore_original_limits()
+        if bar is not None:
+            bar.close()
+        pool.close()
+        client.direct_to_workers = previous_direct
+    state.model_vec = x[:nm].copy()
+    state.net.weights = x[nm:]
+    return state

@@ -1,0 +1,359 @@
+"""The Dask learner: it learns what the local learner learns, is reproducible, keeps
+.npy chunks off the driver, and survives (or clearly reports) a lost worker.
+
+Every test runs under a hard watchdog (``faulthandler``): a hang kills the run with a
+traceback instead of blocking it.
+"""
+import faulthandler
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from streamfhmm import FHMM, exact  # noqa: E402
+from streamfhmm.learn import distributed as dl  # noqa: E402
+from streamfhmm.learn.distributed import (  # noqa: E402
+    chunk_lengths, chunk_scaler, fit_svi_distributed, head_rows, write_npy_chunks)
+from streamfhmm.learn.smf import init_params  # noqa: E402
+from streamfhmm.learn.svi import SVIState, fit_svi  # noqa: E402
+from streamfhmm.network import RecognitionNet  # noqa: E402
+
+W2 = np.array([[1.0, -1.0], [1.5, 1.0], [0.0, 0.0]])
+A2 = np.array([[[0.95, 0.05], [0.10, 0.90]], [[0.90, 0.10], [0.05, 0.95]]])
+SEED = 5
+N_CHUNKS = 4
+# the scheduler always serves HTTP (metrics, health); None would mean port 8787, which
+# another cluster on the machine may hold: a free port instead
+DASHBOARD = ":0"
+
+
+@pytest.fixture(autouse=True)
+def watchdog():
+    faulthandler.dump_traceback_later(120, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(scope="module")
+def problem():
+    """2,000 samples of the two-chain model in 4 chunks, a starting model and networks."""
+    print(f"seed={SEED}")
+    true = FHMM.from_params(W=W2, covariance=0.1 * np.eye(2), transmat=A2)
+    X, _ = true.sample(2000, random_state=SEED)
+    chunks = np.array_split(X, N_CHUNKS)
+    params = init_params(X, 2, random_state=np.random.default_rng(SEED))
+    net = RecognitionNet(2, 2, window=5, n_hidden=16, share="chain").init(random_state=SEED)
+    net.fit_scaler(X)
+    return X, chunks, params, net
+
+
+@pytest.fixture(scope="module")
+def client():
+    """Two in-process workers (threads of this process)."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=DASHBOARD) as cluster, \
+            distributed.Client(cluster) as c:
+        yield c
+
+
+def _loglik(params, chunks):
+    return sum(exact.log_likelihood(params, c) for c in chunks) / sum(len(c) for c in chunks)
+
+
+def test_matches_the_local_learner(problem, client):
+    X, chunks, params, net = problem
+    lengths = [len(c) for c in chunks]
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    steps = 1500
+    local = fit_svi(X, bounds, params, net, max_iter=steps, rng=np.random.default_rng(SEED),
+                    progress=False)
+    t0 = time.perf_counter()
+    dist = fit_svi_distributed(chunks, params, net, client, max_iter=steps,
+                               random_state=SEED, progress=False, step_timeout=30.0)
+    wall = time.perf_counter() - t0
+    assert isinstance(dist, SVIState)
+    ll0, ll_local, ll_dist = (_loglik(p, chunks) for p in (params, local.params, dist.params))
+    true = FHMM.from_params(W=W2, covariance=0.1 * np.eye(2), transmat=A2).params_
+    print(f"loglik/step: start {ll0:.4f} local {ll_local:.4f} dask {ll_dist:.4f} "
+          f"true {_loglik(true, chunks):.4f}; dask {steps} steps in {wall:.1f} s")
+    assert ll_dist > ll0 + 0.1
+    assert abs(ll_dist - ll_local) < 0.01
+    h = dist.history
+    assert h[-1]["iteration"] == steps and len(h) == 100
+    assert {"elbo", "lr", "time", "compute", "overhead", "recoveries"} <= set(h[0])
+    assert h[-1]["elbo"] > h[0]["elbo"]
+    assert h[-1]["recoveries"] == 0
+    assert np.array_equal(net.weights, problem[3].weights)  # the caller's net is untouched
+
+
+def test_reproducible_for_a_fixed_seed(problem, client):
+    _, chunks, params, net = problem
+    kw = dict(max_iter=40, progress=False, batch_size=7, subchain_length=3)
+    a = fit_svi_distributed(chunks, params, net, client, random_state=1, **kw)
+    b = fit_svi_distributed(chunks, params, net, client, random_state=1, **kw)
+    c = fit_svi_distributed(chunks, params, net, client, random_state=2, **kw)
+    assert np.array_equal(a.state_vector(), b.state_vector())
+    assert not np.array_equal(a.state_vector(), c.state_vector())
+    # continuing a state takes the steps from where it stopped
+    d = fit_svi_distributed(chunks, None, None, client, random_state=3, state=a, **kw)
+    assert d is a and d.iteration == 80 and d.opt.steps == 80
+
+
+def test_npy_chunks_are_opened_by_the_workers_only(problem, client, tmp_path, monkeypatch):
+    X, chunks, params, net = problem
+    paths = write_npy_chunks(X, tmp_path, N_CHUNKS)
+    assert chunk_lengths(paths).tolist() == [len(c) for c in chunks]
+    calls = []
+    real_load = np.load
+
+    def spy(file, *args, **kwargs):
+        calls.append((os.fspath(file), kwargs.get("mmap_mode"), threading.current_thread().name))
+        return real_load(file, *args, **kwargs)
+
+    monkeypatch.setattr(np, "load", spy)
+    kw = dict(max_iter=60, progress=False, random_state=4)
+    from_files = fit_svi_distributed(paths, params, net, client, **kw)
+    main = threading.main_thread().name
+    opened = [c for c in calls if c[0] in paths]
+    print(opened)
+    assert sorted({c[0] for c in opened}) == sorted(paths)  # every file was opened ...
+    assert all(c[1] == "r" for c in opened)                  # ... memory-mapped ...
+    assert all(c[2] != main for c in opened)                 # ... by a worker, never the driver
+    # same shards, same seeds, same data: the same fit as from the arrays in memory
+    monkeypatch.setattr(np, "load", real_load)
+    in_memory = fit_svi_distributed(chunks, params, net, client, **kw)
+    np.testing.assert_array_equal(from_files.state_vector(), in_memory.state_vector())
+
+
+def test_helpers(problem, client, tmp_path):
+    X, chunks, _, net = problem
+    Xn = X.copy()
+    Xn[::13, 1] = np.nan
+    paths = write_npy_chunks(Xn, tmp_path, 3, prefix="part")
+    assert [os.path.basename(p) for p in paths] == ["part_00000.npy", "part_00001.npy",
+                                                   "part_00002.npy"]
+    ref = RecognitionNet(2, 2).fit_scaler(Xn)
+    for source, c in ((paths, client), (paths, None), (np.array_split(Xn, 3), None)):
+        mean, scale = chunk_scaler(source, client=c)
+        np.testing.assert_allclose(mean, ref.mean, rtol=1e-12)
+        np.testing.assert_allclose(scale, ref.scale, rtol=1e-12)
+    np.testing.assert_array_equal(head_rows(paths, 900), Xn[:900])
+    np.testing.assert_array_equal(head_rows(paths, 10**6), Xn)
+
+
+@pytest.mark.parametrize("mode", ["centred", "causal"])
+def test_shard_batches_equal_the_local_layout(mode):
+    """A shard's compact row copies give the gradient of the same subchains laid out
+    over the whole concatenated data, as the local learner lays them out."""
+    from streamfhmm.kernels import svi as ks
+    from streamfhmm.learn.objective import ModelPacker
+    from streamfhmm.learn.sampler import SubchainSampler
+    from streamfhmm.model import FHMMParams
+    seed = 17
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    M, D, L, B = 3, 2, 4, 6
+    lengths = [9, 30, 2, 1, 25]
+    X = rng.standard_normal((sum(lengths), D))
+    X[rng.random(X.shape) < 0.1] = np.nan
+    X[np.isnan(X).all(axis=1), 0] = 0.0
+    chunks = np.split(X, np.cumsum(lengths)[:-1])
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    net = RecognitionNet(M, D, window=7, n_hidden=5, mode=mode).init(random_state=seed)
+    net.fit_scaler(X)
+    packer = ModelPacker(M, D)
+    x = np.concatenate([packer.pack(FHMMParams.random(M, D, random_state=seed)), net.weights])
+    spec = {"M": M, "D": D, "n_model": packer.size, "n_weights": net.n_weights,
+            "window": net.window, "offset": net.offset, "layout": net.layout, "mean": net.mean,
+            "scale": net.scale, "n_inputs": net.n_inputs, "n_hidden_total": net.n_hidden,
+            "subchain_length": L, "max_blocks": B}
+    shard = dl._ShardLearner(chunks, spec, np.random.SeedSequence(seed))
+    ref = SubchainSampler(bounds, L, B, np.random.default_rng(np.random.SeedSequence(seed)))
+    n_max = B * (L + 1)
+    rows, rs, re = (np.empty(n_max, dtype=np.int64) for _ in range(3))
+    scratch = [np.empty((n_max, k)) for k in (net.n_inputs, net.n_hidden, M, M, M, M, D)]
+    for n_blocks in (B, 1, 5, B, 3, B, B, 2):  # several epochs
+        ref.ensure(n_blocks)
+        offsets, first = np.empty(n_blocks + 1, dtype=np.int64), np.empty(n_blocks, dtype=bool)
+        ks.fill_batch(ref.q_start, ref.q_stop, ref.q_lo, ref.q_hi, ref.cursor, n_blocks,
+                      rows, rs, re, offsets, first)
+        ref.advance(n_blocks)
+        g_ref = np.empty_like(x)
+        v_ref, c_ref = ks.batch_gradient(X, rows, rs, re, offsets, first, net.window,
+                                         net.offset, net.mean, net.scale, x, packer.size,
+                                         net.layout, M, D, *scratch, g_ref)
+        value, counted, grad, _ = shard.gradient(x, n_blocks)
+        assert counted == c_ref
+        np.testing.assert_allclose(value, v_ref, rtol=1e-12)
+        np.testing.assert_allclose(grad, g_ref, rtol=1e-10, atol=1e-12)
+
+
+def test_allocation_is_unbiased():
+    rng = np.random.default_rng(0)
+    print("seed=0")
+    fractions = np.array([0.5, 0.3, 0.15, 0.05])
+    draws = np.array([dl._allocate(7, fractions, rng) for _ in range(20000)])
+    assert (draws.sum(axis=1) == 7).all()
+    assert (draws >= np.floor(7 * fractions)).all() and (draws <= np.ceil(7 * fractions)).all()
+    np.testing.assert_allclose(draws.mean(axis=0), 7 * fractions, atol=0.02)
+    assert dl._allocate(10, np.array([0.5, 0.5]), rng).tolist() == [5, 5]
+
+
+def test_shards_are_balanced():
+    # longest first onto the lighter shard: 100 | 60, 50 | 40 | 10 -> loads 140 and 120
+    assert dl._shard_chunks([100, 10, 60, 50, 40], 2) == [[0, 4], [1, 2, 3]]
+    assert sorted(i for m in dl._shard_chunks([5] * 7, 3) for i in m) == list(range(7))
+
+
+def test_bad_input(problem, client, tmp_path):
+    X, chunks, params, net = problem
+    with pytest.raises(ValueError, match="only .npy files"):
+        fit_svi_distributed([str(tmp_path / "a.csv")], params, net, client, max_iter=1)
+    with pytest.raises(ValueError, match="does not exist"):
+        fit_svi_distributed([str(tmp_path / "a.npy")], params, net, client, max_iter=1)
+    with pytest.raises(ValueError, match="same number of features"):
+        fit_svi_distributed([X, X[:, :1]], params, net, client, max_iter=1)
+    with pytest.raises(ValueError, match="the chunks have 3 features"):
+        fit_svi_distributed([np.zeros((50, 3))], params, net, client, max_iter=1)
+    with pytest.raises(ValueError, match="list of"):
+        fit_svi_distributed(X, params, net, client, max_iter=1)
+    np.save(tmp_path / "bad.npy", np.zeros(10))
+    with pytest.raises(ValueError, match="2-D array"):
+        fit_svi_distributed([str(tmp_path / "bad.npy")], params, net, client, max_iter=1)
+    with pytest.raises(ValueError, match="workers must be addresses"):
+        fit_svi_distributed(chunks, params, net, client, max_iter=1, workers=["tcp://nowhere:1"])
+    inf = X[:100].copy()
+    inf[7, 0] = np.inf
+    np.save(tmp_path / "inf.npy", inf)
+    # a fault in the data is raised as itself, not retried as a lost worker
+    with pytest.raises(ValueError, match="infinity at row 7"):
+        fit_svi_distributed([str(tmp_path / "inf.npy")], params, net, client, max_iter=1,
+                            progress=False)
+
+
+def test_lost_worker_without_recoveries_raises_clearly(problem):
+    X, chunks, params, net = problem
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=DASHBOARD) as cluster, \
+            distributed.Client(cluster) as c:
+        closed = []
+
+        def close_one(state):
+            if not closed:
+                name = sorted(cluster.workers)[0]
+                closed.append(cluster.workers[name].address)
+                cluster.sync(cluster.workers[name].close)
+
+        t0 = time.perf_counter()
+        with pytest.raises(RuntimeError,
+                           match=r"shard \d .* was lost .* 0 allowed recoveries") as err:
+            fit_svi_distributed(chunks, params, net, c, max_iter=300, log_every=20,
+                                random_state=SEED, progress=False, callback=close_one,
+                                max_recoveries=0, step_timeout=20.0)
+        wall = time.perf_counter() - t0
+    print(f"closed {closed}; raised after {wall:.1f} s: {err.value}")
+    assert closed and closed[0] in str(err.value)
+    assert wall < 30
+
+
+# ---------------------------------------------------------------- process workers
+@pytest.fixture(scope="module")
+def process_client():
+    """Two worker processes, each under a nanny that restarts it when it dies."""
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=DASHBOARD) as cluster, \
+            distributed.Client(cluster) as c:
+        yield c
+
+
+def _signal_worker(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:  # already gone (its nanny may have replaced it)
+        pass
+
+
+def test_silent_worker_is_timed_out(problem, process_client):
+    """A worker that stops answering (SIGSTOP: alive, connected, silent) costs one
+    ``step_timeout``, then its shard moves to the other worker."""
+    X, chunks, params, net = problem
+    process_client.wait_for_workers(2, timeout=60)
+    pids = process_client.run(os.getpid)
+    address = sorted(pids)[0]
+    stopped = []
+
+    def stop_once(state):
+        if not stopped:
+            os.kill(pids[address], signal.SIGSTOP)
+            stopped.append(time.perf_counter())
+
+    try:
+        state = fit_svi_distributed(chunks, params, net, process_client, max_iter=200,
+                                    log_every=40, random_state=SEED, progress=False,
+                                    callback=stop_once, step_timeout=3.0)
+    finally:
+        _signal_worker(pids[address], signal.SIGCONT)
+    after = time.perf_counter() - stopped[0]
+    print(f"stopped {address}; the fit ended {after:.1f} s later; history {state.history[-1]}")
+    assert state.iteration == 200
+    assert state.history[-1]["recoveries"] == 1
+    assert 3.0 <= after < 30
+
+
+def test_killed_worker_is_survived(problem, process_client, tmp_path):
+    X, chunks, params, net = problem
+    process_client.wait_for_workers(2, timeout=60)
+    paths = write_npy_chunks(X, tmp_path, N_CHUNKS)
+    # every shard holds a file (re-opened on recovery) and an array (sent again)
+    mixed = paths[:2] + chunks[2:]
+    pids = process_client.run(os.getpid)
+    address = sorted(pids)[0]
+    killed = []
+
+    def kill_once(state):
+        if not killed:
+            _signal_worker(pids[address], signal.SIGKILL)
+            killed.append(time.perf_counter())
+
+    state = fit_svi_distributed(mixed, params, net, process_client, max_iter=300, log_every=50,
+                                random_state=SEED, progress=False, callback=kill_once,
+                                step_timeout=20.0, setup_timeout=30.0)
+    after = time.perf_counter() - killed[0]
+    print(f"killed {address}; the fit ended {after:.1f} s later; history {state.history[-1]}")
+    assert state.iteration == 300
+    assert state.history[-1]["recoveries"] >= 1
+    assert after < 30
+    assert np.isfinite(state.state_vector()).all()
+    assert _loglik(state.params, chunks) > _loglik(params, chunks)
+
+
+def test_estimator_fit_with_client():
+    """FHMM.fit(client=...) trains on the cluster and matches a local fit's quality."""
+    from distributed import Client, LocalCluster
+
+    from streamfhmm import FHMM
+    seed = 5
+    print(f"seed={seed}")
+    true = FHMM.from_params(W=[[1.0, -1.0], [1.5, 1.0], [0.0, 0.0]], covariance=0.1 * np.eye(2),
+                            transmat=[[[0.95, 0.05], [0.1, 0.9]], [[0.9, 0.1], [0.05, 0.95]]])
+    X, _ = true.sample(2000, random_state=seed)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        m = FHMM(n_chains=2, window=5, n_hidden=8, random_state=seed)
+        m.fit(X, lengths=[1000, 1000], max_iter=1500, progress=False, client=client)
+        chunks = [X[:1000], X[1000:]]
+        m2 = FHMM(n_chains=2, window=5, n_hidden=8, random_state=seed)
+        m2.fit(chunks, max_iter=1500, progress=False, client=client)
+        with pytest.raises(ValueError, match="method='svi' only"):
+            FHMM(n_chains=2).fit(X, method="smf", client=client)
+    ll_true = true.score(X) / len(X)
+    for model in (m, m2):
+        ll = model.score(X, [1000, 1000]) / len(X)
+        print(f"distributed fit {ll:.4f} true {ll_true:.4f}")
+        assert ll > ll_true - 0.02
+    assert np.array_equal(m.W_, m2.W_)
