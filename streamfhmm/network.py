@@ -17,6 +17,7 @@ import numpy as np
 
 from ._validation import (_as_float_array, check_lengths, check_observations,
                           check_positive_int, check_random_state)
+from .kernels.bvn import EPS_RHO, EPS_THETA
 from .kernels import recognition as _rk
 
 __all__ = ["RecognitionNet", "SHARE_MODES", "WINDOW_MODES"]
@@ -26,8 +27,8 @@ SHARE_MODES = ("all", "chain")
 #: "centred": x_t = y_{t-h..t+h} (smoothing, lag h); "causal": y_{t-2h..t} (filtering)
 WINDOW_MODES = ("centred", "causal")
 
-_EPS_THETA = _rk._EPS_THETA  # TODO: use bvn.EPS_THETA
-_EPS_RHO = _rk._EPS_RHO      # TODO: use bvn.EPS_RHO
+_EPS_THETA = EPS_THETA
+_EPS_RHO = EPS_RHO
 
 _ARRAY_KEYS = ("n_chains", "n_features", "window", "n_hidden", "share", "mode",
                "weights", "mean", "scale")

@@ -37,6 +37,7 @@ import math
 import numpy as np
 
 from ._jit import jit
+from .bvn import EPS_RHO, EPS_THETA, clip_rho, clip_theta
 
 __all__ = [
     "LAYOUT_N_CHAINS", "LAYOUT_N_FEATURES", "LAYOUT_WINDOW", "LAYOUT_N_GROUPS",
@@ -61,9 +62,9 @@ LAYOUT_OFF_E = 10
 LAYOUT_N_WEIGHTS = 11   # length of the flat weight vector
 LAYOUT_SIZE = 12
 
-# TODO: use bvn.clip_theta / bvn.clip_rho and bvn.EPS_THETA / bvn.EPS_RHO
-_EPS_THETA = 1e-6
-_EPS_RHO = 1e-6
+# the one clipping of θ and ρ used everywhere (MATH.md §2)
+_EPS_THETA = EPS_THETA
+_EPS_RHO = EPS_RHO
 
 
 def weight_layout(n_chains, n_features, window, n_groups, n_hidden):
@@ -117,25 +118,6 @@ def scratch_size(layout):
     """Length of the float64 scratch vector :func:`forward_one` needs: ``K + G*Hg + 2M``."""
     return int(layout[LAYOUT_N_INPUTS] + layout[LAYOUT_N_GROUPS] * layout[LAYOUT_N_HIDDEN]
                + 2 * layout[LAYOUT_N_CHAINS])
-
-
-@jit
-def _clip_theta(a):
-    """θ = ε + (1-2ε) σ(a), σ evaluated without overflow."""
-    # TODO: use bvn.clip_theta
-    if a >= 0.0:
-        s = 1.0 / (1.0 + math.exp(-a))
-    else:
-        u = math.exp(a)
-        s = u / (1.0 + u)
-    return _EPS_THETA + (1.0 - 2.0 * _EPS_THETA) * s
-
-
-@jit
-def _clip_rho(b):
-    """ρ = (1-ε_ρ) tanh(b)."""
-    # TODO: use bvn.clip_rho
-    return (1.0 - _EPS_RHO) * math.tanh(b)
 
 
 @jit(inline="always")
@@ -254,8 +236,8 @@ def forward_batch(Xw, weights, layout, out_theta, out_rho, hidden):
         pre = np.dot(hidden, V.T)
         for i in range(n):
             for m in range(M):
-                out_theta[i, m] = _clip_theta(pre[i, 2 * m] + weights[oE + 2 * m])
-                out_rho[i, m] = _clip_rho(pre[i, 2 * m + 1] + weights[oE + 2 * m + 1])
+                out_theta[i, m] = clip_theta(pre[i, 2 * m] + weights[oE + 2 * m])
+                out_rho[i, m] = clip_rho(pre[i, 2 * m + 1] + weights[oE + 2 * m + 1])
     else:
         for i in range(n):
             for g in range(G):
@@ -267,9 +249,9 @@ def forward_batch(Xw, weights, layout, out_theta, out_rho, hidden):
                         acc += weights[vo + h] * hidden[i, g * Hg + h]
                     m = j // 2
                     if j % 2 == 0:
-                        out_theta[i, m] = _clip_theta(acc)
+                        out_theta[i, m] = clip_theta(acc)
                     else:
-                        out_rho[i, m] = _clip_rho(acc)
+                        out_rho[i, m] = clip_rho(acc)
 
 
 @jit
@@ -402,8 +384,8 @@ def forward_one(window_buf, start, weights, layout, mean, scale, scratch, out_th
         V = weights[oV:oV + P * Hg].reshape((P, Hg))
         np.dot(V, z, pre)
         for m in range(M):
-            out_theta[m] = _clip_theta(pre[2 * m] + weights[oE + 2 * m])
-            out_rho[m] = _clip_rho(pre[2 * m + 1] + weights[oE + 2 * m + 1])
+            out_theta[m] = clip_theta(pre[2 * m] + weights[oE + 2 * m])
+            out_rho[m] = clip_rho(pre[2 * m + 1] + weights[oE + 2 * m + 1])
     else:
         for g in range(G):
             for p in range(P):
@@ -414,6 +396,6 @@ def forward_one(window_buf, start, weights, layout, mean, scale, scratch, out_th
                     acc += weights[vo + h] * z[g * Hg + h]
                 m = j // 2
                 if j % 2 == 0:
-                    out_theta[m] = _clip_theta(acc)
+                    out_theta[m] = clip_theta(acc)
                 else:
-                    out_rho[m] = _clip_rho(acc)
+                    out_rho[m] = clip_rho(acc)
