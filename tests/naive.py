@@ -2,6 +2,21 @@
 
 Written for clarity: loops, scipy, brute-force enumeration over every joint state
 sequence. Nothing here imports the module it checks.
+
+This module holds the references of the exact-inference kernels
+(``streamfhmm/kernels/exact.py``); the references of the other kernels sit beside it,
+one file per kernel module, so that each stays short:
+
+==============================  ============================================
+kernel module                   slow reference
+==============================  ============================================
+``kernels/exact.py``            this file (enumeration, product-space HMM)
+``kernels/bvn.py``              ``naive_bvn.py`` (quadrature, mpmath)
+``kernels/elbo.py``             ``naive_elbo.py`` (q(s) enumerated over 2^{MT})
+``kernels/recognition.py``      ``naive_recognition.py`` (loops)
+``kernels/smf.py``              ``naive_smf.py`` (loops, enumeration)
+``kernels/online.py``           ``naive_stream.py`` (dense product space)
+==============================  ============================================
 """
 from __future__ import annotations
 
