@@ -1,0 +1,960 @@
+"""river adapters: a factorial HMM as a river transformer and a river anomaly detector.
+
+* :class:`FHMMTransformer` (a :class:`river.base.Transformer`): each sample becomes the
+  filtered posterior of every hidden chain, ``{"chain_0": θ_t^0, "chain_1": θ_t^1, …}``.
+* :class:`FHMMAnomalyScorer` (a :class:`river.base.AnomalyDetector`): each sample is
+  scored by its negative predictive log-density ``-log p(x_t | x_1..x_{t-1})``.
+
+Both run a :class:`~streamfhmm.stream.engine.StreamEngine` in filter mode (the
+posterior of the newest sample at once). An unfitted model is initialised from a
+warm-up of the first ``warmup`` samples; with ``learn=True`` the engine's background
+learner then keeps learning from a reservoir of the stream.
+
+The stream contract
+-------------------
+``learn_one(x)`` is the only call that advances the stream: ``x`` is pushed to the
+engine exactly once, becomes the newest sample of the window (or of the forward
+message) and is offered to the learner. ``transform_one(x)`` and ``score_one(x)`` change
+nothing: they evaluate ``x`` as the *next* sample of the stream — what it would get if
+it were learnt now. Called with the very dict last passed to ``learn_one`` (the same
+object, values unchanged) they return that sample's committed result instead. So both
+river idioms push each sample once:
+
+* prequential: ``s = m.score_one(x); m.learn_one(x)`` (evaluate, then commit);
+* pipelines: ``Pipeline.learn_one`` calls ``learn_one(x)`` then ``transform_one(x)``
+  (commit, then read).
+
+``learn_one`` advances the stream whether or not the parameters are learning: with
+``learn=False`` the model is fitted on the warm-up and then held fixed (the
+:attr:`~FHMMTransformer.learning` switch pauses and resumes the learner at run time).
+Before the warm-up is complete ``transform_one`` returns ``{}`` and ``score_one``
+returns ``0.0``.
+
+Features
+--------
+The feature order is fixed at the first ``learn_one``: the ``features`` argument, or
+the first dict's keys sorted (so the order in which a dict lists its keys never
+matters). A missing key, or ``None``, is a missing value (NaN: marginalised in the
+emission density, imputed in the recognition window); a key outside the fixed set is
+ignored, with one :class:`UnknownFeatureWarning` per instance and a count afterwards
+(``metrics()["unknown_key_samples"]``). Values must be real numbers; an infinity is an
+error.
+
+Threads and pickling
+--------------------
+With ``learn=True`` the engine starts a daemon learner thread once the warm-up is
+complete; :meth:`~FHMMTransformer.close` stops it, and so does garbage collection of the
+adapter. Pickling never touches the thread: the state is the engine's checkpoint (model
+parameters, network weights and scaler, optimiser state, reservoir, window and
+forward-message contents, counters) plus the adapter's feature order and counters;
+unpickling rebuilds the engine and restarts the learner thread if it was learning.
+Two pickles of an idle adapter are byte-identical.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import tempfile
+import warnings
+
+import numpy as np
+from scipy.linalg import solve_triangular
+
+try:
+    from river import base as _river_base
+except ImportError:  # pragma: no cover - exercised only without the extra
+    raise ImportError("streamfhmm.adapters.river needs river: pip install 'streamfhmm[river]'") \
+        from None
+
+from .._validation import check_positive_int
+from ..estimator import FHMM
+from ..exact import MAX_EXACT_CHAINS
+from ..io.checkpoint import load_checkpoint, save_checkpoint
+from ..kernels import exact as _kx
+from ..kernels import online as _ko
+from ..kernels import recognition as _rk
+from ..model import FHMMParams, sigmoid
+from ..stream.engine import StreamEngine
+
+__all__ = ["FHMMTransformer", "FHMMAnomalyScorer", "UnknownFeatureWarning",
+           "predicted_on_probability", "mixture_logpdf", "gaussian_logpdf",
+           "EXACT_SCORER_MAX_CHAINS", "MIXTURE_MAX_CHAINS"]
+
+#: ``FHMMAnomalyScorer(posterior="auto")`` filters exactly up to this many chains
+EXACT_SCORER_MAX_CHAINS = 12
+#: ``predictive="auto"``: the 2^M-component mixture up to this many chains, else the
+#: moment-matched Gaussian
+MIXTURE_MAX_CHAINS = 10
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+#: StreamEngine arguments the adapters set themselves
+_RESERVED = ("model", "mode", "learn", "posterior", "n_features", "warmup", "warmup_steps",
+             "warmup_time", "reservoir_size", "batch_size", "learning_rate", "random_state")
+
+
+class UnknownFeatureWarning(UserWarning):
+    """A sample holds keys outside the feature set fixed at the first ``learn_one``."""
+
+
+# --------------------------------------------------------------------------------------
+# the predictive density from per-chain marginals
+# --------------------------------------------------------------------------------------
+def predicted_on_probability(theta, params: FHMMParams) -> np.ndarray:
+    """One-step prediction of each chain's on-probability.
+
+    Parameters
+    ----------
+    theta : array_like, shape (M,) or None
+        Filtered ``q(s_{t-1}^m = 1)``; ``None`` at the start of a sequence.
+    params : FHMMParams
+
+    Returns
+    -------
+    ndarray, shape (M,)
+        ``π_t^m = θ_{t-1}^m (1 - b_m) + (1 - θ_{t-1}^m) a_m`` (``params.startprob`` when
+        ``theta`` is None), with ``a = P(0→1)``, ``b = P(1→0)``.
+
+    Notes
+    -----
+    MATH.md §1 (the chain transitions). Strictly inside (0, 1) since a, b are.
+    """
+    if theta is None:
+        return np.array(params.startprob, dtype=np.float64)
+    theta = np.asarray(theta, dtype=np.float64)
+    a, b = sigmoid(params.alpha), sigmoid(params.beta)
+    return theta * (1.0 - b) + (1.0 - theta) * a
+
+
+def _log_weights(on_prob) -> np.ndarray:
+    """``log Π_m π_m^{s_m} (1-π_m)^{1-s_m}`` for every joint state (bit m of k is s^m)."""
+    lw = np.zeros(1)
+    for p in on_prob:
+        lw = np.concatenate([lw + math.log1p(-p), lw + math.log(p)])
+    return lw
+
+
+def _logsumexp(v) -> float:
+    mx = float(v.max())
+    if not math.isfinite(mx):
+        return mx
+    return mx + math.log(float(np.exp(v - mx).sum()))
+
+
+def mixture_logpdf(y, on_prob, params: FHMMParams, tables=None) -> float:
+    """Log-density of ``y`` under the mixture over the 2^M joint states.
+
+    Parameters
+    ----------
+    y : ndarray, shape (D,)
+        NaN marks a missing value (marginalised; nothing observed gives 0).
+    on_prob : ndarray, shape (M,)
+        Independent on-probabilities ``π_m`` of the chains (the mixture weights are
+        ``Π_m π_m^{s_m} (1-π_m)^{1-s_m}``).
+    params : FHMMParams
+    tables : tuple, optional
+        ``kernels.exact.prepare_emission(params.W, params.L)``, when cached.
+
+    Returns
+    -------
+    float
+        ``log Σ_s w(s) N(y; Wᵀŝ, Σ)``.
+
+    Notes
+    -----
+    MATH.md §7 (the whitened emission, state by state); O(2^M (M + D)).
+    """
+    M = params.n_chains
+    if M > MAX_EXACT_CHAINS:
+        raise ValueError(f"the mixture has 2^M components; M={M} > {MAX_EXACT_CHAINS}")
+    y = np.ascontiguousarray(y, dtype=np.float64)
+    missing = np.isnan(y)
+    if missing.all():
+        return 0.0
+    le = np.empty(1 << M)
+    if missing.any():
+        _ko.log_emission_missing(y, params.W, params.covariance, le)
+    else:
+        if tables is None:
+            tables = _kx.prepare_emission(params.W, params.L)
+        Linv, Ut, half_c, const = tables
+        _kx.log_emission(y, params.W[-1], Linv, Ut, half_c, const, np.empty(y.shape[0]), le)
+    return _logsumexp(_log_weights(np.asarray(on_prob, dtype=np.float64)) + le)
+
+
+def gaussian_logpdf(y, on_prob, params: FHMMParams, covariance=None) -> float:
+    """Log-density of ``y`` under the Gaussian with the mixture's mean and covariance.
+
+    Parameters
+    ----------
+    y : ndarray, shape (D,)
+        NaN marks a missing value (marginalised; nothing observed gives 0).
+    on_prob : ndarray, shape (M,)
+        Independent on-probabilities ``π_m``.
+    params : FHMMParams
+    covariance : ndarray, shape (D, D), optional
+        ``params.covariance``, when cached.
+
+    Returns
+    -------
+    float
+        ``log N(y; μ, C)`` with ``μ = w_0 + Σ_m π_m w_m`` and
+        ``C = Σ + Σ_m π_m (1-π_m) w_m w_mᵀ`` (moment matching of :func:`mixture_logpdf`).
+
+    Notes
+    -----
+    MATH.md §1 (the emission); O(M D² + D³).
+    """
+    y = np.asarray(y, dtype=np.float64)
+    p = np.asarray(on_prob, dtype=np.float64)
+    Wc = params.W[:-1]
+    mu = params.W[-1] + p @ Wc
+    S = params.covariance if covariance is None else covariance
+    C = S + (Wc.T * (p * (1.0 - p))) @ Wc
+    obs = ~np.isnan(y)
+    n = int(obs.sum())
+    if n == 0:
+        return 0.0
+    if n < y.shape[0]:
+        C = C[np.ix_(obs, obs)]
+    Lc = np.linalg.cholesky(C)
+    z = solve_triangular(Lc, y[obs] - mu[obs], lower=True, check_finite=False)
+    return float(-0.5 * (n * LOG_2PI + z @ z) - np.log(np.diag(Lc)).sum())
+
+
+def _chain_marginals(alpha, M) -> np.ndarray:
+    """``θ_m = Σ_{k: bit m set} α_k``, shape (M,)."""
+    out = np.empty(M)
+    for m in range(M):
+        out[m] = alpha.reshape(-1, 2, 1 << m)[:, 1, :].sum()
+    return out
+
+
+def _sorted_keys(keys) -> tuple:
+    keys = list(keys)
+    try:
+        return tuple(sorted(keys))
+    except TypeError:  # keys of mixed types
+        return tuple(sorted(keys, key=lambda k: (type(k).__qualname__, repr(k))))
+
+
+def _as_value(key, value) -> float:
+    kind = type(value)
+    if kind is float or kind is int:  # the common case, without the ABC check
+        v = float(value)
+    elif value is None:
+        return math.nan
+    elif isinstance(value, numbers.Real):
+        v = float(value)
+    else:
+        raise TypeError(f"feature {key!r} has a value of type {kind.__name__}; the FHMM "
+                        f"adapters take real numbers (None or NaN for a missing value)")
+    if v - v != 0.0 and v == v:  # ±inf (NaN is a missing value)
+        raise ValueError(f"feature {key!r} is {v}: a value must be finite (use NaN, None or "
+                         f"leave the key out for a missing value)")
+    return v
+
+
+# --------------------------------------------------------------------------------------
+# the shared machinery
+# --------------------------------------------------------------------------------------
+class _StreamAdapter:
+    """Feature handling, the engine's life cycle, the committed state, previews and
+    pickling, shared by the two river estimators."""
+
+    # -- construction -------------------------------------------------------------------
+    def _check_params(self):
+        if self.model is not None:
+            if not isinstance(self.model, FHMM):
+                raise ValueError(f"model must be an FHMM or None, got {type(self.model).__name__}")
+            self.model._check_hyperparameters()
+        else:
+            FHMM(n_chains=self.n_chains, window=self.window, n_hidden=self.n_hidden,
+                 share_hidden=self.share_hidden)._check_hyperparameters()
+        check_positive_int(self.warmup, "warmup", minimum=2)
+        check_positive_int(self.warmup_steps, "warmup_steps", minimum=0)
+        check_positive_int(self.reservoir_size, "reservoir_size")
+        check_positive_int(self.batch_size, "batch_size")
+        for name in ("warmup_time", "learning_rate"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (
+                    math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number, got {v!r}")
+        if not isinstance(self.learn, (bool, np.bool_)):
+            raise ValueError(f"learn must be True or False, got {self.learn!r}")
+        if self.features is not None:
+            feats = tuple(self.features) if not isinstance(self.features, (str, bytes)) else ()
+            if not feats or len(set(feats)) != len(feats):
+                raise ValueError(f"features must be a non-empty sequence of distinct keys, got "
+                                 f"{self.features!r}")
+        if self.engine_params is not None:
+            if not isinstance(self.engine_params, dict):
+                raise ValueError(f"engine_params must be a dict or None, got "
+                                 f"{type(self.engine_params).__name__}")
+            bad = sorted(set(self.engine_params) & set(_RESERVED))
+            if bad:
+                raise ValueError(f"engine_params must not set {bad}: they are the adapter's own "
+                                 f"arguments (or fixed by it)")
+        M = self._structure()[0]
+        if self._resolved_posterior() == "exact" and M > MAX_EXACT_CHAINS:
+            raise ValueError(f"posterior='exact' is limited to n_chains <= {MAX_EXACT_CHAINS}, "
+                             f"got {M}")
+        self._init_state()
+
+    def _structure(self):
+        m = self.model if self.model is not None else self
+        return m.n_chains, m.window, m.n_hidden, m.share_hidden
+
+    def _init_state(self):
+        self._features = None
+        self._index = None
+        self._D = 0
+        self._keys_out = tuple(f"chain_{m}" for m in range(self._structure()[0]))
+        self._closed = False
+        self._saved = None
+        self._learning = bool(self.learn)
+        self._n_learned = 0
+        self._n_unknown = 0
+        self._n_missing = 0
+        self._n_imputed_starts = 0
+        self._warned = False
+        self._ready = False
+        self._last_x = None
+        self._last_theta = None
+        self._prev_theta = None
+        self._last_logc = math.nan
+        self._first = True
+        self._alpha = None
+        self._win = None
+        self._pending = None
+        self._init_transient()
+
+    def _init_transient(self):
+        """The state pickling drops and rebuilds: the engine and scratch/caches."""
+        self._engine = None
+        self._last_id = None
+        self._net_cache = None
+        self._table_cache = None
+        self._state_cache = None
+        self._exact_work = None
+
+    # -- public helpers -------------------------------------------------------------------
+    @property
+    def engine(self) -> StreamEngine | None:
+        """The :class:`~streamfhmm.stream.engine.StreamEngine` (None before the first
+        ``learn_one`` and after :meth:`close`)."""
+        return self._engine
+
+    @property
+    def features_(self) -> tuple | None:
+        """The fixed feature order (None before the first ``learn_one``)."""
+        return self._features
+
+    @property
+    def ready(self) -> bool:
+        """Whether the model is initialised (the warm-up is complete)."""
+        return self._ready
+
+    @property
+    def learning(self) -> bool:
+        """Whether the background learner takes steps; assignable at run time (pauses and
+        resumes it). ``learn=False`` starts with it off."""
+        if self._engine is not None:
+            return self._engine.learning
+        return self._learning
+
+    @learning.setter
+    def learning(self, value: bool):
+        value = bool(value)
+        if self._engine is not None:
+            self._engine.learning = value
+        self._learning = value
+        self._state_cache = None
+
+    def metrics(self) -> dict:
+        """The engine's :meth:`~streamfhmm.stream.engine.StreamEngine.metrics` and the
+        adapter's counters: ``learned`` samples, ``unknown_key_samples`` (learnt samples
+        with a key outside the feature set), ``missing_value_samples`` (learnt samples with
+        a missing feature), ``imputed_starts`` (1 when the warm-up held too few complete
+        samples and the parameters started from mean-imputed ones), ``ready``."""
+        out = dict(self._engine.metrics()) if self._engine is not None else {}
+        out.update(learned=self._n_learned, unknown_key_samples=self._n_unknown,
+                   missing_value_samples=self._n_missing, imputed_starts=self._n_imputed_starts,
+                   ready=self._ready)
+        return out
+
+    def close(self) -> None:
+        """Stop the learner thread and end the stream; idempotent.
+
+        The adapter keeps its final state, so it can still be pickled (an unpickled copy
+        is open again); ``learn_one``, ``transform_one`` and ``score_one`` raise afterwards.
+        """
+        if self._closed:
+            return
+        engine = self._engine
+        if engine is not None:
+            try:
+                self._saved = self._engine_state()
+            finally:
+                engine.close()
+                self._engine = None
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _check_open(self):
+        if self._closed:
+            raise RuntimeError(f"this {type(self).__name__} is closed")
+
+    # -- river hooks ----------------------------------------------------------------------
+    @classmethod
+    def _unit_test_params(cls):
+        small = dict(n_chains=2, window=3, n_hidden=4, warmup=100, warmup_steps=20,
+                     reservoir_size=50, batch_size=4, seed=42)
+        yield dict(small, learn=False)
+        yield dict(small, learn=True, engine_params={"snapshot_interval": 5, "net_burnin": 10})
+
+    def _unit_test_skips(self) -> set:
+        if self.learn:  # outputs depend on when the learner thread publishes a snapshot
+            return {"check_shuffle_features_no_impact", "check_seeding_is_idempotent"}
+        return set()
+
+    # -- features -------------------------------------------------------------------------
+    def _fix_features(self, x):
+        if self.features is not None:
+            feats = tuple(self.features)
+        else:
+            if not x:
+                raise ValueError(f"{type(self).__name__}.learn_one got an empty dict: the first "
+                                 f"sample fixes the feature set (or pass features=...)")
+            feats = _sorted_keys(x.keys())
+        self._features = feats
+        self._index = {k: j for j, k in enumerate(feats)}
+        self._D = len(feats)
+
+    def _vector(self, x):
+        """x as a (D,) vector in the fixed order; returns (vector, number of unknown keys)."""
+        idx = self._index
+        v = np.full(self._D, np.nan)
+        unknown = 0
+        for k, value in x.items():
+            j = idx.get(k)
+            if j is None:
+                unknown += 1
+            else:
+                v[j] = _as_value(k, value)
+        if unknown and not self._warned:
+            self._warned = True
+            names = [k for k in x if k not in idx]
+            shown = ", ".join(repr(k) for k in names[:5]) + (", ..." if len(names) > 5 else "")
+            warnings.warn(f"{type(self).__name__}: ignoring key(s) {shown} outside the "
+                          f"{self._D} features fixed at the first learn_one; further samples "
+                          f"with unknown keys are counted in metrics()['unknown_key_samples'] "
+                          f"without a warning", UnknownFeatureWarning, stacklevel=3)
+        return v, unknown
+
+    def _is_last(self, x, v) -> bool:
+        return (self._last_id is not None and id(x) == self._last_id
+                and np.array_equal(v, self._last_x, equal_nan=True))
+
+    # -- the engine -----------------------------------------------------------------------
+    def _resolved_posterior(self) -> str:
+        return self.posterior
+
+    @property
+    def _exact(self) -> bool:
+        return self._resolved_posterior() == "exact"
+
+    def _make_engine(self, model) -> StreamEngine:
+        params = getattr(model, "params_", None)
+        posterior = self._resolved_posterior()
+        # the engine needs its learner to initialise an unfitted model or a new network;
+        # learn=False then only switches learning off after the warm-up
+        engine_learn = (bool(self.learn) or self._learning
+                        or not (params is not None and posterior == "exact"))
+        kwargs = dict(blas_threads=None)
+        kwargs.update(self.engine_params or {})
+        kwargs.update(mode="filter", learn=engine_learn, posterior=posterior, n_features=self._D,
+                      warmup=self.warmup, warmup_steps=self.warmup_steps,
+                      warmup_time=float(self.warmup_time), reservoir_size=self.reservoir_size,
+                      batch_size=self.batch_size, learning_rate=float(self.learning_rate),
+                      random_state=self.seed)
+        engine = StreamEngine(model, **kwargs)
+        if engine_learn:
+            engine.learning = self._learning
+        return engine
+
+    def _start_engine(self):
+        model = self.model
+        if model is None:
+            model = FHMM(n_chains=self.n_chains, window=self.window, n_hidden=self.n_hidden,
+                         share_hidden=self.share_hidden, random_state=self.seed)
+        params = getattr(model, "params_", None)
+        if params is not None and params.n_features != self._D:
+            raise ValueError(f"the model has {params.n_features} features, the stream "
+                             f"{self._D}: {list(self._features)}")
+        self._engine = self._make_engine(model)
+        self._pending = []
+
+    def _start_imputed(self, exc):
+        """Restart from parameters initialised on the warm-up with each missing value
+        replaced by its feature's mean, and replay the warm-up; returns its posteriors.
+
+        The engine initialises an unfitted model from the warm-up's complete samples (no
+        missing value); a stream whose samples nearly all miss some feature has too few.
+        The imputed start is only a starting point: the engine's SVI (warm-up and online)
+        marginalises the missing values.
+        """
+        from ..learn.smf import init_params
+        if self.model is not None and getattr(self.model, "params_", None) is not None:
+            raise exc
+        Y = np.array(self._pending)
+        Y_obs = Y[~np.isnan(Y).all(axis=1)]
+        if len(Y_obs) < 2:
+            raise exc
+        observed = ~np.isnan(Y_obs)
+        mean = np.where(observed, Y_obs, 0.0).sum(axis=0) / np.maximum(observed.sum(axis=0), 1)
+        M, window, n_hidden, share = self._structure()
+        try:
+            params = init_params(np.where(observed, Y_obs, mean), M, random_state=self.seed)
+        except ValueError:
+            raise exc from None
+        model = FHMM.from_params(W=params.W, covariance=params.covariance,
+                                 transmat=params.transmat, startprob=params.startprob,
+                                 window=window, n_hidden=n_hidden, share_hidden=share,
+                                 random_state=self.seed)
+        old, self._engine = self._engine, None
+        old.close()
+        self._engine = self._make_engine(model)
+        self._n_imputed_starts += 1
+        return list(self._engine.push_many(Y))
+
+    def _commit(self, v):
+        """Push one sample to the engine and update the committed state."""
+        engine = self._engine
+        was_ready = self._ready
+        if not was_ready:
+            self._pending.append(v)
+        try:
+            posts = engine.push(v)
+        except ValueError as exc:
+            # on a finite sample of the right length only the warm-up's initialisation
+            # fails (too few complete samples); the sample is already buffered
+            if was_ready or engine.snapshot is not None:
+                raise
+            posts = self._start_imputed(exc)
+            engine = self._engine
+        if self._win is None:  # the engine's ring starts filled with the first sample
+            self._win = np.repeat(v[None, :], engine.window, axis=0)
+        else:
+            self._win[:-1] = self._win[1:]
+            self._win[-1] = v
+        self._last_x = v
+        if not was_ready:
+            if engine.snapshot is None:
+                return
+            self._ready = True
+            if self._exact:  # bring the forward message up to date over the warm-up
+                self._alpha = np.empty_like(self._work()[0])
+                for y in self._pending:
+                    self._last_logc = self._exact_step(y, self._alpha, self._alpha)
+                    self._first = False
+            self._pending = None
+            self._prev_theta = np.array(posts[-2].theta) if len(posts) > 1 else None
+        else:
+            if self._exact:
+                self._last_logc = self._exact_step(v, self._alpha, self._alpha)
+                self._first = False
+            self._prev_theta = self._last_theta
+        self._last_theta = np.array(posts[-1].theta)
+
+    # -- exact filtering (the adapter's copy of the forward message) -----------------------
+    def _work(self):
+        if self._exact_work is None:
+            K = 1 << self._structure()[0]
+            self._exact_work = (np.empty(K), np.empty(K), np.empty(K), np.empty(self._D))
+        return self._exact_work
+
+    def _exact_step(self, y, alpha_prev, alpha) -> float:
+        """One forward step into ``alpha``; returns ``log p(y_t | y_<t)``."""
+        ex = self._engine.snapshot.exact
+        _, le, work, ytil = self._work()
+        return _ko.filter_step(y, self._first, alpha_prev, alpha, le, work, ex.bias, ex.Linv,
+                               ex.Ut, ex.half_c, ex.const, ex.A, ex.pi, ex.W, ex.Sigma, ytil)
+
+    def _exact_preview(self, v):
+        """(log p(v | past), the filtered message if v were the next sample)."""
+        tmp = self._work()[0]
+        logc = self._exact_step(v, self._alpha, tmp)
+        return logc, tmp
+
+    # -- the recognition window -----------------------------------------------------------
+    def _recognition_preview(self, v) -> np.ndarray:
+        cache = self._net_cache
+        if cache is None:
+            net = self._engine.net  # layout and scaler are fixed once the network exists
+            W, D = net.window, self._D
+            cache = (net.layout, net.mean.copy(), net.scale.copy(), np.empty(net.scratch_size),
+                     np.empty((W, D)), np.empty(net.n_chains), np.empty(net.n_chains))
+            self._net_cache = cache
+        layout, mean, scale, scratch, buf, theta, rho = cache
+        buf[:-1] = self._win[1:]
+        buf[-1] = v
+        _rk.forward_one(buf.reshape(-1), 0, self._engine.snapshot.weights, layout, mean, scale,
+                        scratch, theta, rho)
+        return theta.copy()
+
+    def _preview_theta(self, v) -> np.ndarray:
+        if self._exact:
+            _, alpha = self._exact_preview(v)
+            return _chain_marginals(alpha, self._structure()[0])
+        return self._recognition_preview(v)
+
+    # -- learn_one ------------------------------------------------------------------------
+    def learn_one(self, x) -> None:
+        """Commit ``x`` as the next sample of the stream (see the module docstring).
+
+        Parameters
+        ----------
+        x : dict
+            Feature name → real number (None or NaN: missing).
+        """
+        self._check_open()
+        if self._engine is None:  # the first sample fixes the features and starts the engine
+            self._fix_features(x)
+            try:
+                v, unknown = self._vector(x)
+                self._start_engine()
+            except BaseException:
+                self._features = self._index = None
+                self._D = 0
+                raise
+        else:
+            v, unknown = self._vector(x)
+        self._state_cache = None
+        self._commit(v)
+        self._n_learned += 1
+        self._n_unknown += unknown > 0
+        self._n_missing += bool(np.isnan(v).any())
+        self._last_id = id(x)
+
+    # -- pickling -------------------------------------------------------------------------
+    def _state_key(self):
+        m = self._engine.metrics()
+        return (self._n_learned, m["learner_steps"], m["discarded_steps"], m["dropped_segments"],
+                m["snapshot_version"], m["learning"])
+
+    def _engine_state(self):
+        """The engine's checkpoint as (meta, arrays); cached while nothing changes, so that
+        pickling an idle adapter twice gives the same bytes."""
+        engine = self._engine
+        if engine is None:
+            return self._saved
+        cached = self._state_cache
+        key = self._state_key()
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        for _ in range(3):  # until no learner run completed during the checkpoint
+            with tempfile.TemporaryDirectory(prefix="streamfhmm-") as tmp:
+                path = engine.checkpoint(os.path.join(tmp, "engine.npz"))
+                meta, arrays = load_checkpoint(path)
+            after = self._state_key()
+            if after == key:
+                break
+            key = after
+        state = (meta, arrays)
+        self._state_cache = (key, state)
+        return state
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for k in ("_engine", "_last_id", "_net_cache", "_table_cache", "_state_cache",
+                  "_exact_work", "_saved"):
+            state.pop(k, None)
+        state["_engine_state"] = self._engine_state()
+        return state
+
+    def __setstate__(self, state):
+        engine_state = state.pop("_engine_state")
+        self.__dict__.update(state)
+        self._init_transient()
+        self._saved = None
+        self._closed = False
+        if engine_state is not None:
+            meta, arrays = engine_state
+            with tempfile.TemporaryDirectory(prefix="streamfhmm-") as tmp:
+                path = save_checkpoint(os.path.join(tmp, "engine.npz"), arrays, meta)
+                self._engine = StreamEngine.resume(path)
+
+
+# --------------------------------------------------------------------------------------
+# the estimators
+# --------------------------------------------------------------------------------------
+class FHMMTransformer(_StreamAdapter, _river_base.Transformer):
+    """The filtered posterior of a factorial HMM's chains, as a river transformer.
+
+    ``learn_one(x)`` commits x to the stream (and the learner); ``transform_one(x)``
+    returns ``{"chain_0": θ_t^0, …, "chain_{M-1}": θ_t^{M-1}}``, the posterior
+    probability that each chain is on at the time of x (filter mode: from x and the
+    samples before it). See the module docstring for the stream contract, the features
+    and pickling. Beyond river's interface: :meth:`close` (stops the learner thread; also
+    a context manager), :attr:`learning` (pause/resume the learner), :meth:`metrics`,
+    :attr:`engine`, :attr:`features_`, :attr:`ready`.
+
+    Parameters
+    ----------
+    n_chains, window, n_hidden, share_hidden
+        The model's structure (:class:`~streamfhmm.FHMM`); ignored when ``model`` is given.
+    model : FHMM, optional
+        A model to start from, never modified. Fitted: the parameters need no warm-up;
+        with ``posterior="recognition"`` a new causal network is still trained on the
+        warm-up (the model parameters train too once the engine's ``net_burnin`` steps
+        are done). With ``posterior="exact"`` and ``learn=False`` there is no warm-up and
+        no learner thread at all.
+    posterior : {"recognition", "exact"}
+        ``"recognition"``: the causal recognition network on the last ``window`` samples
+        (MATH.md §3); ``"exact"``: exact filtering ``p(s_t^m = 1 | x_1..x_t)`` over the 2^M
+        joint states (MATH.md §7; M ≤ 20).
+    learn : bool
+        Keep learning online after the warm-up (the engine's background learner thread);
+        ``False`` fits the warm-up and then holds the parameters fixed.
+    warmup : int
+        Samples buffered before an unfitted model is initialised.
+    warmup_steps : int
+        SVI steps on the warm-up.
+    warmup_time : float
+        Seconds the warm-up fit may take at most.
+    reservoir_size : int
+        Subchain segments the learner keeps.
+    batch_size : int
+        Subchains per SVI step.
+    learning_rate : float
+        RMSprop step size of the online learner.
+    features : sequence, optional
+        The feature order; default the first learnt dict's keys, sorted.
+    engine_params : dict, optional
+        Further :class:`~streamfhmm.stream.engine.StreamEngine` arguments
+        (``snapshot_interval``, ``net_burnin``, ``recency_half_life``, ``blas_threads``,
+        ...).
+    seed : int, optional
+        Seeds the initialisation, the reservoir and the minibatches. With ``learn=False``
+        the outputs are then reproducible; with ``learn=True`` they also depend on when
+        the learner thread publishes new parameters.
+
+    Examples
+    --------
+    >>> from river import preprocessing
+    >>> from streamfhmm import FHMM
+    >>> from streamfhmm.adapters.river import FHMMTransformer
+    >>> A = [[[0.95, 0.05], [0.1, 0.9]]] * 2
+    >>> truth = FHMM.from_params(W=[[2.0, 0.0], [0.0, 2.0], [0.5, 0.5]],
+    ...                          covariance=[[0.1, 0.0], [0.0, 0.1]], transmat=A)
+    >>> X, _ = truth.sample(300, random_state=0)
+    >>> model = preprocessing.StandardScaler() | FHMMTransformer(
+    ...     n_chains=2, window=3, n_hidden=8, warmup=100, warmup_steps=50, learn=False, seed=0)
+    >>> for row in X:
+    ...     model.learn_one({"a": row[0], "b": row[1]})
+    >>> sorted(model.transform_one({"a": 2.5, "b": 0.5}))
+    ['chain_0', 'chain_1']
+    >>> model["FHMMTransformer"].close()
+    """
+
+    _POSTERIORS = ("recognition", "exact")
+
+    def __init__(self, n_chains: int = 4, window: int = 5, n_hidden: int = 30,
+                 share_hidden: str = "chain", model: FHMM | None = None,
+                 posterior: str = "recognition", learn: bool = True, warmup: int = 2000,
+                 warmup_steps: int = 2000, warmup_time: float = 30.0,
+                 reservoir_size: int = 2000, batch_size: int = 10, learning_rate: float = 1e-3,
+                 features: tuple | None = None, engine_params: dict | None = None,
+                 seed: int | None = None):
+        self.n_chains = n_chains
+        self.window = window
+        self.n_hidden = n_hidden
+        self.share_hidden = share_hidden
+        self.model = model
+        self.posterior = posterior
+        self.learn = learn
+        self.warmup = warmup
+        self.warmup_steps = warmup_steps
+        self.warmup_time = warmup_time
+        self.reservoir_size = reservoir_size
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.features = features
+        self.engine_params = engine_params
+        self.seed = seed
+        if posterior not in self._POSTERIORS:
+            raise ValueError(f"posterior must be one of {self._POSTERIORS}, got {posterior!r}")
+        self._check_params()
+
+    def transform_one(self, x) -> dict:
+        """The posterior of every chain for ``x``.
+
+        Parameters
+        ----------
+        x : dict
+
+        Returns
+        -------
+        dict
+            ``{"chain_m": θ^m}`` for m = 0 … M-1, floats in [0, 1]: of x taken as the next
+            sample (nothing is committed), or of the sample just learnt when ``x`` is the
+            dict last passed to ``learn_one``. ``{}`` before the model is initialised.
+        """
+        self._check_open()
+        if not self._ready:
+            return {}
+        v, _ = self._vector(x)
+        theta = self._last_theta if self._is_last(x, v) else self._preview_theta(v)
+        return dict(zip(self._keys_out, theta.tolist()))
+
+
+class FHMMAnomalyScorer(_StreamAdapter, _river_base.AnomalyDetector):
+    """Anomaly scores from a factorial HMM's one-step predictive density, for river.
+
+    ``score_one(x)`` is the negative predictive log-density (nats) of x taken as the
+    next sample of the stream, given the samples learnt so far and the current
+    parameters; high means anomalous:
+
+    .. math:: \\mathrm{score}(x_t) = -\\log \\hat p(x_t \\mid x_1, \\dots, x_{t-1}).
+
+    * ``posterior="exact"`` (the default up to ``EXACT_SCORER_MAX_CHAINS = 12``
+      chains): the normaliser of the exact forward recursion,
+      ``p(x_t | x_<t) = Σ_{s_t} N(x_t; Wᵀŝ_t, Σ) Σ_{s_{t-1}} A(s_{t-1}, s_t)
+      p(s_{t-1} | x_<t)`` — exact under the current parameters (MATH.md §7;
+      O(M 2^M) per sample).
+    * ``posterior="recognition"``: the causal recognition network gives per-chain
+      filtered marginals θ_{t-1} only. Each chain's on-probability is predicted with
+      the model's transitions, ``π_t^m = θ_{t-1}^m (1 - b_m) + (1 - θ_{t-1}^m) a_m``, the
+      chains are treated as independent, and ``p̂(x_t) = Σ_s Π_m π_m^{s_m}
+      (1-π_m)^{1-s_m} N(x_t; Wᵀŝ, Σ)`` — the 2^M-component mixture
+      (:func:`mixture_logpdf`) up to ``MIXTURE_MAX_CHAINS = 10`` chains, else the
+      Gaussian with the same mean and covariance (:func:`gaussian_logpdf`).
+
+    Missing values are marginalised (a sample with nothing observed scores 0). Before
+    the model is initialised (the warm-up) the score is 0. The stream contract, the
+    features and pickling are as for :class:`FHMMTransformer` (module docstring).
+
+    Parameters
+    ----------
+    n_chains, window, n_hidden, share_hidden, model, learn, warmup, warmup_steps,
+    warmup_time, reservoir_size, batch_size, learning_rate, features, engine_params, seed
+        As for :class:`FHMMTransformer`.
+    posterior : {"auto", "exact", "recognition"}
+        ``"auto"``: exact up to 12 chains, else recognition.
+    predictive : {"auto", "mixture", "gaussian"}
+        The predictive density in recognition mode (``"auto"``: the mixture up to 10
+        chains).
+
+    Examples
+    --------
+    >>> from streamfhmm import FHMM
+    >>> from streamfhmm.adapters.river import FHMMAnomalyScorer
+    >>> A = [[[0.95, 0.05], [0.1, 0.9]]] * 2
+    >>> truth = FHMM.from_params(W=[[2.0, 0.0], [0.0, 2.0], [0.5, 0.5]],
+    ...                          covariance=[[0.1, 0.0], [0.0, 0.1]], transmat=A)
+    >>> X, _ = truth.sample(300, random_state=0)
+    >>> scorer = FHMMAnomalyScorer(n_chains=2, window=3, n_hidden=8, warmup=200,
+    ...                            warmup_steps=50, learn=False, seed=0)
+    >>> for row in X:
+    ...     scorer.learn_one({"a": row[0], "b": row[1]})
+    >>> bool(scorer.score_one({"a": 0.5, "b": 4.0}) > scorer.score_one({"a": 0.5, "b": 0.5}))
+    True
+    >>> scorer.close()
+    """
+
+    _POSTERIORS = ("auto", "exact", "recognition")
+    _PREDICTIVES = ("auto", "mixture", "gaussian")
+
+    def __init__(self, n_chains: int = 4, window: int = 5, n_hidden: int = 30,
+                 share_hidden: str = "chain", model: FHMM | None = None,
+                 posterior: str = "auto", predictive: str = "auto", learn: bool = True,
+                 warmup: int = 2000, warmup_steps: int = 2000, warmup_time: float = 30.0,
+                 reservoir_size: int = 2000, batch_size: int = 10, learning_rate: float = 1e-3,
+                 features: tuple | None = None, engine_params: dict | None = None,
+                 seed: int | None = None):
+        self.n_chains = n_chains
+        self.window = window
+        self.n_hidden = n_hidden
+        self.share_hidden = share_hidden
+        self.model = model
+        self.posterior = posterior
+        self.predictive = predictive
+        self.learn = learn
+        self.warmup = warmup
+        self.warmup_steps = warmup_steps
+        self.warmup_time = warmup_time
+        self.reservoir_size = reservoir_size
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.features = features
+        self.engine_params = engine_params
+        self.seed = seed
+        if posterior not in self._POSTERIORS:
+            raise ValueError(f"posterior must be one of {self._POSTERIORS}, got {posterior!r}")
+        if predictive not in self._PREDICTIVES:
+            raise ValueError(f"predictive must be one of {self._PREDICTIVES}, got {predictive!r}")
+        self._check_params()
+        if self._predictive() == "mixture" and self._structure()[0] > MAX_EXACT_CHAINS:
+            raise ValueError(f"predictive='mixture' has 2^M components: n_chains <= "
+                             f"{MAX_EXACT_CHAINS}")
+
+    def _resolved_posterior(self) -> str:
+        if self.posterior == "auto":
+            return "exact" if self._structure()[0] <= EXACT_SCORER_MAX_CHAINS else "recognition"
+        return self.posterior
+
+    def _predictive(self) -> str:
+        if self.predictive == "auto":
+            return "mixture" if self._structure()[0] <= MIXTURE_MAX_CHAINS else "gaussian"
+        return self.predictive
+
+    def _predictive_logpdf(self, v, theta_prev) -> float:
+        snap = self._engine.snapshot
+        cache = self._table_cache
+        if cache is None or cache[0] is not snap:  # per-parameter-set tables
+            params = snap.params
+            tables = (_kx.prepare_emission(params.W, params.L)
+                      if self._predictive() == "mixture" else params.covariance)
+            cache = (snap, sigmoid(params.alpha), sigmoid(params.beta), tables)
+            self._table_cache = cache
+        snap, a, b, tables = cache
+        if theta_prev is None:
+            pi = np.array(snap.params.startprob)
+        else:
+            pi = theta_prev * (1.0 - b) + (1.0 - theta_prev) * a  # predicted_on_probability
+        if self._predictive() == "gaussian":
+            return gaussian_logpdf(v, pi, snap.params, tables)
+        return mixture_logpdf(v, pi, snap.params, tables)
+
+    def score_one(self, x) -> float:
+        """The anomaly score of ``x`` (see the class docstring).
+
+        Parameters
+        ----------
+        x : dict
+
+        Returns
+        -------
+        float
+            ``-log p̂(x | x_1..x_{t-1})`` for x taken as the next sample (nothing is
+            committed); for the dict last passed to ``learn_one``, the score of that
+            sample given the samples before it. 0.0 before the model is initialised.
+        """
+        self._check_open()
+        if not self._ready:
+            return 0.0
+        v, _ = self._vector(x)
+        if self._is_last(x, v):
+            if self._exact:
+                return -float(self._last_logc)
+            return -self._predictive_logpdf(v, self._prev_theta)
+        if self._exact:
+            return -float(self._exact_preview(v)[0])
+        return -self._predictive_logpdf(v, self._last_theta)
