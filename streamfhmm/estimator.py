@@ -183,7 +183,7 @@ class FHMM:
         rng = check_random_state(self.random_state)
         bounds = exact.bounds_from_lengths(lengths)
         t0 = time.perf_counter()
-        params = self._initial_params(X, lengths, init, init_samples, rng, progress)
+        params = self._initial_params(X, lengths, init, init_samples, rng, progress, time_budget)
         if method == "smf":
             from .learn.smf import fit_smf
             budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
@@ -230,7 +230,7 @@ class FHMM:
         rng = check_random_state(self.random_state)
         t0 = time.perf_counter()
         head = head_rows(chunks, init_samples)
-        params = self._initial_params(head, None, init, init_samples, rng, progress)
+        params = self._initial_params(head, None, init, init_samples, rng, progress, time_budget)
         net = RecognitionNet(self.n_chains, params.n_features, window=self.window,
                              n_hidden=self.n_hidden, share=self.share_hidden, mode="centred")
         net.init(random_state=rng)
@@ -246,7 +246,8 @@ class FHMM:
         self.fit_method_ = "svi"
         return self
 
-    def _initial_params(self, X, lengths, init, init_samples, rng, progress) -> FHMMParams:
+    def _initial_params(self, X, lengths, init, init_samples, rng, progress,
+                        time_budget=None) -> FHMMParams:
         from .learn.smf import fit_smf, init_params
         have = getattr(self, "params_", None)
         if init == "auto":
@@ -265,7 +266,9 @@ class FHMM:
         if init == "smf":
             # a short SMF-EM run on a contiguous slice (the sequence's last samples)
             sl = Xc[-min(len(Xc), init_samples):]
-            params, _ = fit_smf(sl, params=params, max_iter=30, tol=1e-5, time_budget=30.0,
+            # at most 30 s, and at most a fifth of the caller's budget
+            budget = 30.0 if time_budget is None else min(30.0, 0.2 * time_budget)
+            params, _ = fit_smf(sl, params=params, max_iter=30, tol=1e-5, time_budget=budget,
                                 random_state=rng, progress=False)
         return params
 
