@@ -1,13 +1,647 @@
-"""The ``streamfhmm`` command line (also ``python -m streamfhmm``)."""
+"""The ``streamfhmm`` command line (also ``python -m streamfhmm``).
+
+Subcommands: ``fit``, ``score``, ``predict``, ``bench`` (over files: CSV with a header
+row, or ``.npy``), ``serve`` (the ZeroMQ service), ``replay`` (publish a recording
+over ZeroMQ) and ``demo``. ``streamfhmm COMMAND --help`` describes each.
+
+Exit status: 0 on success (``serve`` and ``replay`` also after SIGTERM/SIGINT, once
+drained and checkpointed), 2 for a bad command line, 1 for any other error (missing
+file, malformed data, a port in use…); every error is one line on stderr.
+"""
 from __future__ import annotations
 
 import argparse
+import csv
+import logging
+import math
+import os
+import signal
 import sys
 import time
+import warnings
 
 import numpy as np
 
+__all__ = ["main", "build_parser", "load_data", "CliError"]
 
+_MISSING = {"", "nan", "NaN", "NAN", "na", "NA", "?", "null", "None"}
+_INF = (math.inf, -math.inf)
+
+
+class CliError(Exception):
+    """An error reported as one line on stderr with exit status 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+# -- data files ---------------------------------------------------------------------------
+def _split_columns(spec):
+    if spec is None:
+        return None
+    cols = [c.strip() for c in spec.split(",")]
+    if not all(cols):
+        raise CliError(f"--columns must be a comma-separated list of column names, got {spec!r}")
+    return cols
+
+
+def load_data(path: str, columns=None):
+    """Read a data file for the command line.
+
+    Parameters
+    ----------
+    path : str
+        A ``.npy`` file (2-D numeric, or 1-D for one feature), a CSV file with a header
+        row (any other extension), or ``"household"`` for
+        :func:`streamfhmm.datasets.load_household_power`.
+    columns : list of str, optional
+        Columns to keep, by name (CSV, household) or index (``.npy``).
+
+    Returns
+    -------
+    X : ndarray of float64, shape (T, D)
+        Empty fields, ``nan``, ``NA`` and ``?`` become NaN (a missing value).
+    names : list of str
+
+    Raises
+    ------
+    CliError
+        With the file, and for CSV the line and column, of the problem.
+    """
+    if path == "household":
+        return _load_household(columns)
+    if not os.path.exists(path):
+        raise CliError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise CliError(f"{path} is a directory, not a data file")
+    if path.endswith(".npy"):
+        X, names = _load_npy(path, columns)
+    else:
+        X, names = _load_csv(path, columns)
+    if X.shape[0] == 0:
+        raise CliError(f"{path} has no data rows")
+    if np.isinf(X).any():   # (CSV infinities are caught, with their line, while parsing)
+        r, c = np.argwhere(np.isinf(X))[0]
+        raise CliError(f"{path}, row {r}, column {c}: infinite value")
+    return X, names
+
+
+def _load_household(columns):
+    try:
+        from .datasets import load_household_power
+    except ImportError:
+        raise CliError("the built-in household power data is not available in this streamfhmm") from None
+    try:
+        data = load_household_power()
+    except (ModuleNotFoundError, FileNotFoundError, OSError, ValueError) as exc:
+        raise CliError(f"household: {exc}") from None
+    names = list(columns) if columns else list(data.columns)
+    try:
+        X = data.select(names)
+    except KeyError as exc:
+        raise CliError(f"household: {exc.args[0]}") from None
+    return np.ascontiguousarray(X, dtype=np.float64), names
+
+
+def _load_npy(path, columns):
+    try:
+        X = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise CliError(f"{path} is not a readable .npy array: {exc}") from None
+    if not isinstance(X, np.ndarray) or X.dtype.kind not in "biuf":
+        raise CliError(f"{path} must hold a numeric array, got dtype {getattr(X, 'dtype', type(X))}")
+    if X.ndim == 1:
+        X = X[:, None]
+    if X.ndim != 2:
+        raise CliError(f"{path} must hold a 2-D array (samples x features), got shape {X.shape}")
+    names = [str(i) for i in range(X.shape[1])]
+    if columns:
+        try:
+            idx = [int(c) for c in columns]
+        except ValueError:
+            raise CliError(f"--columns for a .npy file are column indices, got {','.join(columns)}") from None
+        bad = [i for i in idx if not 0 <= i < X.shape[1]]
+        if bad:
+            raise CliError(f"{path} has {X.shape[1]} columns; no column {bad[0]}")
+        X, names = X[:, idx], [names[i] for i in idx]
+    return np.ascontiguousarray(X, dtype=np.float64), names
+
+
+def _load_csv(path, columns):
+    try:
+        fh = open(path, newline="", encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"{path}: {exc.strerror or exc}") from None
+    with fh:
+        reader = csv.reader(fh)
+        try:
+            header = next(reader, None)
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise CliError(f"{path}, line 1: not a CSV header row: {exc}") from None
+        if not header or not any(h.strip() for h in header):
+            raise CliError(f"{path} is empty: a header row naming the columns is expected")
+        header = [h.strip() for h in header]
+        for j, h in enumerate(header):
+            if _is_number(h):
+                raise CliError(f"{path}, line 1, column {j + 1}: {h!r} looks like a number; the first "
+                               "line must be a header row naming the columns")
+        if columns:
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise CliError(f"{path} has no column {missing[0]!r}; its columns are {', '.join(header)}")
+            idx = [header.index(c) for c in columns]
+        else:
+            idx = list(range(len(header)))
+        names = [header[j] for j in idx]
+        fast = _loadtxt(path, idx, len(header))
+        if fast is not None:
+            return fast, names
+        # the careful parse: names the line and column of the first problem
+        rows = []
+        n = len(header)
+        lineno = 1
+        try:
+            for row in reader:
+                lineno = reader.line_num
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
+                if len(row) != n:
+                    raise CliError(f"{path}, line {lineno}: {len(row)} fields; the header has {n}")
+                vals = []
+                for j in idx:
+                    field = row[j].strip()
+                    if field in _MISSING:
+                        vals.append(math.nan)
+                        continue
+                    try:
+                        v = float(field)
+                    except ValueError:
+                        raise CliError(f"{path}, line {lineno}, column {j + 1} ({header[j]!r}): "
+                                       f"cannot read {field[:40]!r} as a number") from None
+                    if v in _INF:
+                        raise CliError(f"{path}, line {lineno}, column {j + 1} ({header[j]!r}): "
+                                       "infinite value")
+                    vals.append(v)
+                rows.append(vals)
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise CliError(f"{path}, line {lineno + 1}: malformed CSV: {exc}") from None
+    X = np.array(rows, dtype=np.float64).reshape(len(rows), len(idx))
+    return X, names
+
+
+def _loadtxt(path, idx, n_columns):
+    """numpy's fast parser, or None when the file needs the careful one (missing values,
+    quoting, ragged lines, infinities, anything unusual)."""
+    try:
+        with open(path, encoding="utf-8") as fh, warnings.catch_warnings():
+            warnings.simplefilter("error")
+            X = np.loadtxt(fh, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64, comments=None)
+    except (ValueError, IndexError, UnicodeDecodeError, UserWarning):
+        return None
+    if X.shape[1] != n_columns:
+        return None
+    X = X[:, idx]
+    if not np.isfinite(X).all():
+        return None
+    return np.ascontiguousarray(X)
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return s.strip() not in _MISSING
+
+
+def _load_model(path):
+    from . import FHMM
+    if not os.path.exists(path):
+        raise CliError(f"{path}: no such model file")
+    try:
+        return FHMM.load(path)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _check_features(model, X, data):
+    D = model.n_features_in_
+    if X.shape[1] != D:
+        raise CliError(f"{data} has {X.shape[1]} columns; the model expects {D} features "
+                       "(choose them with --columns)")
+
+
+def _progress(args) -> bool:
+    p = getattr(args, "progress", None)
+    return sys.stderr.isatty() if p is None else p
+
+
+def _positive_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _nonneg_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def _nonneg_float(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {s}")
+    return v
+
+
+def _positive_float(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {s}")
+    return v
+
+
+def _port(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port number, got {s!r}") from None
+    if not 1 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port number in 1..65535, got {v}")
+    return v
+
+
+def _endpoint(s):
+    """``tcp://host:port`` etc.; a bare port number means ``tcp://127.0.0.1:PORT``."""
+    if s.isdigit():
+        return f"tcp://127.0.0.1:{_port(s)}"
+    scheme, sep, rest = s.partition("://")
+    if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest:
+        raise argparse.ArgumentTypeError(
+            f"expected an endpoint such as tcp://127.0.0.1:5555 (or a port number), got {s!r}")
+    return s
+
+
+def _warn_exposed(endpoint, bind, curve, prog):
+    if not bind or not endpoint.startswith("tcp://"):
+        return
+    host = endpoint[6:].rsplit(":", 1)[0]
+    if host not in ("127.0.0.1", "localhost", "[::1]", "::1") and curve is None:
+        print(f"{prog}: warning: {endpoint} is reachable from other machines and not protected "
+              "by CURVE (--curve-secret)", file=sys.stderr)
+
+
+def _curve(args):
+    if not (args.curve_secret or args.curve_public):
+        return None
+    from .io.zmq import CurveConfig
+    for f in (args.curve_secret, args.curve_public):
+        if f and not os.path.isfile(f):
+            raise CliError(f"{f}: no such certificate file")
+    return CurveConfig(secret_file=args.curve_secret, server_public_file=args.curve_public)
+
+
+def _install_stop_handlers(callback):
+    def handler(signum, frame):
+        callback()
+    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore_handlers(old):
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+# -- fit / score / predict / bench ------------------------------------------------------
+def _cmd_fit(args) -> int:
+    from . import FHMM
+    X, names = load_data(args.data, _split_columns(args.columns))
+    if os.path.isdir(args.out):
+        raise CliError(f"--out {args.out} is a directory; give a file name such as model.npz")
+    model = FHMM(n_chains=args.chains, window=args.window, n_hidden=args.hidden,
+                 share_hidden=args.share, random_state=args.seed)
+    t0 = time.perf_counter()
+    model.fit(X, method=args.method, max_iter=args.max_iter, time_budget=args.time_budget,
+              batch_size=args.batch_size, learning_rate=args.learning_rate, progress=_progress(args))
+    dt = time.perf_counter() - t0
+    model.save(args.out)
+    out = args.out if args.out.endswith(".npz") else args.out + ".npz"
+    print(f"fitted {model!r} ({args.method}) on {X.shape[0]:,} samples x {X.shape[1]} features "
+          f"({', '.join(names)}) in {dt:.1f} s; saved to {out}")
+    return 0
+
+
+def _cmd_score(args) -> int:
+    model = _load_model(args.model)
+    X, _ = load_data(args.data, _split_columns(args.columns))
+    _check_features(model, X, args.data)
+    if np.isnan(X).any():
+        raise CliError(f"{args.data} has missing values; the exact log-likelihood needs complete rows")
+    ll = model.score(X)
+    print(f"log-likelihood: {ll:.6f} ({ll / X.shape[0]:.6f} per sample, {X.shape[0]:,} samples)")
+    if args.elbo:
+        e = model.elbo(X)
+        print(f"ELBO: {e:.6f} ({e / X.shape[0]:.6f} per sample; gap {(ll - e) / X.shape[0]:.6f} per sample)")
+    return 0
+
+
+def _write_table(path, A, names):
+    if path.endswith(".npy"):
+        tmp = f"{path}.tmp-{os.getpid()}.npy"
+        np.save(tmp, A)
+        os.replace(tmp, path)
+        return
+    fh = sys.stdout if path == "-" else open(path, "w", newline="", encoding="utf-8")
+    try:
+        fh.write(",".join(names) + "\n")
+        np.savetxt(fh, A, delimiter=",", fmt="%.10g")
+    finally:
+        if fh is not sys.stdout:
+            fh.close()
+
+
+def _cmd_predict(args) -> int:
+    model = _load_model(args.model)
+    X, names = load_data(args.data, _split_columns(args.columns))
+    _check_features(model, X, args.data)
+    if args.out != "-" and os.path.isdir(args.out):
+        raise CliError(f"--out {args.out} is a directory")
+    if args.reconstruct:
+        A = model.reconstruct(X, method=args.method)
+        cols = [f"mean_{n}" for n in names]
+    else:
+        A = model.predict_proba(X, method=args.method)
+        cols = [f"theta_{m}" for m in range(A.shape[1])]
+    _write_table(args.out, A, cols)
+    if args.out != "-":
+        print(f"wrote {A.shape[0]:,} rows x {A.shape[1]} columns to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _engine_class():
+    try:
+        from .stream.engine import StreamEngine
+    except ImportError as exc:
+        raise CliError(f"the streaming engine is not available: {exc}") from None
+    return StreamEngine
+
+
+def _cmd_bench(args) -> int:
+    StreamEngine = _engine_class()
+    model = _load_model(args.model)
+    X, _ = load_data(args.data, _split_columns(args.columns))
+    _check_features(model, X, args.data)
+    if args.samples is not None:
+        X = X[:args.samples]
+    n = X.shape[0]
+    progress = _progress(args)
+    # reference in the same run: the batch recognition pass over the same rows
+    method = "recognition" if getattr(model, "net_", None) is not None else None
+    model.predict_proba(X[:min(n, 100)], method=method)
+    t0 = time.perf_counter()
+    model.predict_proba(X, method=method)
+    batch_rate = n / (time.perf_counter() - t0)
+    engine = StreamEngine(model, mode=args.mode, learn=args.learn, posterior=args.posterior)
+    for x in X[:min(n, 50)]:
+        engine.push(x)            # warm the kernels
+    engine.close()
+    engine = StreamEngine(model, mode=args.mode, learn=args.learn, posterior=args.posterior)
+    lat = np.empty(n)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=n, unit="sample", desc="bench", mininterval=0.5)
+    deadline = None if args.time_budget is None else time.perf_counter() + args.time_budget
+    done = 0
+    t0 = time.perf_counter()
+    try:
+        pc = time.perf_counter
+        for i in range(n):
+            a = pc()
+            engine.push(X[i])
+            lat[i] = pc() - a
+            done += 1
+            if bar is not None and done % 1000 == 0:
+                bar.update(1000)
+            if deadline is not None and done % 256 == 0 and pc() > deadline:
+                break
+        engine.flush()
+        elapsed = time.perf_counter() - t0
+    finally:
+        if bar is not None:
+            bar.close()
+        engine.close()
+    lat = lat[:done] * 1e6
+    rate = done / elapsed
+    print(f"streamed {done:,} samples through StreamEngine(mode={args.mode!r}, learn={args.learn}, "
+          f"posterior={args.posterior!r}) in {elapsed:.2f} s")
+    print(f"  push throughput   {rate:12,.0f} samples/s")
+    print(f"  push latency      p50 {np.percentile(lat, 50):8.1f} us   p99 {np.percentile(lat, 99):8.1f} us   "
+          f"max {lat.max():8.1f} us")
+    print(f"  batch predict_proba ({method or 'default'}) {batch_rate:12,.0f} samples/s; streaming / batch "
+          f"= {rate / batch_rate:.3f}")
+    return 0
+
+
+# -- serve / replay -----------------------------------------------------------------------
+def _cmd_serve(args) -> int:
+    # SIGTERM/SIGINT from the start: before the loop runs they end the start-up, after it
+    # starts they make it drain, checkpoint and return
+    state = {"stop": False, "service": None}
+
+    def stop():
+        state["stop"] = True
+        if state["service"] is not None:
+            state["service"].request_stop()
+    old = _install_stop_handlers(stop)
+    old_switch = sys.getswitchinterval()
+    try:
+        return _serve(args, state)
+    finally:
+        _restore_handlers(old)
+        sys.setswitchinterval(old_switch)
+
+
+def _serve(args, state) -> int:
+    from .io.zmq import ZmqSink, ZmqSource
+    from .service import CheckpointError, StreamService, start_metrics_server
+    StreamEngine = _engine_class()
+    from . import FHMM
+
+    prog = "streamfhmm serve"
+    if args.checkpoint_every is not None and args.checkpoint is None:
+        raise CliError("--checkpoint-every needs --checkpoint DIR")
+    if args.cold:
+        if args.features is None:
+            raise CliError("--cold needs --features D (values per sample)")
+        n_features = args.features
+
+        def new_model():
+            return FHMM(n_chains=args.chains, window=args.window, n_hidden=args.hidden,
+                        share_hidden=args.share, random_state=args.seed)
+        learn = True
+        if not args.learn:
+            print(f"{prog}: note: --cold learns the model from the stream (--learn implied)", file=sys.stderr)
+    else:
+        base = _load_model(args.model)
+        n_features = base.n_features_in_
+        if args.features is not None and args.features != n_features:
+            raise CliError(f"--features {args.features} differs from the model's {n_features} features")
+
+        def new_model():
+            from . import FHMM as _F
+            return _F.load(args.model)
+        learn = args.learn
+    shared = new_model() if args.share_model else None
+    extra = {"n_features": n_features, "warmup": args.warmup} if args.cold else {}
+
+    def factory(topic):
+        return StreamEngine(shared if shared is not None else new_model(), mode=args.mode, learn=learn,
+                            posterior=args.posterior, **extra)
+
+    def resume(path):
+        return StreamEngine.resume(path, learn=learn)
+
+    # fail now, not at the first sample, on a configuration the engine refuses; and load
+    # the compiled kernels before subscribing
+    _warm_engine(StreamEngine, factory, new_model, args, n_features)
+    if state["stop"]:
+        return 0
+
+    curve = _curve(args)
+    sub_bind = args.bind
+    pub_bind = not args.connect
+    _warn_exposed(args.sub, sub_bind, curve, prog)
+    _warn_exposed(args.pub, pub_bind, curve, prog)
+    import zmq
+    ctx = zmq.Context()   # terminated at the end, so that LINGER delivers the last posteriors
+    try:
+        sink = ZmqSink(args.pub, bind=pub_bind, format=args.format, hwm=args.hwm,
+                       linger_ms=args.linger, curve=curve, context=ctx)
+    except BaseException:
+        ctx.term()
+        raise
+    try:
+        source = ZmqSource(args.sub, n_features, topics=args.topics, bind=sub_bind, hwm=args.hwm,
+                           linger_ms=args.linger, subscribe=False, curve=curve, context=ctx,
+                           max_streams=args.max_streams)
+    except BaseException:
+        sink.close(0)
+        ctx.term()
+        raise
+    server = None
+    try:
+        try:
+            service = StreamService(source, sink, factory, resume_engine=resume,
+                                    checkpoint_dir=args.checkpoint,
+                                    checkpoint_every=(args.checkpoint_every if args.checkpoint_every
+                                                      else (10_000 if args.checkpoint else None)),
+                                    heartbeat_interval=args.heartbeat, status_interval=args.status_interval,
+                                    status=lambda line: print(line, file=sys.stderr, flush=True),
+                                    max_streams=args.max_streams, wait_subscribers=args.wait_subscribers)
+        except CheckpointError as exc:
+            raise CliError(str(exc)) from None
+        if args.metrics_port:
+            try:
+                server = start_metrics_server(service, args.metrics_port, args.metrics_addr)
+            except RuntimeError as exc:
+                raise CliError(str(exc)) from None
+            except OSError as exc:
+                raise CliError(f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: {exc}") from None
+        print(f"{prog}: {'cold start' if args.cold else args.model}, {n_features} features, mode {args.mode}, "
+              f"learning {'on' if learn else 'off'}; input {'bound at' if sub_bind else 'from'} "
+              f"{source.endpoint}, output {'bound at' if pub_bind else 'to'} {sink.endpoint} ({args.format})",
+              file=sys.stderr, flush=True)
+        # the learner thread hands the interpreter back to the inference path this often
+        sys.setswitchinterval(args.switch_interval)
+        state["service"] = service
+        if state["stop"]:
+            service.request_stop()
+        service.run(time_budget=args.time_budget, max_samples=args.max_samples)
+        print(service.status_line(prefix=f"{prog}: stopped after"), file=sys.stderr, flush=True)
+    finally:
+        if server is not None:
+            server.close()
+        source.close(0)
+        sink.close()
+        ctx.term()
+    return 0
+
+
+def _warm_engine(StreamEngine, factory, new_model, args, n_features):
+    try:
+        probe = factory(b"")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    probe.close()
+    if args.cold:
+        return
+    model = new_model()
+    try:
+        eng = StreamEngine(model, mode=args.mode, learn=False, posterior=args.posterior)
+    except ValueError:
+        return  # e.g. a filter-mode network only the learner can make: nothing to warm
+    try:
+        X, _ = model.sample(4 * model.window + 16, random_state=0)
+        for x in X:
+            eng.push(x)
+        eng.push_many(X)
+        eng.flush()
+    finally:
+        eng.close()
+
+
+def _cmd_replay(args) -> int:
+    from .io.zmq import replay
+    X, _ = load_data(args.data, _split_columns(args.columns))
+    if args.start_row:
+        X = X[args.start_row:]
+    if args.limit is not None:
+        X = X[:args.limit]
+    if X.shape[0] == 0:
+        raise CliError(f"{args.data}: no rows left to replay")
+    curve = _curve(args)
+    _warn_exposed(args.pub, not args.connect, curve, "streamfhmm replay")
+    stop = {"flag": False}
+    old = _install_stop_handlers(lambda: stop.__setitem__("flag", True))
+    try:
+        try:
+            res = replay(X, args.pub, rate=args.rate or None, topic=args.topic, format=args.format,
+                         bind=not args.connect, wait_subscribers=args.wait_subscribers,
+                         wait_timeout=args.wait_timeout, start_seq=args.start_seq, hwm=args.hwm,
+                         linger_ms=args.linger, end=not args.no_end, time_budget=args.time_budget,
+                         progress=_progress(args), curve=curve, should_stop=lambda: stop["flag"],
+                         announce=lambda ep: print(
+                             f"streamfhmm replay: {X.shape[0]:,} rows of {X.shape[1]} values on {ep}"
+                             + (f", waiting for {args.wait_subscribers} subscriber(s)"
+                                if args.wait_subscribers else ""), file=sys.stderr, flush=True))
+        except TimeoutError as exc:
+            raise CliError(str(exc)) from None
+    finally:
+        _restore_handlers(old)
+    print(f"streamfhmm replay: sent {res['sent']:,} messages (seq {args.start_seq}..{res['last_seq']}) "
+          f"in {res['seconds']:.3f} s: {res['rate']:,.0f} messages/s", file=sys.stderr, flush=True)
+    return 0
+
+
+# -- demo (kept as it is until the household-power demo replaces it) ---------------------
 def _cmd_demo(args) -> int:
     from . import FHMM
     from .model import FHMMParams
@@ -32,29 +666,237 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+# -- the parser -----------------------------------------------------------------------------
+def _data_args(p, model=True):
+    p.add_argument("data", metavar="DATA", help="CSV file with a header row, or .npy array")
+    if model:
+        p.add_argument("--model", required=True, metavar="MODEL.npz", help="a model written by 'streamfhmm fit'")
+    p.add_argument("--columns", metavar="A,B,...", help="columns to use, by name (CSV) or index (.npy)")
+
+
+def _progress_args(p):
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="show a progress bar (default: when stderr is a terminal)")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def _zmq_args(p, linger):
+    p.add_argument("--hwm", type=_nonneg_int, default=100_000,
+                   help="ZeroMQ high-water mark per socket and peer, messages (default 100000)")
+    p.add_argument("--linger", type=_nonneg_int, default=linger, metavar="MS",
+                   help=f"ZeroMQ LINGER at close, milliseconds (default {linger})")
+    p.add_argument("--curve-secret", metavar="FILE",
+                   help="CURVE certificate with this side's secret key (zmq.auth.create_certificates); "
+                        "bound sockets become CURVE servers")
+    p.add_argument("--curve-public", metavar="FILE",
+                   help="the CURVE server's public certificate, for sockets that connect")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="streamfhmm", description="Streaming inference for factorial HMMs.")
+    p = _Parser(prog="streamfhmm", description="Streaming inference for factorial hidden Markov models.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    f = sub.add_parser("fit", help="learn a model from a data file",
+                       description="Learn an FHMM (and its recognition networks) from a data file.")
+    _data_args(f, model=False)
+    f.add_argument("--out", required=True, metavar="MODEL.npz", help="where to write the model")
+    f.add_argument("--chains", type=_positive_int, default=4, help="hidden binary chains M (default 4)")
+    f.add_argument("--window", type=_positive_int, default=5, help="odd recognition window (default 5)")
+    f.add_argument("--hidden", type=_positive_int, default=30, help="hidden units per network (default 30)")
+    f.add_argument("--share", choices=("chain", "all"), default="chain",
+                   help="one hidden layer per chain, or one for all (default chain)")
+    f.add_argument("--method", choices=("svi", "smf"), default="svi", help="learning method (default svi)")
+    f.add_argument("--max-iter", type=_positive_int, help="SVI steps or EM iterations")
+    f.add_argument("--time-budget", type=_nonneg_float, metavar="SECONDS", help="stop learning after this long")
+    f.add_argument("--batch-size", type=_positive_int, default=10, help="subchains per SVI step (default 10)")
+    f.add_argument("--learning-rate", type=_nonneg_float, default=1e-2, help="RMSprop learning rate (default 0.01)")
+    f.add_argument("--seed", type=int, default=None, help="random seed")
+    _progress_args(f)
+    f.set_defaults(func=_cmd_fit)
+
+    s = sub.add_parser("score", help="exact log-likelihood of a data file",
+                       description="Exact log-likelihood (forward algorithm) of a data file under a model.")
+    _data_args(s)
+    s.add_argument("--elbo", action="store_true", help="also the recognition networks' ELBO")
+    s.set_defaults(func=_cmd_score)
+
+    pr = sub.add_parser("predict", help="posterior marginals of every chain",
+                        description="Posterior marginals q(s_t^m = 1) (or the reconstructed data) for a data file.")
+    _data_args(pr)
+    pr.add_argument("--out", default="-", metavar="OUT.csv|OUT.npy", help="output file (default: CSV on stdout)")
+    pr.add_argument("--method", choices=("recognition", "exact", "smf"),
+                    help="inference method (default: recognition if the model has networks, else exact)")
+    pr.add_argument("--reconstruct", action="store_true", help="write the reconstructed data W^T E[s_t] instead")
+    pr.set_defaults(func=_cmd_predict)
+
+    b = sub.add_parser("bench", help="streaming throughput and latency on a data file",
+                       description="Push a data file through the StreamEngine one sample at a time; print "
+                                   "samples/s, per-sample latency and the ratio to batch inference.")
+    _data_args(b)
+    b.add_argument("--samples", type=_positive_int, help="use only the first N rows")
+    b.add_argument("--mode", choices=("smooth", "filter"), default="smooth")
+    b.add_argument("--posterior", choices=("recognition", "exact"), default="recognition")
+    b.add_argument("--learn", action="store_true", help="learn while streaming")
+    b.add_argument("--time-budget", type=_nonneg_float, metavar="SECONDS")
+    _progress_args(b)
+    b.set_defaults(func=_cmd_bench)
+
+    sv = sub.add_parser(
+        "serve", help="serve posteriors over ZeroMQ",
+        description="Subscribe to sensor samples, keep one engine state per topic, publish posteriors. "
+                    "Wire format: streamfhmm.io.wire. SIGTERM/SIGINT drain, checkpoint and exit 0. "
+                    "By default the input SUB connects to --sub and the output PUB binds --pub.")
+    g = sv.add_mutually_exclusive_group(required=True)
+    g.add_argument("--model", metavar="MODEL.npz", help="a fitted model")
+    g.add_argument("--cold", action="store_true", help="start without a model (warm-up, then learn)")
+    sv.add_argument("--sub", type=_endpoint, default="tcp://127.0.0.1:5555", metavar="ENDPOINT",
+                    help="input endpoint (default tcp://127.0.0.1:5555; a bare port means 127.0.0.1)")
+    sv.add_argument("--pub", type=_endpoint, default="tcp://127.0.0.1:5556", metavar="ENDPOINT",
+                    help="output endpoint (default tcp://127.0.0.1:5556)")
+    bc = sv.add_mutually_exclusive_group()
+    bc.add_argument("--bind", action="store_true", help="bind both endpoints (sensors connect to the service)")
+    bc.add_argument("--connect", action="store_true", help="connect both endpoints (to forwarders)")
+    sv.add_argument("--topics", nargs="+", metavar="PREFIX", help="subscribe to these topic prefixes only")
+    sv.add_argument("--learn", action="store_true", help="keep learning from the stream")
+    sv.add_argument("--mode", choices=("smooth", "filter"), default="smooth",
+                    help="smooth: centred windows (a lag of window//2 samples); filter: no lag")
+    sv.add_argument("--posterior", choices=("recognition", "exact"), default="recognition")
+    sv.add_argument("--share-model", action="store_true",
+                    help="build every stream's engine from one model object loaded once (default: each "
+                         "stream loads its own copy); each engine still learns from its own stream")
+    sv.add_argument("--features", type=_positive_int, help="values per sample (required with --cold)")
+    sv.add_argument("--chains", type=_positive_int, default=4, help="with --cold: hidden chains (default 4)")
+    sv.add_argument("--window", type=_positive_int, default=5, help="with --cold: window (default 5)")
+    sv.add_argument("--hidden", type=_positive_int, default=30, help="with --cold: hidden units (default 30)")
+    sv.add_argument("--share", choices=("chain", "all"), default="chain", help="with --cold: network sharing")
+    sv.add_argument("--seed", type=int, default=None, help="with --cold: random seed")
+    sv.add_argument("--warmup", type=_positive_int, default=2000, metavar="N",
+                    help="with --cold: samples per stream before the model is initialised (default 2000)")
+    sv.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory; streams found there are resumed")
+    sv.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                    help="checkpoint each stream every N samples (default 10000 with --checkpoint)")
+    sv.add_argument("--format", choices=("binary", "json"), default="binary", help="output format")
+    sv.add_argument("--metrics-port", type=_port, metavar="P",
+                    help="serve Prometheus metrics on http://127.0.0.1:P/metrics (needs prometheus-client)")
+    sv.add_argument("--metrics-addr", default="127.0.0.1", help="address of the metrics server")
+    sv.add_argument("--heartbeat", type=_nonneg_float, default=1.0, metavar="SECONDS",
+                    help="heartbeat after this long idle (default 1; 0: none)")
+    sv.add_argument("--status-interval", type=_nonneg_float, default=10.0, metavar="SECONDS",
+                    help="status line on stderr every this many seconds (default 10; 0: none)")
+    sv.add_argument("--wait-subscribers", type=_nonneg_int, default=0, metavar="N",
+                    help="subscribe to the input only once N consumers subscribed to the output")
+    sv.add_argument("--max-streams", type=_positive_int, default=1024, help="most topics served (default 1024)")
+    sv.add_argument("--time-budget", type=_nonneg_float, metavar="SECONDS", help="stop after this long")
+    sv.add_argument("--max-samples", type=_positive_int, metavar="N", help="stop after N samples")
+    sv.add_argument("--switch-interval", type=_positive_float, default=1e-4, metavar="SECONDS",
+                    help="Python's thread switch interval: the longest the learner thread keeps the "
+                         "interpreter from the inference path (default 0.0001; Python's is 0.005)")
+    sv.add_argument("--verbose", "-v", action="store_true", help="log stream events (new, ended, resumed)")
+    _zmq_args(sv, linger=2000)
+    sv.set_defaults(func=_cmd_serve)
+
+    r = sub.add_parser(
+        "replay", help="publish a data file over ZeroMQ",
+        description="Publish the rows of a data file (or 'household') as samples with sequence numbers "
+                    "and time stamps. Waits for subscribers first (an XPUB handshake; nothing is lost to "
+                    "ZeroMQ's slow joiner) and ends with an end-of-stream heartbeat.")
+    r.add_argument("data", metavar="DATA", help="CSV file with a header row, .npy array, or 'household'")
+    r.add_argument("--columns", metavar="A,B,...", help="columns to use, by name (CSV) or index (.npy)")
+    r.add_argument("--pub", type=_endpoint, default="tcp://127.0.0.1:5555", metavar="ENDPOINT",
+                   help="endpoint to bind (default tcp://127.0.0.1:5555)")
+    r.add_argument("--connect", action="store_true", help="connect to --pub instead of binding it")
+    r.add_argument("--rate", type=_nonneg_float, default=1000.0,
+                   help="messages per second (default 1000; 0: as fast as possible)")
+    r.add_argument("--topic", default="", help="topic (stream name) of the messages (default empty)")
+    r.add_argument("--format", choices=("binary", "json"), default="binary", help="message format")
+    r.add_argument("--wait-subscribers", type=_nonneg_int, default=1, metavar="N",
+                   help="start once N subscribers take the topic (default 1; 0: do not wait)")
+    r.add_argument("--wait-timeout", type=_nonneg_float, metavar="SECONDS",
+                   help="give up if they have not come after this long")
+    r.add_argument("--start-seq", type=_nonneg_int, default=0, help="sequence number of the first row")
+    r.add_argument("--start-row", type=_nonneg_int, default=0, help="skip the first rows")
+    r.add_argument("--limit", type=_positive_int, help="publish at most N rows")
+    r.add_argument("--no-end", action="store_true", help="do not send the end-of-stream heartbeat")
+    r.add_argument("--time-budget", type=_nonneg_float, metavar="SECONDS", help="stop after this long")
+    _zmq_args(r, linger=60_000)
+    _progress_args(r)
+    r.set_defaults(func=_cmd_replay)
+
     d = sub.add_parser("demo", help="simulate a sensor stream and infer its hidden processes")
     d.add_argument("--chains", type=int, default=4, help="hidden chains (default 4)")
     d.add_argument("--features", type=int, default=3, help="sensor channels (default 3)")
     d.add_argument("--samples", type=int, default=20000, help="samples to simulate (default 20000)")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=_cmd_demo)
+    p._commands = {"fit": f, "score": s, "predict": pr, "bench": b, "serve": sv, "replay": r, "demo": d}
     return p
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record."""
+
+    def emit(self, record):
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - logging must not raise
+            self.handleError(record)
+
+
+def _configure_logging(verbose: bool):
+    """Log to stderr for the duration of a command; returns the undo function."""
+    root = logging.getLogger("streamfhmm")
+    old_level = root.level
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    h = _StderrHandler()
+    h.setFormatter(logging.Formatter("streamfhmm: %(levelname)s: %(message)s"))
+    root.addHandler(h)
+
+    def undo():
+        root.removeHandler(h)
+        root.setLevel(old_level)
+    return undo
 
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:   # reported by the subcommand's parser, which names the subcommand
+        parser._commands.get(getattr(args, "command", None), parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    prog = f"streamfhmm {args.command}"
+    undo = None
+    if args.command in ("serve", "replay"):
+        undo = _configure_logging(getattr(args, "verbose", False))
+    try:
+        return _run(args, prog)
+    finally:
+        if undo is not None:
+            undo()
+
+
+def _run(args, prog) -> int:
     try:
         return args.func(args)
-    except ValueError as exc:
-        print(f"streamfhmm {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except CliError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # the reader of stdout went away (``streamfhmm predict ... | head``): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except (ValueError, OSError, RuntimeError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,168 @@
+"""Household power: the paper's Table 2 beside ours.
+
+    python bench/power.py            # the whole protocol (about 30 minutes on 2 idle cores)
+    python bench/power.py --quick    # CI-sized: small slices, few iterations (1-2 minutes)
+    python bench/power.py --tune     # the learner settings compared on training data only
+
+Protocol (paper §4.2, :mod:`streamfhmm.power`): six standardised dimensions, the first
+10^6 rows train, the rest test; test MSE per dimension of the reconstruction
+``Wᵀ E[ŝ_t]`` on the first 300,000 test rows (as the reference figures in
+``/work/shared/design/POWER.md``). Rows: the paper's SMF-EM and proposed columns, our
+SMF-EM trained on the last 5,000 training rows, our SMF-EM on the whole training set
+(within ``--smf-budget`` seconds), and our SVI (FHMM(n_chains=10, window=21,
+n_hidden=200, share_hidden="all"), ``--iters`` steps of ``--batch-size`` subchains),
+each with its fit's wall time. SMF models are scored with SMF posteriors on the test
+rows, the SVI model with its recognition networks. A second table leaves out the
+test rows the data file filled by copying the previous day.
+
+``--tune`` fits on training rows [0, 800,000) and scores the reconstruction of training
+rows [800,000, 1,000,000); the test rows are never touched.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import header  # noqa: E402
+
+from streamfhmm import FHMM  # noqa: E402
+from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL, SVI_SETTINGS,  # noqa: E402
+                              mse_per_dimension, power_split, protocol_table)
+
+SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
+
+#: --tune: settings compared, each a change from streamfhmm.power.SVI_SETTINGS
+TUNE_VARIANTS = {
+    "default": {},
+    "lr 1e-2": dict(learning_rate=1e-2),
+    "lr 1e-3": dict(learning_rate=1e-3),
+    "lr 3e-2": dict(learning_rate=3e-2),
+    "init k-means": dict(init="kmeans"),
+    "init SMF on 50k": dict(init_samples=50_000),
+    "subchain 1, 6x steps": dict(subchain_length=1, iter_factor=6),
+    "batch 30": dict(batch_size=30),
+}
+_SVI_OPTIONS = ("learning_rate", "final_lr_ratio", "batch_size", "subchain_length", "init",
+                "init_samples")
+
+
+def print_table(rows, title):
+    print(f"\n{title}")
+    print(f"{'':<30}" + "".join(f"{c:>9}" for c in SHORT) + f"{'fit s':>9}")
+    for name, mse, seconds in rows:
+        cells = "".join(f"{v:>9.3f}" for v in mse)
+        print(f"{name:<30}{cells}{'-' if seconds is None else f'{seconds:,.0f}':>9}")
+
+
+def svi_overrides(args) -> dict:
+    """The SVI options given on the command line."""
+    kw = {k: getattr(args, k) for k in _SVI_OPTIONS if getattr(args, k, None) is not None}
+    kw["max_iter"] = args.iters
+    if args.svi_budget is not None:
+        kw["time_budget"] = args.svi_budget
+    return kw
+
+
+def run_protocol(args, split):
+    table = protocol_table(split, n_scored=args.n_scored, train_rows=args.train_rows,
+                           svi_kwargs=svi_overrides(args), smf_budget=args.smf_budget,
+                           smf_full=not args.skip_smf_full, random_state=args.seed,
+                           progress=args.progress, log=lambda s: print(s, flush=True))
+    svi = table.rows[-1]
+    print(f"SVI: {svi.info['iterations']:,} steps of {svi.info['settings']['batch_size']} subchains, "
+          f"{svi.info['ms_per_step']:.2f} ms per step; settings {svi.info['settings']}")
+    if args.save_model:
+        table.models[svi.name].save(args.save_model)
+        print(f"saved the SVI model to {args.save_model}")
+    print()
+    print(table.format())
+    return {"n_scored": table.n_scored, "seed": args.seed,
+            "rows": [{"name": r.name, "mse": r.mse.tolist(),
+                      "mse_excluding_imputed": None if r.mse_excluding_imputed is None
+                      else r.mse_excluding_imputed.tolist(),
+                      "fit_seconds": r.fit_seconds, "info": r.info} for r in table.rows]}
+
+
+def run_tune(args, split):
+    train, valid = split.train[:800_000], split.train[800_000:]
+    if args.quick:
+        train, valid = train[-50_000:], valid[:20_000]
+    names = args.variants or list(TUNE_VARIANTS)
+    print(f"fit on training rows [0, 800,000), score training rows [800,000, 1,000,000); "
+          f"{args.iters:,} steps per fit (x the variant's factor)")
+    rows, record = [], {}
+    for name in names:
+        kw = dict(SVI_SETTINGS)
+        kw.update(svi_overrides(args))
+        kw.update(TUNE_VARIANTS[name])
+        kw["max_iter"] *= kw.pop("iter_factor", 1)
+        m = FHMM(**PAPER_MODEL, random_state=args.seed)
+        t0 = time.perf_counter()
+        m.fit(train, method="svi", progress=args.progress, **kw)
+        s = time.perf_counter() - t0
+        mse = mse_per_dimension(valid, m.reconstruct(valid))
+        rows.append((name, mse, s))
+        record[name] = {"mse": mse.tolist(), "fit_seconds": s, "settings": kw,
+                        "iterations": m.history_[-1]["iteration"], "elbo": m.history_[-1]["elbo"]}
+        print(f"{name}: fit {s:,.0f} s, validation MSE " + " ".join(f"{v:.3f}" for v in mse)
+              + f", mean {mse.mean():.3f}", flush=True)
+    print_table(rows, "validation MSE per dimension (held-out training rows)")
+    return record
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small slices and few iterations")
+    ap.add_argument("--tune", action="store_true", help="compare SVI settings on training data")
+    ap.add_argument("--variants", nargs="+", choices=list(TUNE_VARIANTS), help="--tune: these only")
+    ap.add_argument("--iters", type=int, help="SVI steps (default 150,000; --quick 1,500; --tune 20,000)")
+    ap.add_argument("--svi-budget", type=float, help="SVI wall-time cap in seconds (default none)")
+    ap.add_argument("--smf-budget", type=float, help="SMF-EM on the whole training set: seconds "
+                    "(default 600; --quick 20)")
+    ap.add_argument("--skip-smf-full", action="store_true", help="leave out SMF-EM on all training rows")
+    ap.add_argument("--learning-rate", type=float)
+    ap.add_argument("--final-lr-ratio", type=float)
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--subchain-length", type=int)
+    ap.add_argument("--init", choices=("smf", "kmeans"))
+    ap.add_argument("--init-samples", type=int)
+    ap.add_argument("--n-scored", type=int, help=f"test rows scored (default {N_SCORED:,}; --quick 20,000)")
+    ap.add_argument("--train-rows", type=int, help="train on the last so many training rows "
+                    "(default all; --quick 50,000)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--progress", action="store_true", help="show progress bars")
+    ap.add_argument("--save-model", help="save the SVI model (.npz)")
+    ap.add_argument("--json", help="write the figures to this file")
+    args = ap.parse_args(argv)
+    if args.iters is None:
+        args.iters = 1_500 if args.quick else (20_000 if args.tune else 150_000)
+    if args.smf_budget is None:
+        args.smf_budget = 20.0 if args.quick else 600.0
+    if args.n_scored is None:
+        args.n_scored = 20_000 if args.quick else N_SCORED
+    if args.quick and args.train_rows is None:
+        args.train_rows = 50_000
+
+    from streamfhmm.datasets import load_household_power
+
+    header("household power, the paper's Table 2 protocol" + (" (--quick)" if args.quick else ""))
+    print(f"seed={args.seed}")
+    t0 = time.perf_counter()
+    data = load_household_power()
+    split = power_split(data)
+    print(f"loaded {len(data):,} rows in {time.perf_counter() - t0:.1f} s; columns {', '.join(PAPER_COLUMNS)}; "
+          f"{split.train.shape[0]:,} train, {split.test.shape[0]:,} test rows")
+    record = run_tune(args, split) if args.tune else run_protocol(args, split)
+    print(f"\ntotal {time.perf_counter() - t0:,.0f} s")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(record, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""End-to-end ZeroMQ service benchmark: throughput and publish-to-posterior latency.
+
+    python bench/zmq.py [--messages 50000] [--rates 20000 2000] [--latency-seconds 2]
+
+Starts ``python -m streamfhmm serve`` as a separate process on loopback TCP, for each
+output format (binary, JSON) and with learning off and on. This process publishes
+samples to it (multipart binary input) and subscribes to its posteriors:
+
+* throughput: as many messages as the service takes (at most ``--window`` in flight),
+  messages/s from the first publish to the last posterior received;
+* latency: messages paced at each of ``--rates``; for the posterior of sample s, the time from
+  publishing the sample that completes its window (s + h in smooth mode, h = window // 2)
+  to receiving the posterior: p50 and p99.
+
+Reference measured in the same run: a plain Python ZeroMQ relay (SUB -> PUB, the same
+sockets and message sizes, no decoding, no inference), so the ratio shows what the
+service costs over the transport. Targets (issue: ZeroMQ service): >= 20,000
+messages/s with learning on, p99 <= 2 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+# this file is named like the pyzmq package: take its directory off the front of the
+# path before importing zmq, and put it at the end for _common
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+import numpy as np  # noqa: E402
+import zmq  # noqa: E402
+
+sys.path.append(_HERE)
+from _common import header, table  # noqa: E402
+
+from streamfhmm import FHMM  # noqa: E402
+from streamfhmm.model import FHMMParams  # noqa: E402
+
+TARGET_RATE = 20_000
+TARGET_P99_MS = 2.0
+
+_RELAY = """
+import sys, zmq
+ctx = zmq.Context()
+sub = ctx.socket(zmq.SUB); sub.setsockopt(zmq.RCVHWM, 100000); sub.connect(sys.argv[1])
+pub = ctx.socket(zmq.XPUB); pub.setsockopt(zmq.SNDHWM, 100000); pub.bind(sys.argv[2])
+assert pub.recv()[:1] == b"\\x01"          # the consumer is there: subscribe upstream
+sub.subscribe(b"")
+NB, SM = int(zmq.NOBLOCK), int(zmq.SNDMORE)
+while True:
+    fr = sub.recv(copy=False)
+    parts = [fr.bytes]
+    while fr.more:
+        fr = sub.recv(copy=False)
+        parts.append(fr.bytes)
+    for p in parts[:-1]:
+        pub.send(p, SM)
+    pub.send(parts[-1])
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Client:
+    """This side: an XPUB publishing samples, a SUB receiving posteriors."""
+
+    def __init__(self, p_in, p_out, D):
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.pub.bind(f"tcp://127.0.0.1:{p_in}")
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.RCVHWM, 0)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.connect(f"tcp://127.0.0.1:{p_out}")
+        self.sub.subscribe(b"")
+        self.D = D
+        self.seq = 0
+        self.t_sent = {}
+
+    def handshake(self, timeout=120.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sub.poll(0)   # lets our SUB (re)send its subscription
+            if self.pub.poll(20) and self.pub.recv()[:1] == b"\x01":
+                return
+        raise TimeoutError("the service did not subscribe")
+
+    def send(self, x):
+        s = self.seq
+        self.pub.send(b"bench", zmq.SNDMORE)
+        self.pub.send(b'{"seq":%d,"ts":%r}' % (s, time.time()), zmq.SNDMORE)
+        self.t_sent[s] = time.perf_counter()
+        self.pub.send(x)
+        self.seq += 1
+
+    def end(self):
+        self.pub.send_multipart([b"bench", b'{"heartbeat":true,"seq":%d,"ts":0,"end":true}' % (self.seq - 1), b""])
+
+    def recv_ready(self, out):
+        """Append (seq, receive time) of every posterior queued now; returns how many."""
+        n = 0
+        while True:
+            try:
+                frames = self.sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return n
+            t = time.perf_counter()
+            if len(frames) == 3:
+                if not frames[2]:
+                    continue          # heartbeat
+                h = frames[1]
+            else:
+                h = frames[0]
+                if b'"heartbeat"' in h[:64]:
+                    continue
+            i = h.index(b'"seq":') + 6
+            out.append((int(h[i:h.index(b",", i)]), t))
+            n += 1
+
+    def close(self):
+        self.pub.close(0)
+        self.sub.close(0)
+        self.ctx.term()
+
+
+def run_phase(cl, rows, rate, window, lag, timeout=120.0):
+    """Publish rows (paced at ``rate``, or flow-controlled with ``window`` in flight);
+    returns (messages/s, latencies in seconds, lost)."""
+    got = []
+    first = cl.seq
+    n = len(rows)
+    t0 = time.perf_counter()
+    i = 0
+    deadline = time.monotonic() + timeout
+    period = 1.0 / rate if rate else 0.0
+    while i < n:
+        if time.monotonic() > deadline:
+            break
+        now = time.perf_counter()
+        if period:
+            due = min(n, int((now - t0) / period) + 1)
+        else:
+            due = min(n, len(got) + window)
+        while i < due:
+            cl.send(rows[i])
+            i += 1
+        cl.recv_ready(got)
+        if i < n:
+            # sleep until the next message is due (no busy loop: on two cores it would take
+            # the processor from the service), waking up for posteriors that arrive
+            wait = (t0 + i * period - time.perf_counter()) if period else 0.001
+            if wait >= 0.001:
+                if cl.sub.poll(int(wait * 1000)):
+                    cl.recv_ready(got)
+            elif wait > 0:
+                time.sleep(wait)
+    cl.end()   # flushes the smoothing lag
+    while len(got) < n and time.monotonic() < deadline:
+        if cl.sub.poll(200):
+            cl.recv_ready(got)
+    elapsed = got[-1][1] - t0 if got else float("nan")
+    lat = []
+    for s, t in got:
+        k = s + lag
+        if k < first + n:       # the last lag posteriors come from the flush, not a sample
+            lat.append(t - cl.t_sent[k])
+    seqs = [s for s, _ in got]
+    lost = n - len(set(seqs))
+    return len(got) / elapsed, np.array(lat), lost
+
+
+def serve(model_path, p_in, p_out, fmt, learn):
+    args = [sys.executable, "-m", "streamfhmm", "serve", "--model", model_path,
+            "--sub", f"tcp://127.0.0.1:{p_in}", "--pub", f"tcp://127.0.0.1:{p_out}",
+            "--format", fmt, "--wait-subscribers", "1", "--status-interval", "0", "--heartbeat", "0"]
+    if learn:
+        args.append("--learn")
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def measure(cmd_factory, X, args, lag, label):
+    p_in, p_out = _free_port(), _free_port()
+    proc = cmd_factory(p_in, p_out)
+    cl = Client(p_in, p_out, X.shape[1])
+    try:
+        cl.handshake()
+        rows = [x.tobytes() for x in X]
+        run_phase(cl, rows[:args.warmup], rate=None, window=args.window, lag=lag)     # warm up
+        tp, _, lost = run_phase(cl, rows[:args.messages], rate=None, window=args.window, lag=lag)
+        lats = []
+        for rate in args.rates:
+            k = int(rate * args.latency_seconds)
+            _, lat, lost_k = run_phase(cl, rows[:k], rate=rate, window=args.window, lag=lag)
+            lats.append(lat)
+            lost += lost_k
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        cl.close()
+    summary = [ln for ln in err.splitlines() if "stopped after" in ln]
+    gaps = "?"
+    if summary:
+        gaps = summary[-1].split("gaps ")[1].split(" ")[0]
+    row = {"configuration": label, "messages/s": tp, "lost": lost, "gaps": gaps}
+    for rate, lat in zip(args.rates, lats):
+        row[f"p50 us @{rate:g}/s"] = float(np.percentile(lat, 50) * 1e6) if lat.size else None
+        row[f"p99 us @{rate:g}/s"] = float(np.percentile(lat, 99) * 1e6) if lat.size else None
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=50_000, help="messages of the throughput phase")
+    ap.add_argument("--rates", type=float, nargs="+", default=[TARGET_RATE, 2000],
+                    help="messages/s of the latency phases (the first is checked against the target)")
+    ap.add_argument("--latency-seconds", type=float, default=2.0, help="duration of each latency phase")
+    ap.add_argument("--window", type=int, default=2000, help="most messages in flight (throughput phase)")
+    ap.add_argument("--warmup", type=int, default=3000)
+    ap.add_argument("--chains", type=int, default=3)
+    ap.add_argument("--features", type=int, default=4)
+    ap.add_argument("--window-size", type=int, default=5, help="recognition window (odd)")
+    ap.add_argument("--hidden", type=int, default=16)
+    ap.add_argument("--formats", nargs="+", default=["binary", "json"])
+    args = ap.parse_args(argv)
+
+    header("streamfhmm serve over loopback TCP: end-to-end throughput and latency")
+    p = FHMMParams.random(args.chains, args.features, random_state=0, noise=0.3)
+    gen = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, startprob=p.startprob)
+    n = max(args.messages, int(max(args.rates) * args.latency_seconds), args.warmup)
+    X, _ = gen.sample(n + 3000, random_state=1)
+    model = FHMM(n_chains=args.chains, window=args.window_size, n_hidden=args.hidden, random_state=0)
+    model.fit(X[:3000], max_iter=300, progress=False)
+    X = np.ascontiguousarray(X[3000:], dtype="<f8")
+    lag = args.window_size // 2
+    print(f"# model: M={args.chains} chains, D={args.features}, window {args.window_size}, "
+          f"{args.hidden} hidden units; smooth mode (lag {lag}); input multipart binary; "
+          f"latency phases at {', '.join(f'{r:,.0f}' for r in args.rates)} messages/s, "
+          f"{args.latency_seconds:g} s each")
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.npz")
+        model.save(path)
+        rows.append(measure(lambda a, b: subprocess.Popen(
+            [sys.executable, "-c", _RELAY, f"tcp://127.0.0.1:{a}", f"tcp://127.0.0.1:{b}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+            X, args, 0, "reference: plain ZeroMQ relay"))
+        rows[-1]["gaps"] = "-"
+        for fmt in args.formats:
+            for learn in (False, True):
+                label = f"serve --format {fmt}" + (" --learn" if learn else "")
+                rows.append(measure(lambda a, b: serve(path, a, b, fmt, learn), X, args, lag, label))
+    ref = rows[0]["messages/s"]
+    for r in rows:
+        r["/ relay"] = r["messages/s"] / ref
+    lat_cols = [c for rate in args.rates for c in (f"p50 us @{rate:g}/s", f"p99 us @{rate:g}/s")]
+    table(rows, ["configuration", "messages/s", "/ relay", *lat_cols, "lost", "gaps"])
+    print()
+    key = f"p99 us @{args.rates[0]:g}/s"
+    print(f"# targets: >= {TARGET_RATE:,} messages/s with learning on; p99 <= {TARGET_P99_MS:g} ms "
+          f"(at {args.rates[0]:,.0f} messages/s)")
+    for r in rows[1:]:
+        if "--learn" not in r["configuration"]:
+            continue
+        ok_rate = r["messages/s"] >= TARGET_RATE
+        p99 = r[key]
+        ok_p99 = p99 is not None and p99 <= TARGET_P99_MS * 1000
+        print(f"#   {r['configuration']:<30} throughput {r['messages/s']:>10,.0f}/s "
+              f"{'met' if ok_rate else 'NOT met'};  p99 {p99 / 1000 if p99 else float('nan'):.2f} ms "
+              f"{'met' if ok_p99 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Energy disaggregation of the household power data with a factorial HMM.
+
+    pip install "streamfhmm[data,plot]"
+    python examples/power_disaggregation.py [--iters 20000] [--out-dir power_plots]
+
+An FHMM (10 chains, window 21, one shared hidden layer of 200 tanh units) is learnt
+by SVI from the whole-house channels only — active power, reactive power, voltage —
+over the first 10^6 minutes. Its chains never see the sub-meters. The first two weeks
+of the test period calibrate a non-negative map from the chain posteriors [θ, 1] to
+the three sub-meters (kitchen; laundry room; water heater and air conditioner); the
+next four weeks score the estimated sub-meter readings. The baseline regresses each
+sub-meter on the aggregate channels (least squares with intercept) over the same
+calibration weeks. Two PNGs show one day: observed vs reconstructed aggregate, and
+estimated vs true sub-meters.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from streamfhmm.datasets import load_household_power
+from streamfhmm.power import disaggregate_report
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=20_000, help="SVI steps (default 20,000)")
+    ap.add_argument("--learning-rate", type=float, default=3e-3)
+    ap.add_argument("--train-rows", type=int, default=None,
+                    help="fit on the last so many training minutes (default all 10^6)")
+    ap.add_argument("--calibration-days", type=float, default=14)
+    ap.add_argument("--evaluation-days", type=float, default=28)
+    ap.add_argument("--on-threshold", type=float, default=5.0, help="Wh per minute (default 5)")
+    ap.add_argument("--out-dir", default="power_plots", help="where the PNGs go")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    print(f"seed={args.seed}")
+    t0 = time.perf_counter()
+    data = load_household_power()
+    print(f"loaded {len(data):,} minutes ({data.timestamps[0]} .. {data.timestamps[-1]}) "
+          f"in {time.perf_counter() - t0:.1f} s")
+    report = disaggregate_report(
+        data, train_rows=args.train_rows, calibration_days=args.calibration_days,
+        evaluation_days=args.evaluation_days, on_threshold=args.on_threshold,
+        fit_kwargs=dict(max_iter=args.iters, learning_rate=args.learning_rate),
+        plot_dir=args.out_dir, random_state=args.seed, progress=False)
+    print(f"FHMM fitted on the aggregate channels in {report.fit_seconds:,.0f} s")
+    print(report.format())
+
+
+if __name__ == "__main__":
+    main()

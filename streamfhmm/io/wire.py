@@ -1,0 +1,483 @@
+"""The ZeroMQ wire format: encoding, decoding and validation of every message.
+
+Input (a sensor sample), either form is accepted on the same socket:
+
+* **multipart** ``[topic, header, payload]``
+
+  - ``topic``: 0 to 255 bytes of UTF-8 naming the stream (one engine state per topic);
+  - ``header``: a JSON object of at most 1024 bytes with ``"seq"`` (int,
+    ``0 <= seq < 2**63``, consecutive per topic) and ``"ts"`` (finite number, the
+    sample's time stamp in seconds); other keys are ignored;
+  - ``payload``: exactly ``8 * D`` bytes, D little-endian IEEE-754 float64 (``"<f8"``).
+
+* **one frame** of JSON ``{"topic": "name", "seq": 12, "ts": 1.7e9, "values": [...]}``
+  with D numbers (``null`` for a missing value); ``"topic"`` is optional (default
+  ``""``) and should come first, in compact form, so that ZeroMQ's byte-prefix
+  subscription ``{"topic":"name"`` selects it. At most ``2048 + 32 D`` bytes.
+
+NaN (binary) or ``null`` (JSON) marks a missing value; an infinity, or a sample with
+every value missing, is refused.
+
+An input **heartbeat** (one-way, a publisher that is alive but idle) is the
+multipart ``[topic, {"heartbeat": true, "seq": last_seq_sent, "ts": now}, b""]``
+(``last_seq_sent`` is -1 before the first sample); with ``"end": true`` it marks the
+end of the stream (the service then flushes the stream's smoothing lag). As one
+frame: ``{"topic": ..., "heartbeat": true, "seq": ..., "ts": ...}``.
+
+Output (one posterior per input sample, in order), ``--format binary``:
+
+* ``topic``: the input topic;
+* ``header``: JSON ``{"seq": s, "t": t, "ts": ts, "version": v, "flags": f,
+  "n_chains": M}`` where ``seq`` and ``ts`` are those of the input sample the posterior
+  is about, ``t`` the 0-based position of that sample in the stream (consecutive per
+  topic, so a gap in ``t`` is an output message lost), ``version`` the parameter
+  snapshot that produced it and ``flags`` the bit set of
+  :mod:`streamfhmm.stream.posterior` (1 imputed, 2 warm-up, 4 edge);
+* ``payload``: ``2 M + D`` little-endian float64: θ (M values, ``q(s_t^m = 1)``),
+  then ρ (M), then the reconstructed mean (D).
+
+``--format json``: one frame ``{"topic": "name", "seq": s, "t": t, "ts": ts,
+"version": v, "flags": f, "theta": [...], "rho": [...], "mean": [...]}``.
+
+Output heartbeat (when a stream, or the whole service, is idle):
+``[topic, {"heartbeat": true, "seq": last_seq_received, "t": next_t, "ts": now}, b""]``
+per stream (``next_t`` the position the stream's next sample will take), and on the
+empty topic ``[b"", {"heartbeat": true, "streams": n, "ts": now}, b""]`` for the
+service; as one JSON frame with ``"topic"`` first in ``--format json``. An empty
+payload is what tells a heartbeat from a posterior.
+
+Sizes are bounded before anything is allocated: a receiving socket refuses any frame
+over :func:`max_frame_bytes` (libzmq's ``MAXMSGSIZE``, which drops the connection; the
+source reconnects), and the header and JSON lengths are checked before parsing.
+
+Every decoding error is a :class:`WireError` whose ``kind`` is one of
+:data:`ERROR_KINDS`.
+
+Examples
+--------
+>>> import numpy as np
+>>> frames = encode_sample(b"s1", 7, 1.5, np.array([1.0, 2.0]))
+>>> s = decode_input(frames, n_features=2)
+>>> s.topic, s.seq, s.ts, s.values.tolist()
+(b's1', 7, 1.5, [1.0, 2.0])
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "ERROR_KINDS", "WireError", "Sample", "Heartbeat", "PosteriorMessage",
+    "MAX_TOPIC_BYTES", "MAX_HEADER_BYTES", "max_json_bytes", "max_frame_bytes",
+    "encode_sample", "encode_heartbeat", "encode_posterior", "encode_posterior_batch",
+    "encode_service_heartbeat",
+    "decode_input", "decode_output", "subscription_prefixes",
+]
+
+#: the kinds of malformed input, each counted separately
+ERROR_KINDS = (
+    "frames",     # neither 1 nor 3 frames
+    "topic",      # topic longer than MAX_TOPIC_BYTES or not UTF-8
+    "json",       # header or one-frame message not parseable JSON (or too large to parse)
+    "fields",     # JSON parsed, but seq / ts / values / heartbeat missing or of the wrong type
+    "size",       # payload not 8 * D bytes, or a JSON "values" list not of length D
+    "nonfinite",  # an infinite value, or every value missing (NaN / null)
+)
+
+MAX_TOPIC_BYTES = 255
+MAX_HEADER_BYTES = 1024
+_MAX_SEQ = 2**63
+_LE_F8 = np.dtype("<f8")
+#: ``{"seq":<int>,"ts":<JSON number>}`` exactly (a fast path; anything else goes to json)
+_CANONICAL_HEADER = re.compile(
+    rb'\{"seq":(0|[1-9][0-9]{0,18}),"ts":(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\}\Z').match
+
+
+def max_json_bytes(n_features: int) -> int:
+    """The largest one-frame JSON message accepted for ``n_features`` values."""
+    return 2048 + 32 * int(n_features)
+
+
+def max_frame_bytes(n_features: int) -> int:
+    """A bound on every input frame (for ZeroMQ's ``MAXMSGSIZE``): nothing larger is valid."""
+    return max(max_json_bytes(n_features), 8 * int(n_features), MAX_HEADER_BYTES)
+
+
+class WireError(ValueError):
+    """A malformed message; ``kind`` is one of :data:`ERROR_KINDS`."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class Sample(NamedTuple):
+    """One decoded input sample.
+
+    Attributes
+    ----------
+    topic : bytes
+    seq : int
+    ts : float
+    values : ndarray of float64, shape (D,)
+        Read-only; NaN marks a missing value.
+    """
+
+    topic: bytes
+    seq: int
+    ts: float
+    values: np.ndarray
+
+
+class Heartbeat(NamedTuple):
+    """A one-way heartbeat: the publisher of ``topic`` is alive and sent up to ``seq``.
+
+    ``end`` marks the end of the stream (input only); ``t`` is the next stream
+    position (output only, -1 otherwise); ``streams`` the number of streams (service
+    heartbeat on the empty topic, -1 otherwise).
+    """
+
+    topic: bytes
+    seq: int
+    ts: float
+    end: bool = False
+    t: int = -1
+    streams: int = -1
+
+
+class PosteriorMessage(NamedTuple):
+    """One decoded output posterior (see the module docstring)."""
+
+    topic: bytes
+    seq: int
+    t: int
+    ts: float
+    version: int
+    flags: int
+    theta: np.ndarray
+    rho: np.ndarray
+    mean: np.ndarray
+
+
+# -- helpers ---------------------------------------------------------------------------
+def _topic_bytes(topic) -> bytes:
+    if isinstance(topic, str):
+        topic = topic.encode("utf-8")
+    topic = bytes(topic)
+    if len(topic) > MAX_TOPIC_BYTES:
+        raise ValueError(f"topic must be at most {MAX_TOPIC_BYTES} bytes, got {len(topic)}")
+    try:
+        topic.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"topic must be UTF-8, got {topic!r}") from None
+    return topic
+
+
+def _check_topic(topic: bytes) -> bytes:
+    if len(topic) > MAX_TOPIC_BYTES:
+        raise WireError("topic", f"topic of {len(topic)} bytes (at most {MAX_TOPIC_BYTES})")
+    try:
+        topic.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError("topic", f"topic is not UTF-8: {topic[:40]!r}") from None
+    return topic
+
+
+def _loads(frame: bytes, limit: int, what: str):
+    if len(frame) > limit:
+        raise WireError("json", f"{what} of {len(frame)} bytes (at most {limit})")
+    try:
+        obj = json.loads(frame)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise WireError("json", f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise WireError("json", f"{what} is nested too deeply") from None
+    if type(obj) is not dict:
+        raise WireError("fields", f"{what} must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _seq_ts(obj: dict, what: str, allow_minus_one: bool = False) -> tuple[int, float]:
+    seq = obj.get("seq")
+    if type(seq) is not int or not ((-1 if allow_minus_one else 0) <= seq < _MAX_SEQ):
+        raise WireError("fields", f"{what} needs \"seq\", an integer in [0, 2**63), got {seq!r}")
+    ts = obj.get("ts")
+    if type(ts) is not float and type(ts) is not int:
+        raise WireError("fields", f"{what} needs \"ts\", a number, got {ts!r}")
+    ts = float(ts)
+    if not math.isfinite(ts):
+        raise WireError("fields", f"{what} needs a finite \"ts\", got {ts!r}")
+    return seq, ts
+
+
+def _check_values(x: np.ndarray) -> np.ndarray:
+    # fast path: a finite (Python, warning-free) sum means every value is finite
+    if math.isfinite(sum(x.tolist())) if x.shape[0] <= 32 else np.isfinite(x).all():
+        return x
+    if np.isinf(x).any():
+        i = int(np.flatnonzero(np.isinf(x))[0])
+        raise WireError("nonfinite", f"value {i} is {x[i]}")
+    if np.isnan(x).all():
+        raise WireError("nonfinite", "every value is missing (NaN)")
+    return x
+
+
+def _heartbeat(topic: bytes, obj: dict, what: str) -> Heartbeat:
+    if obj.get("heartbeat") is not True:
+        raise WireError("fields", f"{what} with an empty payload must be a heartbeat "
+                                  "({\"heartbeat\": true, ...})")
+    seq, ts = _seq_ts(obj, what, allow_minus_one=True)
+    end = obj.get("end", False)
+    if type(end) is not bool:
+        raise WireError("fields", f"{what}: \"end\" must be true or false, got {end!r}")
+    return Heartbeat(topic, seq, ts, end)
+
+
+# -- input ----------------------------------------------------------------------------
+def decode_input(frames, n_features: int) -> Sample | Heartbeat:
+    """Decode and validate one input message.
+
+    Parameters
+    ----------
+    frames : list of bytes
+        The message's frames as received (``socket.recv_multipart()``).
+    n_features : int
+        The expected number of values D.
+
+    Returns
+    -------
+    Sample or Heartbeat
+
+    Raises
+    ------
+    WireError
+        With ``kind`` in :data:`ERROR_KINDS`. Sizes are checked before anything is
+        allocated or parsed from a frame.
+    """
+    n = len(frames)
+    if n == 3:
+        topic, header, payload = frames
+        _check_topic(topic)
+        m = _CANONICAL_HEADER(header)
+        if m is not None and len(payload):
+            # the compact form every streamfhmm producer writes: parsed without json
+            seq = int(m.group(1))
+            ts = float(m.group(2))
+            if seq >= _MAX_SEQ or not math.isfinite(ts):
+                raise WireError("fields", f"header needs \"seq\" in [0, 2**63) and a finite \"ts\", "
+                                          f"got {header[:80]!r}")
+        else:
+            obj = _loads(header, MAX_HEADER_BYTES, "header")
+            if len(payload) == 0:
+                return _heartbeat(topic, obj, "header")
+            seq, ts = _seq_ts(obj, "header")
+        if len(payload) != 8 * n_features:
+            raise WireError("size", f"payload of {len(payload)} bytes; expected {8 * n_features} "
+                                    f"({n_features} little-endian float64)")
+        return Sample(topic, seq, ts, _check_values(np.frombuffer(payload, dtype=_LE_F8)))
+    if n == 1:
+        obj = _loads(frames[0], max_json_bytes(n_features), "one-frame JSON message")
+        topic = obj.get("topic", "")
+        if type(topic) is not str:
+            raise WireError("fields", f"\"topic\" must be a string, got {topic!r}")
+        topic = topic.encode("utf-8", "surrogatepass")
+        _check_topic(topic)
+        values = obj.get("values")
+        if values is None:
+            return _heartbeat(topic, obj, "one-frame JSON message without \"values\"")
+        seq, ts = _seq_ts(obj, "one-frame JSON message")
+        if type(values) is not list:
+            raise WireError("fields", f"\"values\" must be a list of numbers, got {type(values).__name__}")
+        if len(values) != n_features:
+            raise WireError("size", f"\"values\" has {len(values)} numbers; expected {n_features}")
+        for v in values:
+            if v is not None and type(v) is not float and type(v) is not int:
+                raise WireError("fields", f"\"values\" must hold numbers or null, got {v!r}")
+        try:
+            x = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        except OverflowError:
+            raise WireError("nonfinite", "a value overflows float64") from None
+        x.flags.writeable = False
+        return Sample(topic, seq, ts, _check_values(x))
+    raise WireError("frames", f"message of {n} frames; expected 3 ([topic, header, payload]) "
+                              "or 1 (JSON)")
+
+
+def encode_sample(topic, seq: int, ts: float, values, format: str = "binary") -> list[bytes]:
+    """The frames of one input sample (what ``streamfhmm replay`` publishes).
+
+    Parameters
+    ----------
+    topic : bytes or str
+    seq : int
+    ts : float
+    values : array_like, shape (D,)
+    format : {"binary", "json"}
+    """
+    topic = _topic_bytes(topic)
+    if format == "binary":
+        return [topic, b'{"seq":%d,"ts":%r}' % (seq, float(ts)),
+                np.ascontiguousarray(values, dtype=_LE_F8).tobytes()]
+    if format == "json":
+        vals = [None if v != v else v for v in np.asarray(values, dtype=np.float64).tolist()]
+        return [_json_dumps({"topic": topic.decode("utf-8"), "seq": int(seq), "ts": float(ts),
+                             "values": vals})]
+    raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
+
+
+def encode_heartbeat(topic, seq: int, ts: float, end: bool = False, format: str = "binary",
+                     t: int | None = None) -> list[bytes]:
+    """A one-way heartbeat on ``topic`` (``seq`` the last sequence number sent, -1 if none).
+
+    ``end=True`` marks the end of an input stream; ``t`` (output heartbeats) is the
+    stream's next position.
+    """
+    topic = _topic_bytes(topic)
+    obj = {"heartbeat": True, "seq": int(seq)}
+    if t is not None:
+        obj["t"] = int(t)
+    obj["ts"] = float(ts)
+    if end:
+        obj["end"] = True
+    if format == "binary":
+        return [topic, _json_dumps(obj), b""]
+    if format == "json":
+        return [_json_dumps({"topic": topic.decode("utf-8"), **obj})]
+    raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
+
+
+def encode_service_heartbeat(n_streams: int, ts: float, format: str = "binary") -> list[bytes]:
+    """The service's own heartbeat, on the empty topic."""
+    obj = {"heartbeat": True, "streams": int(n_streams), "ts": float(ts)}
+    if format == "binary":
+        return [b"", _json_dumps(obj), b""]
+    if format == "json":
+        return [_json_dumps({"topic": "", **obj})]
+    raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
+
+
+def subscription_prefixes(prefix) -> list[bytes]:
+    """The ZeroMQ subscriptions that select the topics beginning with ``prefix``.
+
+    Two for a non-empty prefix: the multipart form's topic frame, and the compact
+    one-frame JSON form ``{"topic":"prefix...``; ``[b""]`` (everything) for an empty one.
+    """
+    prefix = _topic_bytes(prefix)
+    if not prefix:
+        return [b""]
+    return [prefix, b'{"topic":' + json.dumps(prefix.decode("utf-8")).encode("utf-8")[:-1]]
+
+
+def _json_dumps(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+# -- output ---------------------------------------------------------------------------
+def encode_posterior(topic: bytes, seq: int, ts: float, post, format: str = "binary") -> list[bytes]:
+    """The frames of one output posterior.
+
+    Parameters
+    ----------
+    topic : bytes
+    seq, ts :
+        Sequence number and time stamp of the input sample the posterior is about.
+    post : Posterior
+        With ``t``, ``theta`` (M,), ``rho`` (M,), ``mean`` (D,), ``version``, ``flags``.
+    format : {"binary", "json"}
+    """
+    theta, rho, mean = post.theta, post.rho, post.mean
+    if format == "binary":
+        header = b'{"seq":%d,"t":%d,"ts":%r,"version":%d,"flags":%d,"n_chains":%d}' % (
+            seq, post.t, ts, post.version, post.flags, theta.shape[0])
+        return [topic, header, np.concatenate((theta, rho, mean)).astype(_LE_F8, copy=False).tobytes()]
+    if format == "json":
+        return [_json_dumps({"topic": topic.decode("utf-8"), "seq": int(seq), "t": int(post.t),
+                             "ts": float(ts), "version": int(post.version), "flags": int(post.flags),
+                             "theta": _finite_list(theta), "rho": _finite_list(rho),
+                             "mean": _finite_list(mean)})]
+    raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
+
+
+def encode_posterior_batch(topic: bytes, seqs, tss, batch, format: str = "binary") -> list:
+    """The frames of several posteriors of one stream (one list of frames per posterior).
+
+    ``batch`` has arrays ``t`` (n,), ``theta`` (n, M), ``rho`` (n, M), ``mean`` (n, D),
+    ``version`` (n,), ``flags`` (n,) (a :class:`~streamfhmm.stream.engine.PosteriorBatch`);
+    ``seqs`` and ``tss`` (n,) are the input sequence numbers and time stamps.
+    """
+    n = len(seqs)
+    t, version, flags = batch.t.tolist(), batch.version.tolist(), batch.flags.tolist()
+    M = batch.theta.shape[1]
+    if format == "binary":
+        packed = np.concatenate((batch.theta, batch.rho, batch.mean), axis=1).astype(_LE_F8, copy=False)
+        return [[topic, b'{"seq":%d,"t":%d,"ts":%r,"version":%d,"flags":%d,"n_chains":%d}' % (
+                    seqs[k], t[k], tss[k], version[k], flags[k], M), packed[k].tobytes()]
+                for k in range(n)]
+    if format == "json":
+        name = topic.decode("utf-8")
+        return [[_json_dumps({"topic": name, "seq": int(seqs[k]), "t": t[k], "ts": float(tss[k]),
+                              "version": version[k], "flags": flags[k],
+                              "theta": _finite_list(batch.theta[k]), "rho": _finite_list(batch.rho[k]),
+                              "mean": _finite_list(batch.mean[k])})]
+                for k in range(n)]
+    raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
+
+
+def _finite_list(a) -> list:
+    return [v if math.isfinite(v) else None for v in np.asarray(a, dtype=np.float64).tolist()]
+
+
+def decode_output(frames) -> PosteriorMessage | Heartbeat:
+    """Decode one output message of ``streamfhmm serve`` (either format).
+
+    Returns
+    -------
+    PosteriorMessage or Heartbeat
+
+    Raises
+    ------
+    WireError
+    """
+    n = len(frames)
+    if n == 3:
+        topic, header, payload = frames
+        obj = _loads(header, MAX_HEADER_BYTES, "header")
+    elif n == 1:
+        obj = _loads(frames[0], 1 << 26, "one-frame JSON message")
+        topic = obj.get("topic")
+        if type(topic) is not str:
+            raise WireError("fields", f"\"topic\" must be a string, got {topic!r}")
+        topic = topic.encode("utf-8")
+        payload = None
+    else:
+        raise WireError("frames", f"message of {n} frames; expected 3 or 1")
+    if obj.get("heartbeat") is True:
+        seq = obj.get("seq", -1)
+        t = obj.get("t", -1)
+        streams = obj.get("streams", -1)
+        ts = obj.get("ts")
+        if type(ts) not in (int, float) or type(seq) is not int or type(t) is not int:
+            raise WireError("fields", f"malformed heartbeat {obj!r}")
+        return Heartbeat(topic, seq, float(ts), False, t, streams)
+    try:
+        seq, t, ts = obj["seq"], obj["t"], float(obj["ts"])
+        version, flags = obj["version"], obj["flags"]
+    except (KeyError, TypeError, ValueError):
+        raise WireError("fields", f"output header lacks seq/t/ts/version/flags: {obj!r}") from None
+    if payload is not None:
+        M = obj.get("n_chains")
+        if type(M) is not int or M < 1 or len(payload) % 8 or len(payload) // 8 <= 2 * M:
+            raise WireError("size", f"payload of {len(payload)} bytes does not fit n_chains={M!r}")
+        v = np.frombuffer(payload, dtype=_LE_F8)
+        theta, rho, mean = v[:M], v[M:2 * M], v[2 * M:]
+    else:
+        try:
+            theta, rho, mean = (np.array([np.nan if a is None else a for a in obj[k]], dtype=np.float64)
+                                for k in ("theta", "rho", "mean"))
+        except (KeyError, TypeError, ValueError):
+            raise WireError("fields", "JSON output lacks theta/rho/mean lists") from None
+    return PosteriorMessage(topic, seq, t, ts, version, flags, theta, rho, mean)

