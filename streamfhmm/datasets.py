@@ -134,8 +134,10 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
         Parse the CSV again and rewrite the cache.
     cache_dir : str or path-like, optional
         Where the cache lives (default :func:`cache_directory`). The cache file is
-        ``householdpower-v<version>-<key>.npz``, keyed on the CSV's path, size and
-        modification time; it is written atomically.
+        ``householdpower-v<version>-<key>.npz``, keyed on the CSV's size and its first
+        and last MiB (so installs of the same data in several environments share
+        one cache); it is written atomically, and other cache files of the data in
+        that directory are removed.
 
     Returns
     -------
@@ -160,8 +162,7 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
     ((2075259, 7), 'Global_active_power', 26001)
     """
     src = household_power_path()
-    st = src.stat()
-    key = hashlib.sha1(f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    key = _source_key(src)
     directory = cache_directory(cache_dir)
     cached = directory / f"householdpower-v{_CACHE_VERSION}-{key}.npz"
     if not refresh and cached.is_file():
@@ -174,6 +175,17 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
     _write_cache(cached, timestamps, columns, values, imputed)
     return HouseholdPower(timestamps=timestamps, columns=columns, values=values, imputed=imputed,
                           source=str(src))
+
+
+def _source_key(src: Path) -> str:
+    """A short hash of the CSV's size and its first and last MiB."""
+    size = src.stat().st_size
+    h = hashlib.sha1(str(size).encode())
+    with open(src, "rb") as fh:
+        h.update(fh.read(1 << 20))
+        fh.seek(max(0, size - (1 << 20)))
+        h.update(fh.read(1 << 20))
+    return h.hexdigest()[:12]
 
 
 def _day_repeats(values: np.ndarray) -> np.ndarray:
@@ -208,6 +220,10 @@ def _write_cache(path: Path, timestamps, columns, values, imputed) -> None:
                          timestamps=timestamps.astype(np.int64), columns=np.array(columns),
                          values=values, imputed=imputed)
             os.replace(tmp, path)
+            # caches of an older parser or of a replaced CSV would only take up space
+            for stale in path.parent.glob("householdpower-v*.npz"):
+                if stale != path:
+                    stale.unlink(missing_ok=True)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)

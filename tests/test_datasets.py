@@ -173,3 +173,18 @@ def test_parser_irregular_row_falls_back(tmp_path):
     path.write_text("date_time,a,b\n2020-01-01 00:00:00,1\n")
     with pytest.raises(ValueError, match="expected 3 fields"):
         parse_household_power_csv(path)
+
+
+def test_stale_cache_removed(tmp_path, monkeypatch):
+    csv = tmp_path / "householdpower.csv"
+    csv.write_text("date_time,a\n2020-01-01 00:00:00,1\n")
+    monkeypatch.setattr(datasets, "household_power_path", lambda: csv)
+    cache = tmp_path / "c"
+    cache.mkdir()
+    (cache / "householdpower-v0-old.npz").write_bytes(b"stale")
+    (cache / "unrelated.npz").write_bytes(b"keep")
+    load_household_power(cache_dir=cache)
+    [current] = [p.name for p in cache.iterdir() if p.name.startswith("householdpower")]
+    assert current.startswith(f"householdpower-v{datasets._CACHE_VERSION}-")
+    assert not (cache / "householdpower-v0-old.npz").exists()
+    assert (cache / "unrelated.npz").exists()
