@@ -39,14 +39,11 @@ class RMSprop:
         self.steps = 0
 
     def step(self, x: np.ndarray, grad: np.ndarray, lr: float):
-        """Update ``x`` in place."""
+        """Update ``x`` in place with the compiled rule the learners use
+        (:func:`streamfhmm.kernels.svi.rmsprop_update`, bias-corrected ``g²``)."""
+        if not _ks.rmsprop_update(x, grad, self.sq, self.decay, self.eps, lr, self.steps):
+            raise FloatingPointError("non-finite gradient: parameters left unchanged")
         self.steps += 1
-        sq = self.sq
-        sq *= self.decay
-        sq += (1.0 - self.decay) * grad * grad
-        # bias-corrected second moment for the first steps (g² starts at 0)
-        corr = 1.0 - self.decay ** self.steps
-        x += lr * grad / (np.sqrt(sq / corr) + self.eps)
 
 
 def cosine_lr(lr: float, final_ratio: float, progress: float) -> float:
