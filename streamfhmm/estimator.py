@@ -15,16 +15,21 @@ import numpy as np
 from . import exact
 from ._validation import (check_lengths, check_observations, check_positive_int,
                           check_random_state)
+from .learn.objective import (COVARIANCE_TYPES, check_covariance_matches, check_covariance_type,
+                              constrain_params)
 from .model import FHMMParams
 
 #: version of the ``.npz`` model format written by :meth:`FHMM.save`
-FORMAT_VERSION = 1
+#: (1: no ``covariance_type``, read as ``"full"``; 2: ``covariance_type`` in the hyper-parameters)
+FORMAT_VERSION = 2
 _FORMAT_TAG = "streamfhmm.FHMM"
 _METHODS = ("recognition", "exact", "smf")
 
 __all__ = ["FHMM"]
 
 _SHARE = ("chain", "all")
+_HYPERPARAMETERS = ("n_chains", "window", "n_hidden", "share_hidden", "random_state",
+                    "covariance_type")
 
 
 class FHMM:
@@ -48,6 +53,13 @@ class FHMM:
         2M heads (the paper's household power experiment).
     random_state : int, numpy Generator or None
         Seed for initialisation and subchain sampling.
+    covariance_type : {"full", "diag", "spherical"}
+        Family of the noise covariance Σ (hmmlearn's name): ``"full"`` any Σ (the
+        paper's model); ``"diag"`` a diagonal Σ; ``"spherical"`` ``Σ = σ² I``. Every
+        learning path keeps Σ in the family (SMF-EM by the family's exact M-step, SVI
+        by learning only the family's parameters: λ_d, or one shared λ). A full Σ lets
+        the likelihood treat a poorly explained channel as noise; a diagonal or
+        spherical one makes the chains explain every (standardised) channel.
 
     Examples
     --------
@@ -62,12 +74,27 @@ class FHMM:
     """
 
     def __init__(self, n_chains: int = 4, window: int = 5, n_hidden: int = 30,
-                 share_hidden: str = "chain", random_state=None):
+                 share_hidden: str = "chain", random_state=None, covariance_type: str = "full"):
         self.n_chains = n_chains
         self.window = window
         self.n_hidden = n_hidden
         self.share_hidden = share_hidden
         self.random_state = random_state
+        self.covariance_type = covariance_type
+
+    # -- hyper-parameters (scikit-learn convention) -------------------------------------
+    def get_params(self, deep: bool = True) -> dict:
+        """The constructor arguments, by name (``deep`` is accepted for scikit-learn)."""
+        return {name: getattr(self, name) for name in _HYPERPARAMETERS}
+
+    def set_params(self, **params) -> "FHMM":
+        """Set constructor arguments by name; returns ``self``. Validated at the next fit."""
+        bad = set(params) - set(_HYPERPARAMETERS)
+        if bad:
+            raise ValueError(f"invalid hyper-parameters {sorted(bad)}; valid: {list(_HYPERPARAMETERS)}")
+        for name, value in params.items():
+            setattr(self, name, value)
+        return self
 
     # -- construction --------------------------------------------------------------
     def _check_hyperparameters(self):
@@ -78,6 +105,7 @@ class FHMM:
         check_positive_int(self.n_hidden, "n_hidden")
         if self.share_hidden not in _SHARE:
             raise ValueError(f"share_hidden must be one of {_SHARE}, got {self.share_hidden!r}")
+        check_covariance_type(self.covariance_type)
 
     @classmethod
     def from_params(cls, W, covariance, transmat, startprob=None, **kwargs) -> "FHMM":
@@ -88,18 +116,26 @@ class FHMM:
         W : array_like, shape (M+1, D)
             Chain contributions; the last row is the bias.
         covariance : array_like, shape (D, D)
-            Symmetric positive-definite noise covariance Σ.
+            Symmetric positive-definite noise covariance Σ. With
+            ``covariance_type="diag"`` (``"spherical"``) it must be diagonal (a multiple
+            of the identity), up to a relative ``1e-10``; otherwise ValueError (no
+            silent projection: the model would not be the one given).
         transmat : array_like, shape (M, 2, 2)
             Per-chain transition matrices (rows sum to 1).
         startprob : array_like, shape (M,), optional
             ``P(s_1^m = 1)``; default each chain's stationary probability.
         **kwargs
-            Constructor arguments (window, n_hidden, ...).
+            Constructor arguments (window, n_hidden, covariance_type, ...).
         """
         params = FHMMParams.from_natural(W, covariance, transmat, startprob)
         model = cls(n_chains=params.n_chains, **kwargs)
         model._check_hyperparameters()
-        model._set_params(params)
+        ctype = model.covariance_type
+        if not check_covariance_matches(params.covariance, ctype):
+            what = "diagonal" if ctype == "diag" else "a multiple of the identity (σ² I)"
+            raise ValueError(f"covariance_type={ctype!r} needs a covariance that is {what}; this "
+                             f"one is not (pass covariance_type='full', or a {ctype} covariance)")
+        model._set_params(constrain_params(params, ctype))
         return model
 
     def _set_params(self, params: FHMMParams, net=None):
@@ -188,7 +224,8 @@ class FHMM:
             from .learn.smf import fit_smf
             budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
             params, history = fit_smf(X, lengths, params=params, max_iter=max_iter or 100, tol=tol,
-                                      time_budget=budget, random_state=rng, progress=progress)
+                                      time_budget=budget, random_state=rng, progress=progress,
+                                      covariance_type=self.covariance_type)
             self._set_params(params, getattr(self, "net_", None))
             self.history_ = history
             self.fit_method_ = "smf"
@@ -203,7 +240,7 @@ class FHMM:
         state = fit_svi(X, bounds, params, net, max_iter=max_iter or 20_000, batch_size=batch_size,
                         subchain_length=subchain_length, learning_rate=learning_rate,
                         final_lr_ratio=final_lr_ratio, decay=decay, time_budget=budget, rng=rng,
-                        progress=progress)
+                        progress=progress, covariance_type=self.covariance_type)
         self._set_params(state.params, state.net)
         self.history_ = state.history
         self.fit_method_ = "svi"
@@ -240,7 +277,7 @@ class FHMM:
                                     batch_size=batch_size, subchain_length=subchain_length,
                                     learning_rate=learning_rate, final_lr_ratio=final_lr_ratio,
                                     decay=decay, time_budget=budget, random_state=rng,
-                                    progress=progress)
+                                    progress=progress, covariance_type=self.covariance_type)
         self._set_params(state.params, state.net)
         self.history_ = state.history
         self.fit_method_ = "svi"
@@ -257,19 +294,22 @@ class FHMM:
                 raise ValueError("init='params' needs a model with parameters (from_params or a previous fit)")
             if have.n_chains != self.n_chains:
                 raise ValueError(f"n_chains={self.n_chains} differs from the parameters' {have.n_chains} chains")
-            return have
+            # parameters from another covariance_type start from their projection
+            return constrain_params(have, self.covariance_type)
         finite = ~np.isnan(X).any(axis=1)
         Xc = X[finite] if not finite.all() else X
         if len(Xc) < self.n_chains + 2:
             raise ValueError(f"X has too few complete rows ({len(Xc)}) to initialise {self.n_chains} chains")
-        params = init_params(Xc, self.n_chains, random_state=rng)
+        params = init_params(Xc, self.n_chains, random_state=rng,
+                             covariance_type=self.covariance_type)
         if init == "smf":
             # a short SMF-EM run on a contiguous slice (the sequence's last samples)
             sl = Xc[-min(len(Xc), init_samples):]
             # at most 30 s, and at most a fifth of the caller's budget
             budget = 30.0 if time_budget is None else min(30.0, 0.2 * time_budget)
             params, _ = fit_smf(sl, params=params, max_iter=30, tol=1e-5, time_budget=budget,
-                                random_state=rng, progress=False)
+                                random_state=rng, progress=False,
+                                covariance_type=self.covariance_type)
         return params
 
     # -- fitted attributes ---------------------------------------------------------
@@ -406,6 +446,7 @@ class FHMM:
             "format": np.array(_FORMAT_TAG), "version": np.array(FORMAT_VERSION),
             "hyper": np.array(json.dumps({"n_chains": self.n_chains, "window": self.window,
                                           "n_hidden": self.n_hidden, "share_hidden": self.share_hidden,
+                                          "covariance_type": self.covariance_type,
                                           "fit_method": getattr(self, "fit_method_", None)})),
             "W": params.W, "L": params.L, "alpha": params.alpha, "beta": params.beta,
             "startprob": params.startprob,
@@ -426,7 +467,11 @@ class FHMM:
 
     @classmethod
     def load(cls, path) -> "FHMM":
-        """Read a model written by :meth:`save`; never unpickles anything."""
+        """Read a model written by :meth:`save`; never unpickles anything.
+
+        Files of format version 1 (written before ``covariance_type`` existed) load as
+        ``covariance_type="full"``.
+        """
         from .network import RecognitionNet
         path = os.fspath(path)
         try:
@@ -452,6 +497,10 @@ class FHMM:
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{path} is a damaged streamfhmm model file: {exc}") from None
         fit_method = hyper.pop("fit_method", None)
+        hyper.setdefault("covariance_type", "full")
+        if hyper["covariance_type"] not in COVARIANCE_TYPES:
+            raise ValueError(f"{path} is a damaged streamfhmm model file: covariance_type "
+                             f"{hyper['covariance_type']!r}")
         model = cls(**hyper)
         model._set_params(params, net)
         model.history_ = history
@@ -461,4 +510,5 @@ class FHMM:
 
     def __repr__(self) -> str:
         return (f"FHMM(n_chains={self.n_chains!r}, window={self.window!r}, n_hidden={self.n_hidden!r}, "
-                f"share_hidden={self.share_hidden!r}, random_state={self.random_state!r})")
+                f"share_hidden={self.share_hidden!r}, random_state={self.random_state!r}, "
+                f"covariance_type={self.covariance_type!r})")

@@ -263,11 +263,12 @@ class ProtocolTable:
 
     def format(self) -> str:
         """Two plain-text tables: all scored test rows; without the imputed test rows."""
-        head = f"{'':<30}" + "".join(f"{c:>9}" for c in _SHORT) + f"{'fit s':>9}"
+        width = max([30] + [len(r.name) + 1 for r in self.rows])
+        head = f"{'':<{width}}" + "".join(f"{c:>9}" for c in _SHORT) + f"{'fit s':>9}"
 
         def line(name, mse, seconds):
             cells = "".join(f"{v:>9.3f}" for v in mse)
-            return f"{name:<30}{cells}{'-' if seconds is None else f'{seconds:,.0f}':>9}"
+            return f"{name:<{width}}{cells}{'-' if seconds is None else f'{seconds:,.0f}':>9}"
 
         out = [f"test MSE per dimension (standardised), first {self.n_scored:,} test rows", head]
         out += [line(r.name, r.mse, r.fit_seconds) for r in self.rows]
@@ -287,7 +288,8 @@ class ProtocolTable:
 def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
                    train_rows: int | None = None, svi_kwargs: dict | None = None,
                    smf_budget: float | None = 600.0, smf_full: bool = True, random_state=0,
-                   progress: bool = False, log=None) -> ProtocolTable:
+                   progress: bool = False, log=None,
+                   covariance_type: str | None = None) -> ProtocolTable:
     """Fit the protocol's models and score them: the paper's Table 2 beside ours.
 
     Parameters
@@ -311,6 +313,10 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
         Progress bars.
     log : callable, optional
         Called with one line of text after each fit (e.g. ``print``).
+    covariance_type : {"full", "diag", "spherical"}, optional
+        Noise covariance family of our SMF-EM and SVI models
+        (:class:`~streamfhmm.FHMM`); when given, our rows' names end with it, e.g.
+        ``"ours proposed (SVI, diag)"``. Default: ``"full"``, names without it.
 
     Returns
     -------
@@ -327,6 +333,8 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
         raise ValueError("protocol_table needs complete training rows (use power_split(imputed='keep'))")
     rows = [ProtocolRow(name, np.array(mse)) for name, mse in PAPER_TABLE2.items()]
     models = {}
+    ctype = "full" if covariance_type is None else covariance_type
+    tag = "" if covariance_type is None else f", {covariance_type}"
 
     def add(name, model, seconds, method, info):
         mse = protocol_mse(model, split, n_scored, method=method)
@@ -337,24 +345,25 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
             log(f"{name}: fit {seconds:,.0f} s, test MSE " + " ".join(f"{v:.3f}" for v in mse))
 
     def smf(X, budget):
-        model = FHMM(n_chains=PAPER_MODEL["n_chains"], random_state=random_state)
+        model = FHMM(n_chains=PAPER_MODEL["n_chains"], random_state=random_state,
+                     covariance_type=ctype)
         t0 = time.perf_counter()
         model.fit(X, method="smf", time_budget=budget, progress=progress)
         return model, time.perf_counter() - t0, {"em_iterations": len(model.history_) - 1}
 
     m, sec, info = smf(train[-5000:], None)
-    add("ours SMF-EM (last 5,000)", m, sec, "smf", info)
+    add(f"ours SMF-EM (last 5,000{tag})", m, sec, "smf", info)
     if smf_full:
         m, sec, info = smf(train, smf_budget)
-        add(f"ours SMF-EM (all {len(train):,})", m, sec, "smf", info)
+        add(f"ours SMF-EM (all {len(train):,}{tag})", m, sec, "smf", info)
     kw = dict(SVI_SETTINGS)
     kw.update(svi_kwargs or {})
-    model = FHMM(**PAPER_MODEL, random_state=random_state)
+    model = FHMM(**PAPER_MODEL, random_state=random_state, covariance_type=ctype)
     t0 = time.perf_counter()
     model.fit(train, method="svi", progress=progress, **kw)
     seconds = time.perf_counter() - t0
     its = model.history_[-1]["iteration"] if model.history_ else 0
-    add("ours proposed (SVI)", model, seconds, None,
+    add(f"ours proposed (SVI{tag})", model, seconds, None,
         {"iterations": its, "ms_per_step": 1e3 * seconds / max(its, 1), "settings": kw})
     return ProtocolTable(rows=rows, n_scored=int(min(n_scored, split.test.shape[0])), models=models)
 

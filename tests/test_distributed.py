@@ -357,3 +357,23 @@ def test_estimator_fit_with_client():
         print(f"distributed fit {ll:.4f} true {ll_true:.4f}")
         assert ll > ll_true - 0.02
     assert np.array_equal(m.W_, m2.W_)
+
+
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+def test_covariance_family_is_kept(problem, client, covariance_type):
+    """The driver maps the workers' summed gradient to the family: Σ stays on it."""
+    _, chunks, params, net = problem
+    print(f"covariance_type={covariance_type}")
+    kw = dict(max_iter=60, progress=False, batch_size=6, random_state=4)
+    st = fit_svi_distributed(chunks, params, net, client, covariance_type=covariance_type, **kw)
+    assert st.covariance_type == covariance_type
+    L = st.params.L
+    assert L[1, 0] == 0.0
+    if covariance_type == "spherical":
+        assert L[0, 0] == L[1, 1]
+    start = params.L @ params.L.T
+    # the learnt variances moved away from the projected start
+    assert abs(L[0, 0] ** 2 - (start[0, 0] if covariance_type == "diag"
+                               else np.trace(start) / 2)) > 1e-4
+    st = fit_svi_distributed(chunks, None, None, client, state=st, **kw)
+    assert st.params.L[1, 0] == 0.0

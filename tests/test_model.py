@@ -127,3 +127,75 @@ def test_input_errors():
         m.sample(0)
     with pytest.raises(ValueError, match="random_state must be None, an int or a numpy Generator"):
         m.sample(5, random_state="seed")
+
+
+# ----------------------------------------------------------------------------------------
+# covariance_type
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["tied", "Full", None, 1])
+def test_covariance_type_errors(bad):
+    with pytest.raises(ValueError, match=r"covariance_type must be one of \('full', 'diag', 'spherical'\)"):
+        FHMM.from_params(W=W2, covariance=np.diag([0.2, 0.1]), transmat=A2, covariance_type=bad)
+    with pytest.raises(ValueError, match="covariance_type must be one of"):
+        FHMM(n_chains=2, window=3, n_hidden=4, covariance_type=bad).fit(
+            np.random.default_rng(0).normal(size=(20, 2)), max_iter=2, progress=False)
+
+
+def test_from_params_checks_the_covariance_family():
+    m = FHMM.from_params(W=W2, covariance=np.diag([0.2, 0.1]), transmat=A2, covariance_type="diag")
+    np.testing.assert_allclose(m.covariance_, np.diag([0.2, 0.1]), rtol=1e-15, atol=0)
+    assert m.params_.L[1, 0] == 0.0
+    m = FHMM.from_params(W=W2, covariance=0.3 * np.eye(2), transmat=A2, covariance_type="spherical")
+    assert m.params_.L[0, 0] == m.params_.L[1, 1]
+    with pytest.raises(ValueError, match="covariance_type='diag' needs a covariance that is diagonal"):
+        FHMM.from_params(W=W2, covariance=S2, transmat=A2, covariance_type="diag")
+    with pytest.raises(ValueError, match="'spherical' needs a covariance that is a multiple of the identity"):
+        FHMM.from_params(W=W2, covariance=np.diag([0.2, 0.1]), transmat=A2,
+                         covariance_type="spherical")
+
+
+def test_get_params_and_set_params():
+    m = FHMM(n_chains=3, covariance_type="spherical", random_state=4)
+    p = m.get_params()
+    assert p == {"n_chains": 3, "window": 5, "n_hidden": 30, "share_hidden": "chain",
+                 "random_state": 4, "covariance_type": "spherical"}
+    clone = FHMM(**p)
+    assert clone.get_params() == p
+    assert m.set_params(covariance_type="diag") is m and m.covariance_type == "diag"
+    with pytest.raises(ValueError, match="invalid hyper-parameters"):
+        m.set_params(covariance="diag")
+    assert "covariance_type='diag'" in repr(m)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
+def test_save_load_keeps_covariance_type(tmp_path, covariance_type):
+    S = {"full": S2, "diag": np.diag([0.2, 0.1]), "spherical": 0.2 * np.eye(2)}[covariance_type]
+    m = FHMM.from_params(W=W2, covariance=S, transmat=A2, covariance_type=covariance_type)
+    m.save(tmp_path / "m.npz")
+    back = FHMM.load(tmp_path / "m.npz")
+    assert back.covariance_type == covariance_type
+    np.testing.assert_array_equal(back.params_.L, m.params_.L)
+    with np.load(tmp_path / "m.npz") as f:
+        assert int(f["version"]) == 2
+
+
+def test_version_1_file_loads_as_full(tmp_path):
+    """A file written before covariance_type existed: version 1, no key in the hyper-parameters."""
+    import json
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
+    m.save(tmp_path / "new.npz")
+    with np.load(tmp_path / "new.npz") as f:
+        data = {k: f[k] for k in f.files}
+    hyper = json.loads(str(data["hyper"]))
+    del hyper["covariance_type"]
+    data["hyper"] = np.array(json.dumps(hyper))
+    data["version"] = np.array(1)
+    np.savez(tmp_path / "old.npz", **data)
+    old = FHMM.load(tmp_path / "old.npz")
+    assert old.covariance_type == "full"
+    np.testing.assert_array_equal(old.covariance_, m.covariance_)
+    hyper["covariance_type"] = "tied"
+    data["hyper"] = np.array(json.dumps(hyper))
+    np.savez(tmp_path / "bad.npz", **data)
+    with pytest.raises(ValueError, match="damaged streamfhmm model file: covariance_type 'tied'"):
+        FHMM.load(tmp_path / "bad.npz")

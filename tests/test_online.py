@@ -256,3 +256,67 @@ def test_svi_run_discards_non_finite_steps():
     assert _call_svi_run(Ybad, slots[[1, 3]], S, L, net, x2, nm, p.n_features, sq2,
                          np.full(2, 1e-2), False, sc, v2) == 2
     np.testing.assert_array_equal(x1, x2)
+
+
+@pytest.mark.parametrize("cov_mode", [1, 2])
+def test_svi_run_keeps_the_covariance_family(cov_mode):
+    """svi_run passes cov_mode to each step: equal to svi_step with it, and Σ stays on the
+    family (off-diagonal L exactly 0; spherical: every L_dd equal)."""
+    from streamfhmm.kernels.svi import constrain_model, svi_step
+    p, net, Y, S, L, x, nm = _svi_setup(seed=51, D=3)
+    M, D = p.n_chains, p.n_features
+    constrain_model(x, np.empty(0), M, D, cov_mode)
+    slots = np.random.default_rng(51).integers(0, 12, size=(6, 2))
+    sc = _svi_scratch(net, 2, L, x, M, D)
+    x1, sq1 = x.copy(), np.zeros_like(x)
+    values = np.empty(6)
+    n_ok = ko.svi_run(Y, slots, S, L, net.window, net.offset, net.mean, net.scale, x1, nm,
+                      net.layout, D, sq1, 0.9, 1e-8, np.full(6, 1e-2), 0, False, sc["rows"],
+                      sc["row_start"], sc["row_end"], sc["offsets"], sc["first"], sc["Xw"],
+                      sc["hidden"], sc["theta"], sc["rho"], sc["g_theta"], sc["g_rho"], sc["Yb"],
+                      sc["grad"], sc["x_prev"], sc["sq_prev"], values, cov_mode)
+    assert n_ok == 6
+    Lm = ModelPacker(M, D).L(x1[:nm])
+    assert (Lm[np.tril_indices(D, -1)] == 0.0).all()
+    assert np.abs(np.diag(Lm) - np.diag(ModelPacker(M, D).L(x[:nm]))).max() > 1e-4
+    if cov_mode == 2:
+        assert (np.diag(Lm) == Lm[0, 0]).all()
+    # the first step by hand
+    off = net.offset
+    B = slots.shape[1]
+    rows = np.concatenate([j * S + off + np.arange(L + 1) for j in slots[0]]).astype(np.int64)
+    rs = np.repeat(slots[0] * S, L + 1).astype(np.int64)
+    offsets = np.arange(B + 1, dtype=np.int64) * (L + 1)
+    x2, sq2 = x.copy(), np.zeros_like(x)
+    sc2 = _svi_scratch(net, B, L, x, M, D)
+    v2 = svi_step(Y, rows, rs, rs + S, offsets, np.zeros(B, np.bool_), net.window, off, net.mean,
+                  net.scale, x2, nm, net.layout, M, D, sq2, 0.9, 1e-8, 1e-2, 0, sc2["Xw"],
+                  sc2["hidden"], sc2["theta"], sc2["rho"], sc2["g_theta"], sc2["g_rho"],
+                  sc2["Yb"], sc2["grad"], cov_mode)
+    x3, sq3 = x.copy(), np.zeros_like(x)
+    v3 = np.empty(1)
+    ko.svi_run(Y, slots[:1], S, L, net.window, net.offset, net.mean, net.scale, x3, nm,
+               net.layout, D, sq3, 0.9, 1e-8, np.full(1, 1e-2), 0, False, sc["rows"],
+               sc["row_start"], sc["row_end"], sc["offsets"], sc["first"], sc["Xw"],
+               sc["hidden"], sc["theta"], sc["rho"], sc["g_theta"], sc["g_rho"], sc["Yb"],
+               sc["grad"], sc["x_prev"], sc["sq_prev"], v3, cov_mode)
+    assert v3[0] == v2
+    np.testing.assert_array_equal(x3, x2)
+
+
+def test_stream_learner_passes_its_covariance_type():
+    from streamfhmm.stream.learner import Learner
+    from streamfhmm.stream.reservoir import Reservoir
+    p, net, Y, S, L, x, nm = _svi_setup(seed=53, D=3)
+    res = Reservoir(50, S, 3, random_state=0)
+    for j in range(12):
+        res.offer(Y[j * S:(j + 1) * S].copy(), (j + 1) * S)
+    learner = Learner(p, net, res, batch_size=3, subchain_length=L, learning_rate=1e-2,
+                      covariance_type="spherical")
+    L0 = learner.params().L
+    assert (L0 == L0[0, 0] * np.eye(3)).all()  # the start is projected
+    assert learner.run_steps(20) == 20
+    L1 = learner.params().L
+    assert (L1 == L1[0, 0] * np.eye(3)).all() and L1[0, 0] != L0[0, 0]
+    with pytest.raises(ValueError, match="covariance_type must be one of"):
+        Learner(p, net, res, batch_size=3, subchain_length=L, covariance_type="tied")

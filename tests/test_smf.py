@@ -356,3 +356,102 @@ def test_validation_names_the_argument():
     with pytest.raises(ValueError, match="transition probability"):
         smf_posterior(p.replace(alpha=np.array([-300.0, 0.0])), X)
     assert isinstance(smf_e_step(p, X), SMFEStep)
+
+
+# ----------------------------------------------------------------------------------------
+# covariance families ("diag", "spherical")
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
+@pytest.mark.parametrize("M,D,seed", [(2, 3, 140), (3, 1, 141), (4, 5, 142)])
+def test_constrained_m_step_is_the_closed_form(covariance_type, M, D, seed):
+    from . import naive_covariance as naive_cov
+    p = _model(M, D, seed)
+    print(f"covariance_type={covariance_type}")
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((120, D)) @ rng.standard_normal((D, D)) + 1.0
+    theta = rng.uniform(size=(120, M))
+    xi = rng.uniform(0.1, 5.0, size=(M, 2, 2))
+    new = smf_m_step(p, X, theta, xi, covariance_type=covariance_type)
+    full = smf_m_step(p, X, theta, xi)
+    # W does not depend on the family
+    np.testing.assert_allclose(new.W, full.W, rtol=1e-12, atol=1e-13)
+    S_ref = naive_cov.smf_sigma_m_step(X, theta, new.W, covariance_type)
+    np.testing.assert_allclose(new.covariance, S_ref, rtol=1e-9, atol=1e-12)
+    if covariance_type != "full":
+        L = new.L
+        assert (L[~np.eye(D, dtype=bool)] == 0.0).all()
+        if covariance_type == "spherical":
+            assert (np.diag(L) == L[0, 0]).all()
+
+
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+def test_constrained_m_step_maximises_over_the_family(covariance_type):
+    """No other member of the family (random perturbations of the M-step's Σ) has a
+    larger expected complete log-likelihood."""
+    seed = 150
+    p = _model(3, 3, seed, noise=0.5)
+    X, _ = p.sample(300, random_state=seed)
+    est = smf_e_step(p, X)
+    new = smf_m_step(p, X, est.theta, est.xi, covariance_type=covariance_type)
+    best = expected_complete_loglik(new, X, est.theta, est.xi)
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        if covariance_type == "diag":
+            factor = np.exp(0.05 * rng.standard_normal(3))
+        else:
+            factor = np.full(3, np.exp(0.05 * rng.standard_normal()))
+        other = new.replace(L=new.L * np.sqrt(factor)[:, None])
+        assert expected_complete_loglik(other, X, est.theta, est.xi) < best
+
+
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+@pytest.mark.parametrize("M,D,noise,seed", [(2, 3, 0.3, 160), (4, 4, 1.0, 161)])
+def test_constrained_em_never_decreases(covariance_type, M, D, noise, seed):
+    """Every chain update and every constrained M-step, from a full random start."""
+    truth = _model(M, D, seed, noise=noise)
+    print(f"covariance_type={covariance_type}")
+    lengths = np.array([150, 90])
+    X, _ = truth.sample(int(lengths.sum()), random_state=seed)
+    rng = np.random.default_rng(seed)
+    params = smf_m_step(_model(M, D, seed + 1000, noise=1.0), X, rng.uniform(size=(len(X), M)),
+                        rng.uniform(0.1, 5.0, size=(M, 2, 2)), lengths=lengths,
+                        covariance_type=covariance_type)
+    est = smf_e_step(params, X, lengths=lengths, theta_init=rng.uniform(size=(len(X), M)),
+                     tol=0.0, max_sweeps=3)
+    path = list(est.trace[M:])
+    for _ in range(8):
+        new = smf_m_step(params, X, est.theta, est.xi, lengths=lengths,
+                         covariance_type=covariance_type)
+        nxt = smf_e_step(new, X, lengths=lengths, previous=est, tol=0.0, max_sweeps=2)
+        path.extend(nxt.trace)
+        params, est = new, nxt
+    _assert_nondecreasing(path, path[-1])
+    assert path[-1] > path[0]
+    assert path[-1] <= exact.log_likelihood(params, X, lengths=lengths)
+    # and fit_smf's history, which projects a full start first
+    fitted, history = fit_smf(X, lengths=lengths, params=truth, max_iter=10, tol=0.0,
+                              random_state=seed, progress=False, covariance_type=covariance_type)
+    bounds = [h["bound"] for h in history]
+    _assert_nondecreasing(bounds, bounds[-1])
+    off = fitted.L[~np.eye(D, dtype=bool)]
+    assert (off == 0.0).all()
+    if covariance_type == "spherical":
+        assert (np.diag(fitted.L) == fitted.L[0, 0]).all()
+
+
+def test_init_params_covariance_type():
+    seed = 170
+    truth = _model(2, 3, seed, noise=0.3)
+    X, _ = truth.sample(500, random_state=seed)
+    full = init_params(X, 2, random_state=seed)
+    diag = init_params(X, 2, random_state=seed, covariance_type="diag")
+    sph = init_params(X, 2, random_state=seed, covariance_type="spherical")
+    np.testing.assert_array_equal(diag.W, full.W)
+    np.testing.assert_allclose(diag.covariance, np.diag(np.diag(full.covariance)), rtol=1e-12)
+    np.testing.assert_allclose(sph.covariance, np.trace(full.covariance) / 3 * np.eye(3),
+                               rtol=1e-12)
+    assert (sph.L == sph.L[0, 0] * np.eye(3)).all()
+    with pytest.raises(ValueError, match="covariance_type must be one of"):
+        init_params(X, 2, covariance_type="tied")
+    with pytest.raises(ValueError, match="covariance_type must be one of"):
+        fit_smf(X, n_chains=2, covariance_type="Diag", progress=False)

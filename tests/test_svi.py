@@ -204,3 +204,167 @@ def test_rmsprop_and_schedule():
     assert cosine_lr(1.0, 0.01, 0.0) == 1.0
     assert cosine_lr(1.0, 0.01, 1.0) == pytest.approx(0.01)
     assert cosine_lr(1.0, 0.01, 0.5) == pytest.approx(0.505)
+
+
+# ----------------------------------------------------------------------------------------
+# covariance families ("diag", "spherical")
+# ----------------------------------------------------------------------------------------
+def _batch_scratch(n, net, M, D):
+    return [np.empty((n, k)) for k in (net.n_inputs, net.n_groups * net.n_hidden, M, M, M, M, D)]
+
+
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+@pytest.mark.parametrize("mode", ["centred", "causal"])
+def test_constrained_gradient_against_finite_differences(covariance_type, mode):
+    """The fused kernel's gradient, mapped to the family, equals central differences of
+    the ELBO in the family's own parameters (W, λ_d or one λ, α, β)."""
+    from streamfhmm.kernels import svi as ks
+    from streamfhmm.learn.objective import (ModelPacker, Workspace, batch_objective,
+                                            constrain_params, covariance_mode)
+    from streamfhmm.network import RecognitionNet
+
+    from . import naive_covariance as naive_cov
+    seed = 300 + 2 * (covariance_type == "spherical") + (mode == "causal")
+    print(f"seed={seed} covariance_type={covariance_type} mode={mode}")
+    M, D, T = 2, 3, 40
+    rng = np.random.default_rng(seed)
+    params = FHMMParams.random(M, D, random_state=seed, noise=0.6)
+    X, _ = params.sample(T, random_state=seed + 1)
+    X[rng.random(X.shape) < 0.1] = np.nan
+    X[np.isnan(X).all(axis=1), 0] = 0.5
+    net = RecognitionNet(M, D, window=5, n_hidden=4, share="chain", mode=mode)
+    net.init(random_state=seed, output_scale=1.0)
+    net.weights = net.weights + 0.3 * rng.standard_normal(net.n_weights)
+    net.fit_scaler(X)
+    packer = ModelPacker(M, D)
+    ws = Workspace(packer, net)
+    params = constrain_params(params, covariance_type)
+    # move the λ_d apart (diag) so that the test sees each one
+    vec = packer.pack(params)
+    z0 = naive_cov.restrict(vec, M, D, covariance_type)
+    nW = (M + 1) * D
+    nc = naive_cov.n_free_cov(D, covariance_type)
+    z0[nW:nW + nc] += 0.2 * rng.standard_normal(nc)
+    vec = naive_cov.embed(z0, M, D, covariance_type)
+    sampler = SubchainSampler(np.array([0, 15, T]), 6, 4, np.random.default_rng(seed))
+    b = sampler.next_batch()
+    x = np.concatenate([vec, net.weights])
+    grad = np.empty_like(x)
+    value, _ = ks.batch_gradient(X, b.rows, b.row_start, b.row_end, b.offsets, b.first_is_start,
+                                 net.window, net.offset, net.mean, net.scale, x, packer.size,
+                                 net.layout, M, D, *_batch_scratch(len(b.rows), net, M, D), grad,
+                                 covariance_mode(covariance_type))
+    w = net.weights.copy()
+
+    def f(z):
+        v = naive_cov.embed(z, M, D, covariance_type)
+        return batch_objective(v, w, X, b.rows, b.row_start, b.row_end, b.offsets,
+                               b.first_is_start, ws)[0]
+
+    assert value == pytest.approx(f(z0), rel=1e-12)
+    g_model = grad[:packer.size]
+    # the kernel's gradient lies on the family: 0 off the diagonal, equal λ_d (spherical)
+    tri = np.tril_indices(D)
+    lblock = g_model[packer.sL]
+    assert (lblock[tri[0] != tri[1]] == 0.0).all()
+    g_diag = lblock[tri[0] == tri[1]]
+    if covariance_type == "spherical":
+        assert (g_diag == g_diag[0]).all()
+    g = naive_cov.restrict(g_model, M, D, covariance_type)
+    step = 1e-6
+    for i in range(len(z0)):
+        zp, zm = z0.copy(), z0.copy()
+        zp[i] += step
+        zm[i] -= step
+        fd = (f(zp) - f(zm)) / (2 * step)
+        scale = max(abs(fd), abs(g[i]), 1e-3)
+        assert abs(fd - g[i]) / scale <= 1e-6, (i, fd, g[i])
+
+
+def test_constrain_model_projects_and_equalises_rmsprop_state():
+    from streamfhmm.kernels import svi as ks
+    from streamfhmm.learn.objective import ModelPacker
+    seed = 310
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 4, random_state=seed)
+    packer = ModelPacker(2, 4)
+    Sigma = p.covariance
+    for mode, want in ((1, np.diag(np.diag(Sigma))), (2, np.trace(Sigma) / 4 * np.eye(4))):
+        vec = packer.pack(p)
+        sq = np.random.default_rng(seed).uniform(size=packer.size)
+        sq0 = sq.copy()
+        ks.constrain_model(vec, sq, 2, 4, mode)
+        L = packer.L(vec)
+        np.testing.assert_allclose(L @ L.T, want, rtol=1e-13)
+        assert (L[np.tril_indices(4, -1)] == 0.0).all()
+        np.testing.assert_array_equal(vec[packer.sW], p.W.ravel())
+        diag_sq = sq[packer.sL][packer.diag_pos]
+        if mode == 2:
+            assert (diag_sq == diag_sq[0]).all()
+            assert diag_sq[0] == pytest.approx(sq0[packer.sL][packer.diag_pos].mean(), rel=1e-14)
+        else:
+            np.testing.assert_array_equal(sq, sq0)
+
+
+@pytest.fixture(scope="module")
+def correlated_data():
+    seed = 12
+    print(f"seed={seed}")
+    S = np.array([[0.2, 0.08, 0.0], [0.08, 0.1, 0.03], [0.0, 0.03, 0.15]])
+    W = np.array([[1.0, -1.0, 0.5], [1.5, 1.0, 0.0], [0.0, 0.2, 0.0]])
+    true = FHMM.from_params(W=W, covariance=S, transmat=A2)
+    X, _ = true.sample(800, random_state=seed)
+    return X
+
+
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+@pytest.mark.parametrize("method,init", [("svi", "kmeans"), ("svi", "smf"), ("smf", "auto")])
+def test_fit_keeps_the_covariance_family(correlated_data, covariance_type, method, init):
+    X = correlated_data
+    print(f"covariance_type={covariance_type} method={method} init={init}")
+    m = FHMM(n_chains=2, window=3, n_hidden=6, random_state=5, covariance_type=covariance_type)
+    m.fit(X, method=method, init=init, max_iter=400 if method == "svi" else 10, progress=False)
+    L = m.params_.L
+    off = L[~np.eye(3, dtype=bool)]
+    assert (off == 0.0).all()
+    C = m.covariance_
+    assert (C[~np.eye(3, dtype=bool)] == 0.0).all()
+    if covariance_type == "spherical":
+        assert (np.diag(L) == L[0, 0]).all()
+    else:
+        assert np.ptp(np.diag(L)) > 1e-3  # the variances are learnt separately
+    # the start was the family's too: a fit from it continues on the family
+    m.fit(X, method="svi", init="params", max_iter=50, progress=False)
+    assert (m.params_.L[~np.eye(3, dtype=bool)] == 0.0).all()
+
+
+def test_spherical_svi_learns_the_mean_variance(correlated_data):
+    """The spherical fit's σ² is near the mean residual variance per dimension (the
+    spherical maximum likelihood), not stuck at its start."""
+    X = correlated_data
+    m = FHMM(n_chains=2, window=3, n_hidden=8, random_state=5, covariance_type="spherical")
+    m.fit(X, init="kmeans", max_iter=3000, progress=False)
+    R = X - m.reconstruct(X, method="exact")
+    sigma2 = m.covariance_[0, 0]
+    print(f"sigma2={sigma2:.4f} mean residual variance={R.var(axis=0).mean():.4f}")
+    assert sigma2 == pytest.approx(R.var(axis=0).mean(), rel=0.25)
+
+
+def test_fit_svi_continues_a_state_with_its_covariance_type(correlated_data):
+    from streamfhmm.learn.svi import fit_svi
+    from streamfhmm.network import RecognitionNet
+    X = correlated_data
+    p = init_params(X, 2, random_state=np.random.default_rng(0))
+    net = RecognitionNet(2, 3, window=3, n_hidden=4).init(random_state=0)
+    net.fit_scaler(X)
+    bounds = np.array([0, len(X)])
+    st = fit_svi(X, bounds, p, net, max_iter=30, rng=np.random.default_rng(0), progress=False,
+                 covariance_type="spherical")
+    assert st.covariance_type == "spherical"
+    st = fit_svi(X, bounds, None, None, max_iter=30, rng=np.random.default_rng(1), progress=False,
+                 state=st)
+    L = st.params.L
+    assert (L == L[0, 0] * np.eye(3)).all()
+    with pytest.raises(ValueError, match="covariance_type must be one of"):
+        fit_svi(X, bounds, p, net, max_iter=1, rng=np.random.default_rng(0), progress=False,
+                covariance_type="tied")

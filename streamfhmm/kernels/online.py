@@ -437,7 +437,8 @@ def exact_tail(t_last, tau0, alpha_ring, le_ring, A, beta, g, W, theta_out, mean
 @jit
 def svi_run(Y, slots, seg_len, sub_len, window, off, mean, scale, x, n_model, layout, D, sq,
             decay, eps, lr, step0, freeze_model, rows, row_start, row_end, offsets, first, Xw,
-            hidden, theta, rho, g_theta, g_rho, Yb, grad, x_prev, sq_prev, values):
+            hidden, theta, rho, g_theta, g_rho, Yb, grad, x_prev, sq_prev, values,
+            cov_mode=0):
     """Several SVI steps on subchains held as contiguous raw segments.
 
     Parameters
@@ -471,6 +472,9 @@ def svi_run(Y, slots, seg_len, sub_len, window, off, mean, scale, x, n_model, la
         Scratch: the state before each step, restored when the step is discarded.
     values : ndarray, shape (n_steps,)
         Receives each step's per-position mean ELBO, NaN for a discarded step.
+    cov_mode : int
+        Covariance family of Σ (0 full, 1 diagonal, 2 spherical; see
+        :func:`.svi.constrain_model_grad`); ``x`` must lie on it and stays on it.
 
     Returns
     -------
@@ -503,7 +507,7 @@ def svi_run(Y, slots, seg_len, sub_len, window, off, mean, scale, x, n_model, la
             sq_prev[i] = sq[i]
         value = svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, scale,
                          x, n_model, layout, M, D, sq, decay, eps, lr[k], step0 + n_ok, Xw,
-                         hidden, theta, rho, g_theta, g_rho, Yb, grad)
+                         hidden, theta, rho, g_theta, g_rho, Yb, grad, cov_mode)
         ok = np.isfinite(value)
         if ok:
             for i in range(x.shape[0]):

@@ -7,6 +7,16 @@ Flat model vector (the layout of :class:`streamfhmm.learn.objective.ModelPacker`
     W (M+1, D) row-major | L's lower triangle row by row, diagonal as log L_dd | α (M,) | β (M,)
 
 The start probabilities are the stationary ``a / (a + b)``.
+
+Covariance families
+-------------------
+``cov_mode`` selects the family of Σ = L Lᵀ the learner keeps: ``COV_FULL`` (0, any
+lower-triangular L), ``COV_DIAG`` (1, L diagonal) or ``COV_SPHERICAL`` (2, L = e^λ I).
+The layout does not change: a constrained L is a full one whose off-diagonal entries
+are 0 (and, spherical, whose D entries λ_d are equal). :func:`constrain_model` projects
+a model vector onto the family, :func:`constrain_model_grad` maps the gradient to the
+family's coordinates, and a step that starts on the family stays on it exactly (see
+:func:`constrain_model_grad`).
 """
 import math
 
@@ -30,6 +40,12 @@ def _sigmoid(x):
         return 1.0 / (1.0 + math.exp(-x))
     e = math.exp(x)
     return e / (1.0 + e)
+
+
+#: ``cov_mode`` values: full, diagonal and spherical (σ² I) noise covariance
+COV_FULL = 0
+COV_DIAG = 1
+COV_SPHERICAL = 2
 
 
 @jit
@@ -105,6 +121,112 @@ def assemble_model_grad(vec, M, D, gW, gL, g_alpha, g_beta, g_logpi, out):
 
 
 @jit
+def constrain_model_grad(grad, M, D, cov_mode):
+    """Map a full model gradient to the coordinates of a constrained covariance, in place.
+
+    Parameters
+    ----------
+    grad : ndarray, shape (n_model,) or longer
+        Flat model gradient (layout of the module docstring); only its first
+        ``model_vec_size(M, D)`` entries are read and changed.
+    M, D : int
+    cov_mode : int
+        ``COV_FULL`` (nothing changes), ``COV_DIAG`` (the off-diagonal L entries' gradient
+        is set to 0) or ``COV_SPHERICAL`` (also: every λ_d entry receives ``Σ_d ∂F/∂λ_d``).
+
+    Notes
+    -----
+    MATH.md §1, §4–5. Diagonal: the free parameters are λ_1..λ_D with the off-diagonal L
+    fixed at 0, and at such an L the partial derivatives ``∂F/∂λ_d`` of the full
+    parameterisation are the constrained ones, so zeroing the others is exact.
+    Spherical: one shared λ with ``λ_d = λ`` for all d, so by the chain rule
+    ``∂F/∂λ = Σ_d ∂F/∂λ_d`` — the sum, the true gradient (the mean would only rescale
+    this one coordinate, which RMSprop's normalisation undoes up to its ε). Every λ_d
+    slot receives this value: with equal RMSprop accumulators (as a fresh optimiser or
+    :func:`constrain_model` start has) each slot then takes bit-for-bit the same step,
+    and a zero gradient leaves the off-diagonal entries exactly 0, so the learner
+    stays on the family without any projection after the step.
+    """
+    if cov_mode == COV_FULL:
+        return
+    k0 = (M + 1) * D
+    total = 0.0
+    k = k0
+    for i in range(D):
+        for j in range(i + 1):
+            if i == j:
+                total += grad[k]
+            else:
+                grad[k] = 0.0
+            k += 1
+    if cov_mode == COV_SPHERICAL:
+        k = k0
+        for i in range(D):
+            k += i  # skip the row's off-diagonal entries
+            grad[k] = total
+            k += 1
+
+
+@jit
+def constrain_model(vec, sq, M, D, cov_mode):
+    """Project a model vector onto a covariance family, in place.
+
+    Parameters
+    ----------
+    vec : ndarray, shape (n_model,) or longer
+        Flat model vector; its L block is changed.
+    sq : ndarray, like ``vec``, or empty
+        RMSprop accumulators of ``vec`` (if non-empty): the spherical family's λ_d
+        entries are set to their mean so that they take identical steps.
+    M, D : int
+    cov_mode : int
+        ``COV_FULL`` (nothing changes), ``COV_DIAG`` or ``COV_SPHERICAL``.
+
+    Notes
+    -----
+    Diagonal: ``L ← diag(√Σ_dd)`` with ``Σ_dd = Σ_j L_dj²``; spherical:
+    ``L ← √(tr Σ / D) I`` with ``tr Σ = Σ_ij L_ij²`` — the closest member of the family
+    in the sense that keeps every variance (diagonal) or the total variance (spherical).
+    """
+    if cov_mode == COV_FULL:
+        return
+    k0 = (M + 1) * D
+    trace = 0.0
+    k = k0
+    for i in range(D):
+        var = 0.0
+        for j in range(i + 1):
+            v = math.exp(vec[k]) if i == j else vec[k]
+            var += v * v
+            k += 1
+        trace += var
+        if cov_mode == COV_DIAG:
+            vec[k - 1] = 0.5 * math.log(var)
+            for j in range(i):
+                vec[k - 1 - i + j] = 0.0
+    if cov_mode == COV_SPHERICAL:
+        lam = 0.5 * math.log(trace / D)
+        s = 0.0
+        if sq.shape[0] > 0:
+            k = k0
+            for i in range(D):
+                k += i
+                s += sq[k]
+                k += 1
+            s /= D
+        k = k0
+        for i in range(D):
+            for j in range(i + 1):
+                if i == j:
+                    vec[k] = lam
+                    if sq.shape[0] > 0:
+                        sq[k] = s
+                else:
+                    vec[k] = 0.0
+                k += 1
+
+
+@jit
 def fill_batch(q_start, q_stop, q_lo, q_hi, cursor, B, rows, row_start, row_end, offsets, first):
     """Lay out subchains ``cursor .. cursor+B-1`` of the epoch queue as batch rows.
 
@@ -132,12 +254,14 @@ def fill_batch(q_start, q_stop, q_lo, q_hi, cursor, B, rows, row_start, row_end,
 
 @jit
 def batch_gradient(Y, rows, row_start, row_end, offsets, first, window, off, mean, scale,
-                   x, n_model, layout, M, D, Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad):
+                   x, n_model, layout, M, D, Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad,
+                   cov_mode=COV_FULL):
     """Sum over one batch of the ELBO terms and of their gradient (no update).
 
     Parameters are those of :func:`svi_step` without the optimiser's. ``grad`` receives
     ``Σ_batch ∇ℓ_t`` (a sum, not a mean: distributed learners add the sums of their
-    workers before dividing).
+    workers before dividing), in the coordinates of ``cov_mode``'s covariance family
+    (:func:`constrain_model_grad`).
 
     Returns
     -------
@@ -187,6 +311,7 @@ def batch_gradient(Y, rows, row_start, row_end, offsets, first, window, off, mea
                        gth, grh, gW, gSigma, g_alpha, g_beta, g_logpi)
     sigma_grad_to_chol(gSigma, L, gL)
     assemble_model_grad(model, M, D, gW, gL, g_alpha, g_beta, g_logpi, grad[:n_model])
+    constrain_model_grad(grad, M, D, cov_mode)
     backward_batch(Xw_n, hid, th, rh, gth, grh, weights, layout, grad[n_model:])
     return value, counted
 
@@ -213,7 +338,7 @@ def rmsprop_update(x, grad, sq, decay, eps, lr, step_count):
 @jit
 def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, scale,
              x, n_model, layout, M, D, sq, decay, eps, lr, step_count,
-             Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad):
+             Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad, cov_mode=COV_FULL):
     """Gradient of the per-position mean ELBO of one batch and an RMSprop ascent step.
 
     Parameters
@@ -240,6 +365,9 @@ def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, sca
         Scratch with at least ``offsets[-1]`` rows.
     grad : ndarray, like ``x``
         Receives the gradient of the per-position mean ELBO.
+    cov_mode : int
+        Covariance family (``COV_FULL``, ``COV_DIAG``, ``COV_SPHERICAL``); ``x`` must lie
+        on it (:func:`constrain_model`) and stays on it.
 
     Returns
     -------
@@ -254,7 +382,7 @@ def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, sca
     """
     value, counted = batch_gradient(Y, rows, row_start, row_end, offsets, first, window, off,
                                     mean, scale, x, n_model, layout, M, D, Xw, hidden, theta,
-                                    rho, g_theta, g_rho, Yb, grad)
+                                    rho, g_theta, g_rho, Yb, grad, cov_mode)
     inv = 1.0 / counted
     for i in range(grad.shape[0]):
         grad[i] *= inv

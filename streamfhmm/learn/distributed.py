@@ -97,7 +97,7 @@ from .._validation import check_observations, check_positive_int, check_random_s
 from ..kernels import svi as _ks
 from ..model import FHMMParams
 from ..network import RecognitionNet
-from .objective import ModelPacker
+from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
 from .svi import RMSprop, SVIState, cosine_lr
 
@@ -691,7 +691,8 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
                         progress: bool = True, log_every: int | None = None,
                         state: SVIState | None = None, callback=None, workers=None,
                         step_timeout: float = 60.0, setup_timeout: float = 120.0,
-                        max_recoveries: int = 3, direct_to_workers: bool | None = True) -> SVIState:
+                        max_recoveries: int = 3, direct_to_workers: bool | None = True,
+                        covariance_type: str | None = None) -> SVIState:
     """Run SVI with the data and the gradient work spread over a Dask cluster.
 
     Synchronous data parallelism: each step's ``batch_size`` subchains are drawn by the
@@ -738,6 +739,12 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     direct_to_workers : bool or None
         Call the workers directly (True) or through the scheduler (False); None keeps
         the client's setting. Restored when the fit returns.
+    covariance_type : {"full", "diag", "spherical"}, optional
+        Family of the noise covariance Σ, as in :func:`~streamfhmm.learn.svi.fit_svi`
+        (default: ``state``'s, else ``"full"``). The workers return full gradients;
+        the driver maps their sum to the family
+        (:func:`~streamfhmm.kernels.svi.constrain_model_grad`, linear, so this equals
+        mapping each worker's part) before the RMSprop step.
 
     Returns
     -------
@@ -768,10 +775,15 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
             raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
         if not isinstance(net, RecognitionNet):
             raise ValueError(f"net must be a RecognitionNet, got {type(net).__name__}")
+        ctype = check_covariance_type("full" if covariance_type is None else covariance_type)
         packer = ModelPacker(params.n_chains, params.n_features)
-        state = SVIState(packer=packer, model_vec=packer.pack(params), net=net.copy(),
-                         opt=RMSprop(packer.size + net.n_weights, decay=decay))
+        state = SVIState(packer=packer, model_vec=packer.pack(constrain_params(params, ctype)),
+                         net=net.copy(), opt=RMSprop(packer.size + net.n_weights, decay=decay),
+                         covariance_type=ctype)
+    elif covariance_type is not None:
+        state.covariance_type = check_covariance_type(covariance_type)
     packer, net = state.packer, state.net
+    cov_mode = covariance_mode(state.covariance_type)
     if packer.n_features != D or net.n_features != D:
         raise ValueError(f"the chunks have {D} features but the model has {packer.n_features} "
                          f"and the networks {net.n_features}")
@@ -813,6 +825,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         client.direct_to_workers = bool(direct_to_workers)
     pool = _ShardPool(client, desc, shards, spec, addresses, setup_timeout, step_timeout,
                       max_recoveries)
+    _ks.constrain_model(state.model_vec, state.opt.sq, packer.n_chains, D, cov_mode)
     x = state.state_vector()
     nm = packer.size
     grad = np.empty_like(x)
@@ -848,6 +861,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
                 frac = max(frac, elapsed / time_budget)
             lr = cosine_lr(learning_rate, final_lr_ratio, frac)
             grad /= counted
+            _ks.constrain_model_grad(grad, packer.n_chains, D, cov_mode)
             if not (math.isfinite(value) and _ks.rmsprop_update(x, grad, opt.sq, opt.decay,
                                                                opt.eps, lr, opt.steps)):
                 raise FloatingPointError(f"non-finite ELBO gradient at iteration "

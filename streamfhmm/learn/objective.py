@@ -10,6 +10,12 @@ and the network weights as the flat vector of :class:`~streamfhmm.network.Recogn
 The start probabilities are the chains' stationary probabilities ``a / (a + b)``
 (MATH.md §1: the subchain learner cannot learn them separately), so the gradient of
 ``E log p(s_1)`` flows into α and β.
+
+Covariance families (``covariance_type``, hmmlearn's name): ``"full"`` (any Σ, the
+paper's model), ``"diag"`` (Σ diagonal) and ``"spherical"`` (Σ = σ² I). The flat
+layout is the same for all three; a constrained Σ has a diagonal L (and, spherical,
+equal λ_d). :func:`project_covariance` and :func:`constrain_params` map a model onto a
+family, :func:`check_covariance_matches` tells whether it already is on it.
 """
 from __future__ import annotations
 
@@ -19,7 +25,85 @@ from ..kernels import elbo as _elbo
 from ..kernels import recognition as _rk
 from ..model import FHMMParams, sigmoid
 
-__all__ = ["ModelPacker", "Workspace", "batch_objective", "sequence_elbo"]
+__all__ = ["COVARIANCE_TYPES", "ModelPacker", "Workspace", "batch_objective", "sequence_elbo",
+           "check_covariance_type", "covariance_mode", "project_covariance", "constrain_params",
+           "check_covariance_matches"]
+
+#: the covariance families of Σ, in the order of their ``cov_mode`` codes 0, 1, 2
+COVARIANCE_TYPES = ("full", "diag", "spherical")
+#: relative size of the entries a covariance may have off its family and still count as on it
+COVARIANCE_RTOL = 1e-10
+
+
+def check_covariance_type(covariance_type) -> str:
+    """``covariance_type`` itself if it is one of :data:`COVARIANCE_TYPES`, else ValueError."""
+    if not isinstance(covariance_type, str) or covariance_type not in COVARIANCE_TYPES:
+        raise ValueError(f"covariance_type must be one of {COVARIANCE_TYPES}, got {covariance_type!r}")
+    return covariance_type
+
+
+def covariance_mode(covariance_type) -> int:
+    """The kernels' ``cov_mode`` code: 0 ``"full"``, 1 ``"diag"``, 2 ``"spherical"``."""
+    return COVARIANCE_TYPES.index(check_covariance_type(covariance_type))
+
+
+def project_covariance(Sigma, covariance_type) -> np.ndarray:
+    """The covariance family's member that keeps Σ's variances.
+
+    Parameters
+    ----------
+    Sigma : array_like, shape (D, D)
+    covariance_type : {"full", "diag", "spherical"}
+
+    Returns
+    -------
+    ndarray, shape (D, D)
+        ``Σ`` (full), ``diag(Σ_dd)`` (diag) or ``tr(Σ)/D · I`` (spherical).
+
+    Notes
+    -----
+    These are also the exact constrained M-steps of a Gaussian: for a fixed mean, the
+    maximiser of ``Σ_t E log N(y_t; μ_t, Σ)`` over diagonal Σ is the diagonal of the
+    unconstrained maximiser S (each variance has its own term ``-½(log σ_d² +
+    S_dd/σ_d²)``), and over ``σ² I`` it is ``tr(S)/D`` (the terms add to
+    ``-½ D (log σ² + tr(S)/(D σ²))``).
+    """
+    S = np.array(Sigma, dtype=np.float64)
+    mode = covariance_mode(covariance_type)
+    if mode == 0:
+        return S
+    D = S.shape[0]
+    if mode == 1:
+        return np.diag(np.diag(S).copy())
+    return (np.trace(S) / D) * np.eye(D)
+
+
+def check_covariance_matches(Sigma, covariance_type, rtol: float = COVARIANCE_RTOL) -> bool:
+    """Whether Σ belongs to the family (up to ``rtol`` relative to its variances)."""
+    S = np.asarray(Sigma, dtype=np.float64)
+    mode = covariance_mode(covariance_type)
+    if mode == 0:
+        return True
+    d = np.diag(S)
+    off = S - np.diag(d)
+    scale = np.sqrt(np.outer(d, d))
+    if not (np.abs(off) <= rtol * scale).all():
+        return False
+    return mode == 1 or bool(np.ptp(d) <= rtol * d.max())
+
+
+def constrain_params(params: FHMMParams, covariance_type) -> FHMMParams:
+    """``params`` with Σ replaced by :func:`project_covariance` (exactly on the family:
+    L diagonal, and for ``"spherical"`` all ``L_dd`` equal); ``params`` itself for
+    ``"full"``."""
+    mode = covariance_mode(covariance_type)
+    if mode == 0:
+        return params
+    L = params.L
+    var = (L * L).sum(axis=1)  # Σ_dd
+    if mode == 2:
+        var = np.full(len(var), var.sum() / len(var))
+    return params.replace(L=np.diag(np.sqrt(var)))
 
 
 class ModelPacker:

@@ -32,6 +32,8 @@ from .._validation import (check_lengths, check_observations, check_positive_int
                            check_random_state)
 from ..kernels import smf as _k
 from ..model import PROB_FLOOR, FHMMParams
+from .objective import COVARIANCE_TYPES as COVARIANCE_TYPE_NAMES
+from .objective import constrain_params, covariance_mode
 
 __all__ = ["SMFEStep", "smf_posterior", "smf_e_step", "smf_m_step", "fit_smf", "init_params",
            "expected_complete_loglik"]
@@ -329,8 +331,8 @@ def expected_complete_loglik(params: FHMMParams, X, theta, xi, lengths=None) -> 
 # ----------------------------------------------------------------------------------------
 # M-step
 # ----------------------------------------------------------------------------------------
-def _m_step(params: FHMMParams, X, theta, xi, starts, floor) -> FHMMParams:
-    """Closed-form M-step on validated inputs."""
+def _m_step(params: FHMMParams, X, theta, xi, starts, floor, cov_mode: int = 0) -> FHMMParams:
+    """Closed-form M-step on validated inputs (``cov_mode``: 0 full, 1 diag, 2 spherical)."""
     T, M = theta.shape
     mu = np.empty((T, M + 1))
     mu[:, :M] = theta
@@ -352,10 +354,17 @@ def _m_step(params: FHMMParams, X, theta, xi, starts, floor) -> FHMMParams:
     E = X - mu @ W
     S = (E.T @ E + (W[:M].T * v) @ W[:M]) / T
     S = 0.5 * (S + S.T)
-    ev, Q = np.linalg.eigh(S)
-    if ev[0] < floor:
-        S = (Q * np.maximum(ev, floor)) @ Q.T
-        S = 0.5 * (S + S.T)
+    if cov_mode == 1:
+        # diagonal Σ: each variance maximises its own term -½(log σ² + S_dd/σ²)
+        S = np.diag(np.maximum(np.diag(S), floor))
+    elif cov_mode == 2:
+        # σ² I: the terms add to -½ D (log σ² + tr(S)/(D σ²))
+        S = max(float(np.trace(S)) / S.shape[0], floor) * np.eye(S.shape[0])
+    else:
+        ev, Q = np.linalg.eigh(S)
+        if ev[0] < floor:
+            S = (Q * np.maximum(ev, floor)) @ Q.T
+            S = 0.5 * (S + S.T)
     # A: expected transition counts; a row with no mass (a state never occupied) keeps
     # its previous value, every probability stays in [PROB_FLOOR, 1 - PROB_FLOOR].
     A_old = params.transmat
@@ -367,11 +376,14 @@ def _m_step(params: FHMMParams, X, theta, xi, starts, floor) -> FHMMParams:
     A[:, 0, 1], A[:, 1, 0] = off[:, 0], off[:, 1]
     A[:, 0, 0], A[:, 1, 1] = 1.0 - off[:, 0], 1.0 - off[:, 1]
     startprob = np.clip(theta[starts].mean(axis=0), PROB_FLOOR, 1.0 - PROB_FLOOR)
-    return FHMMParams.from_natural(W, S, A, startprob=startprob)
+    out = FHMMParams.from_natural(W, S, A, startprob=startprob)
+    # exactly on the family (the Cholesky factor of a diagonal Σ is diagonal up to rounding)
+    return constrain_params(out, COVARIANCE_TYPE_NAMES[cov_mode])
 
 
 def smf_m_step(params: FHMMParams, X, theta, xi, lengths=None,
-               covariance_floor: float | None = None) -> FHMMParams:
+               covariance_floor: float | None = None,
+               covariance_type: str = "full") -> FHMMParams:
     """Closed-form M-step of structured mean-field EM.
 
     Parameters
@@ -388,6 +400,9 @@ def smf_m_step(params: FHMMParams, X, theta, xi, lengths=None,
     covariance_floor : float, optional
         Floor on the eigenvalues of Σ; default ``1e-9`` times the mean per-feature
         variance of X.
+    covariance_type : {"full", "diag", "spherical"}
+        Family of Σ: with S the full update below, ``"diag"`` keeps ``diag(S_dd)`` and
+        ``"spherical"`` takes ``tr(S)/D · I``.
 
     Returns
     -------
@@ -397,9 +412,16 @@ def smf_m_step(params: FHMMParams, X, theta, xi, lengths=None,
     -----
     MATH.md §6: ``W = (Σ_t E[ŝŝᵀ])⁻¹ Σ_t E[ŝ] yᵀ``, ``Σ = (1/T) Σ_t (yyᵀ - Wᵀ E[ŝ] yᵀ)``,
     ``A_m(i, j) ∝ Σ_t ξ_t^m(i, j)``, ``π_m`` the mean of ``θ_1^m`` over sequences.
-    Numerical guards: along eigen-directions of ``Σ_t E[ŝŝᵀ]`` with eigenvalue below
+    The constrained Σ updates are the exact maximisers of F over that family: W does
+    not depend on Σ (every dimension has the same design), and for a fixed W,
+    ``Σ_t E log N(y_t; Wᵀŝ_t, Σ) = -T/2 (log|Σ| + tr(Σ⁻¹ S)) + const``, which over
+    diagonal Σ separates into ``-T/2 Σ_d (log σ_d² + S_dd/σ_d²)`` (maximum
+    ``σ_d² = S_dd``) and over ``σ² I`` is ``-T D/2 (log σ² + tr(S)/(D σ²))`` (maximum
+    ``σ² = tr(S)/D``); the floor clips a variance from below, which is again the
+    constrained maximum of these unimodal terms. Numerical guards: along eigen-directions of ``Σ_t E[ŝŝᵀ]`` with eigenvalue below
     ``1e-12`` of the largest (a chain never on, or always on) W keeps its current value;
-    the eigenvalues of Σ are floored at ``covariance_floor``; a transition row with no
+    the eigenvalues of Σ (the variances, for diag and spherical) are floored at
+    ``covariance_floor``; a transition row with no
     expected visits keeps its current value; transition and start probabilities are
     clipped to ``[1e-12, 1 - 1e-12]``.
     """
@@ -413,7 +435,8 @@ def smf_m_step(params: FHMMParams, X, theta, xi, lengths=None,
         floor = _default_floor(X)
     else:
         floor = _check_nonneg_float(covariance_floor, "covariance_floor")
-    return _m_step(params, X, theta, xi, _bounds(lengths)[:-1], floor)
+    return _m_step(params, X, theta, xi, _bounds(lengths)[:-1], floor,
+                   covariance_mode(covariance_type))
 
 
 # ----------------------------------------------------------------------------------------
@@ -444,7 +467,8 @@ def _kmeans(Z: np.ndarray, K: int, rng: np.random.Generator, n_iter: int = 50) -
     return centres
 
 
-def init_params(X, n_chains: int, lengths=None, random_state=None) -> FHMMParams:
+def init_params(X, n_chains: int, lengths=None, random_state=None,
+                covariance_type: str = "full") -> FHMMParams:
     """A data-driven starting point for SMF-EM.
 
     Parameters
@@ -454,6 +478,8 @@ def init_params(X, n_chains: int, lengths=None, random_state=None) -> FHMMParams
     lengths : array_like of int, optional
         Only validated (the start does not depend on the sequence boundaries).
     random_state : None, int or numpy Generator
+    covariance_type : {"full", "diag", "spherical"}
+        Family of the starting Σ (projected: its diagonal, or ``tr/D · I``).
 
     Returns
     -------
@@ -484,6 +510,7 @@ def init_params(X, n_chains: int, lengths=None, random_state=None) -> FHMMParams
     X = check_observations(X)
     check_lengths(lengths, X.shape[0])
     M = check_positive_int(n_chains, "n_chains")
+    mode = covariance_mode(covariance_type)
     rng = check_random_state(random_state)
     T, D = X.shape
     mean = X.mean(axis=0)
@@ -513,12 +540,14 @@ def init_params(X, n_chains: int, lengths=None, random_state=None) -> FHMMParams
     A = np.empty((M, 2, 2))
     A[:, 0, 1] = A[:, 1, 0] = INIT_SWITCH
     A[:, 0, 0] = A[:, 1, 1] = 1.0 - INIT_SWITCH
-    return FHMMParams.from_natural(W, S, A, startprob=np.full(M, 0.5))
+    params = FHMMParams.from_natural(W, S, A, startprob=np.full(M, 0.5))
+    return constrain_params(params, COVARIANCE_TYPE_NAMES[mode])
 
 
 def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | None = None,
             max_iter: int = 100, tol: float = 1e-6, time_budget: float | None = None,
-            random_state=None, progress: bool = True, e_tol: float = 1e-6, max_sweeps: int = 20):
+            random_state=None, progress: bool = True, e_tol: float = 1e-6, max_sweeps: int = 20,
+            covariance_type: str = "full"):
     """Fit a factorial HMM by structured mean-field EM.
 
     Parameters
@@ -544,6 +573,11 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
         E-step tolerance on the largest change of θ over a sweep.
     max_sweeps : int
         At most this many sweeps per E-step.
+    covariance_type : {"full", "diag", "spherical"}
+        Family of Σ. A given ``params`` is first projected onto it
+        (:func:`~streamfhmm.learn.objective.constrain_params`: its variances, or their
+        mean); every M-step is the family's exact constrained maximiser
+        (:func:`smf_m_step`), so the bound still never decreases.
 
     Returns
     -------
@@ -582,17 +616,19 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
     max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
     if time_budget is not None:
         time_budget = _check_nonneg_float(time_budget, "time_budget")
+    cov_mode = covariance_mode(covariance_type)
     rng = check_random_state(random_state)
     t0 = time.perf_counter()
     if params is None:
         if n_chains is None:
             raise ValueError("n_chains must be given when params is None")
-        params = init_params(X, n_chains, random_state=rng)
+        params = init_params(X, n_chains, random_state=rng, covariance_type=covariance_type)
     else:
         params = _check_params(params, D)
         if n_chains is not None and check_positive_int(n_chains, "n_chains") != params.n_chains:
             raise ValueError(f"n_chains ({n_chains}) does not match params.n_chains "
                              f"({params.n_chains})")
+        params = constrain_params(params, covariance_type)
     M = params.n_chains
     floor = _default_floor(X)
 
@@ -612,7 +648,7 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
             if time_budget is not None and time.perf_counter() - t0 >= time_budget:
                 break
             previous = est
-            params = _m_step(params, X, est.theta, est.xi, starts, floor)
+            params = _m_step(params, X, est.theta, est.xi, starts, floor, cov_mode)
             terms = _prior_terms(params, est.xi, est.theta[starts]) + est.entropy
             est = _e_step(params, X, bounds, est.theta.copy(), e_tol, max_sweeps, terms)
             history.append({"iteration": it, "bound": est.bound,

@@ -7,6 +7,10 @@ learning rate follows a cosine schedule from ``learning_rate`` down to
 ``learning_rate * final_lr_ratio`` over the run (the run's length is ``max_iter`` steps
 or ``time_budget`` seconds, whichever ends first), so the last steps average out the
 minibatch noise.
+
+With ``covariance_type="diag"`` or ``"spherical"`` the starting Σ is projected onto the
+family (:func:`~streamfhmm.learn.objective.constrain_params`) and every step keeps it
+there exactly (:func:`~streamfhmm.kernels.svi.constrain_model_grad`).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from .._blas import limit_blas_threads
 from ..kernels import svi as _ks
 from ..model import FHMMParams
 from ..network import RecognitionNet
-from .objective import ModelPacker
+from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
 
 __all__ = ["RMSprop", "SVIState", "fit_svi"]
@@ -62,6 +66,7 @@ class SVIState:
     opt: RMSprop
     iteration: int = 0
     history: list = field(default_factory=list)
+    covariance_type: str = "full"
 
     @property
     def params(self) -> FHMMParams:
@@ -77,7 +82,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             learning_rate: float = 1e-2, final_lr_ratio: float = 0.01, decay: float = 0.9,
             time_budget: float | None = None, rng: np.random.Generator,
             progress: bool = True, log_every: int | None = None, state: SVIState | None = None,
-            callback=None) -> SVIState:
+            callback=None, covariance_type: str | None = None) -> SVIState:
     """Run SVI from ``params`` and ``net`` (or continue ``state``).
 
     Parameters
@@ -98,16 +103,27 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         Append to ``history`` every so many steps (default: 100 entries per run).
     callback : callable, optional
         ``callback(state)`` after each logged step.
+    covariance_type : {"full", "diag", "spherical"}, optional
+        Family of the noise covariance Σ (default: ``state``'s, else ``"full"``). The
+        start is projected onto it (diag: ``L = diag(√Σ_dd)``; spherical:
+        ``L = √(tr Σ / D) I``) and every step keeps it.
 
     Returns
     -------
     SVIState
     """
     if state is None:
+        ctype = check_covariance_type("full" if covariance_type is None else covariance_type)
         packer = ModelPacker(params.n_chains, params.n_features)
-        state = SVIState(packer=packer, model_vec=packer.pack(params), net=net.copy(),
-                         opt=RMSprop(packer.size + net.n_weights, decay=decay))
+        state = SVIState(packer=packer, model_vec=packer.pack(constrain_params(params, ctype)),
+                         net=net.copy(), opt=RMSprop(packer.size + net.n_weights, decay=decay),
+                         covariance_type=ctype)
+    elif covariance_type is not None:
+        state.covariance_type = check_covariance_type(covariance_type)
     packer, net = state.packer, state.net
+    cov_mode = covariance_mode(state.covariance_type)
+    # on the family, with the spherical λ_d's RMSprop accumulators equal
+    _ks.constrain_model(state.model_vec, state.opt.sq, packer.n_chains, packer.n_features, cov_mode)
     L = subchain_length or net.window
     sampler = SubchainSampler(bounds, L, batch_size, rng)
     B = sampler.batch_size
@@ -150,7 +166,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             lr = cosine_lr(learning_rate, final_lr_ratio, frac)
             value = _ks.svi_step(X, rows, row_start, row_end, offsets, first, net.window, net.offset,
                                  net.mean, net.scale, x, nm, net.layout, M, D, opt.sq, opt.decay,
-                                 opt.eps, lr, opt.steps, Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad)
+                                 opt.eps, lr, opt.steps, Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad,
+                                 cov_mode)
             if not np.isfinite(value):
                 raise FloatingPointError(f"non-finite ELBO gradient at iteration {state.iteration + 1}; "
                                          f"parameters left at the previous step")
