@@ -32,12 +32,11 @@ first layer is a single matrix product in both sharing modes. The offsets and si
 travel with the weights in an int64 ``layout`` vector (:func:`weight_layout`, indices
 ``LAYOUT_*``), so every kernel takes ``(weights, layout)``.
 """
-import math
-
 import numpy as np
 
 from ._jit import jit
-from .bvn import EPS_RHO, EPS_THETA, clip_rho, clip_theta
+from ._math import sigmoid, tanh, tanh_bias_inplace
+from .bvn import EPS_RHO, EPS_THETA
 
 __all__ = [
     "LAYOUT_N_CHAINS", "LAYOUT_N_FEATURES", "LAYOUT_WINDOW", "LAYOUT_N_GROUPS",
@@ -61,6 +60,10 @@ LAYOUT_OFF_V = 9
 LAYOUT_OFF_E = 10
 LAYOUT_N_WEIGHTS = 11   # length of the flat weight vector
 LAYOUT_SIZE = 12
+
+#: windows per block of :func:`forward_batch`: a block's activations (256 x 200 float64,
+#: 400 KB) stay in the L2 cache from the first product to the second
+_FORWARD_BLOCK = 256
 
 # the one clipping of θ and ρ used everywhere (MATH.md §2)
 _EPS_THETA = EPS_THETA
@@ -121,16 +124,17 @@ def scratch_size(layout):
 
 
 @jit(inline="always")
-def _tanh(x):
-    """tanh from one ``exp``: ``(1 - e^{-2|x|}) / (1 + e^{-2|x|})`` with the sign of x.
+def _theta_head(a):
+    """θ = ε + (1-2ε) σ(a), computed as ``bvn.clip_theta`` (``θ(a) = 1 - θ(-a)`` exactly
+    for a > 0, never above ``1 - ε``) with the vectorisable sigmoid (:mod:`._math`)."""
+    v = _EPS_THETA + (1.0 - 2.0 * _EPS_THETA) * sigmoid(-abs(a))
+    return 1.0 - v if a >= 0.0 else v
 
-    Absolute error ≤ 2.3e-16 (relative accuracy is lost only for |x| ≲ 1e-8, where it
-    does not matter); about 3x faster than ``math.tanh`` on the hidden layer, which
-    otherwise costs more than the BLAS product feeding it.
-    """
-    u = math.exp(-2.0 * abs(x))
-    z = (1.0 - u) / (1.0 + u)
-    return z if x >= 0.0 else -z
+
+@jit(inline="always")
+def _rho_head(b):
+    """ρ = (1-ε_ρ) tanh(b), as ``bvn.clip_rho`` with the vectorisable tanh (:mod:`._math`)."""
+    return (1.0 - _EPS_RHO) * tanh(b)
 
 
 @jit
@@ -213,8 +217,10 @@ def forward_batch(Xw, weights, layout, out_theta, out_rho, hidden):
 
     Notes
     -----
-    MATH.md §3. The first layer is one BLAS product ``Xw @ U.T`` with ``U`` read as
-    ``(G*Hg, K)``; the second is one more product when ``G = 1``.
+    MATH.md §3. Blocks of ``_FORWARD_BLOCK`` windows: the first layer is one BLAS
+    product ``Xw @ U.T`` with ``U`` read as ``(G*Hg, K)``, then the vectorised tanh
+    (:mod:`._math`), then (when ``G = 1``) one more product and the heads, while the
+    block's activations are still in the L2 cache.
     """
     n = Xw.shape[0]
     M = layout[LAYOUT_N_CHAINS]
@@ -227,31 +233,36 @@ def forward_batch(Xw, weights, layout, out_theta, out_rho, hidden):
     c = weights[layout[LAYOUT_OFF_C]:layout[LAYOUT_OFF_C] + GH]
     oV = layout[LAYOUT_OFF_V]
     oE = layout[LAYOUT_OFF_E]
-    np.dot(Xw, U.T, hidden)
-    for i in range(n):
-        for j in range(GH):
-            hidden[i, j] = _tanh(hidden[i, j] + c[j])
     if G == 1:
         V = weights[oV:oV + P * Hg].reshape((P, Hg))
-        pre = np.dot(hidden, V.T)
-        for i in range(n):
-            for m in range(M):
-                out_theta[i, m] = clip_theta(pre[i, 2 * m] + weights[oE + 2 * m])
-                out_rho[i, m] = clip_rho(pre[i, 2 * m + 1] + weights[oE + 2 * m + 1])
-    else:
-        for i in range(n):
-            for g in range(G):
-                for p in range(P):
-                    j = g * P + p
-                    vo = oV + j * Hg
-                    acc = weights[oE + j]
-                    for h in range(Hg):
-                        acc += weights[vo + h] * hidden[i, g * Hg + h]
-                    m = j // 2
-                    if j % 2 == 0:
-                        out_theta[i, m] = clip_theta(acc)
-                    else:
-                        out_rho[i, m] = clip_rho(acc)
+        E = weights[oE:oE + P]
+        pre = np.empty((min(n, _FORWARD_BLOCK), P))
+    for b0 in range(0, n, _FORWARD_BLOCK):
+        b1 = min(n, b0 + _FORWARD_BLOCK)
+        z = hidden[b0:b1]
+        np.dot(Xw[b0:b1], U.T, z)
+        tanh_bias_inplace(z, c)
+        if G == 1:
+            pb = pre[:b1 - b0]
+            np.dot(z, V.T, pb)
+            for i in range(b1 - b0):
+                for m in range(M):
+                    out_theta[b0 + i, m] = _theta_head(pb[i, 2 * m] + E[2 * m])
+                    out_rho[b0 + i, m] = _rho_head(pb[i, 2 * m + 1] + E[2 * m + 1])
+        else:
+            for i in range(b0, b1):
+                for g in range(G):
+                    for p in range(P):
+                        j = g * P + p
+                        vo = oV + j * Hg
+                        acc = weights[oE + j]
+                        for h in range(Hg):
+                            acc += weights[vo + h] * hidden[i, g * Hg + h]
+                        m = j // 2
+                        if j % 2 == 0:
+                            out_theta[i, m] = _theta_head(acc)
+                        else:
+                            out_rho[i, m] = _rho_head(acc)
 
 
 @jit
@@ -377,15 +388,16 @@ def forward_one(window_buf, start, weights, layout, mean, scale, scratch, out_th
     z = scratch[K:K + GH]
     U = weights[oU:oU + GH * K].reshape((GH, K))
     np.dot(U, x, z)
+    c = weights[oC:oC + GH]
     for j in range(GH):
-        z[j] = _tanh(z[j] + weights[oC + j])
+        z[j] = tanh(z[j] + c[j])
     if G == 1:
         pre = scratch[K + GH:K + GH + P]
         V = weights[oV:oV + P * Hg].reshape((P, Hg))
         np.dot(V, z, pre)
         for m in range(M):
-            out_theta[m] = clip_theta(pre[2 * m] + weights[oE + 2 * m])
-            out_rho[m] = clip_rho(pre[2 * m + 1] + weights[oE + 2 * m + 1])
+            out_theta[m] = _theta_head(pre[2 * m] + weights[oE + 2 * m])
+            out_rho[m] = _rho_head(pre[2 * m + 1] + weights[oE + 2 * m + 1])
     else:
         for g in range(G):
             for p in range(P):
@@ -396,6 +408,6 @@ def forward_one(window_buf, start, weights, layout, mean, scale, scratch, out_th
                     acc += weights[vo + h] * z[g * Hg + h]
                 m = j // 2
                 if j % 2 == 0:
-                    out_theta[m] = clip_theta(acc)
+                    out_theta[m] = _theta_head(acc)
                 else:
-                    out_rho[m] = clip_rho(acc)
+                    out_rho[m] = _rho_head(acc)
