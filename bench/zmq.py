@@ -16,6 +16,11 @@ Reference measured in the same run: a plain Python ZeroMQ relay (SUB -> PUB, the
 sockets and message sizes, no decoding, no inference), so the ratio shows what the
 service costs over the transport. Targets (issue: ZeroMQ service): >= 20,000
 messages/s with learning on, p99 <= 2 ms.
+
+The learning-on rows run the service with its default learner duty (the fraction of one
+core the background learner may use; ``--learner-duty`` here overrides it) and show the
+learner's steps/s during the throughput phase and over the whole run, read from the
+service's status lines, so that the trade-off between learning and serving is visible.
 """
 from __future__ import annotations
 
@@ -23,9 +28,11 @@ import argparse
 import os
 import signal
 import socket
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 # this file is named like the pyzmq package: take its directory off the front of the
@@ -181,43 +188,85 @@ def run_phase(cl, rows, rate, window, lag, timeout=120.0):
     return len(got) / elapsed, np.array(lat), lost
 
 
-def serve(model_path, p_in, p_out, fmt, learn):
+#: seconds between the service's status lines (they carry its learner step count)
+STATUS_INTERVAL = 0.25
+_STEPS = re.compile(r"learner steps (\d+)")
+_DUTY = re.compile(r"learner duty ([0-9.e+-]+)")
+
+
+def serve(model_path, p_in, p_out, fmt, learn, duty=None):
     args = [sys.executable, "-m", "streamfhmm", "serve", "--model", model_path,
             "--sub", f"tcp://127.0.0.1:{p_in}", "--pub", f"tcp://127.0.0.1:{p_out}",
-            "--format", fmt, "--wait-subscribers", "1", "--status-interval", "0", "--heartbeat", "0"]
+            "--format", fmt, "--wait-subscribers", "1", "--status-interval", str(STATUS_INTERVAL),
+            "--heartbeat", "0"]
     if learn:
         args.append("--learn")
+        if duty is not None:
+            args += ["--learner-duty", str(duty)]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+class StderrLines(threading.Thread):
+    """Reads a process's stderr, keeping each line with the time it arrived."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.lines = []
+
+    def run(self):
+        for line in self.stream:
+            self.lines.append((time.perf_counter(), line.rstrip("\n")))
+
+    def steps_per_second(self, t0=None, t1=None):
+        """Learner steps/s between t0 and t1, from the status lines' step counts."""
+        pts = [(t, int(m.group(1))) for t, ln in self.lines
+               if (m := _STEPS.search(ln)) and (t0 is None or t >= t0) and (t1 is None or t <= t1)]
+        if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+            return None
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
 
 
 def measure(cmd_factory, X, args, lag, label):
     p_in, p_out = _free_port(), _free_port()
     proc = cmd_factory(p_in, p_out)
+    err = StderrLines(proc.stderr)
+    err.start()
     cl = Client(p_in, p_out, X.shape[1])
     try:
         cl.handshake()
         rows = [x.tobytes() for x in X]
         run_phase(cl, rows[:args.warmup], rate=None, window=args.window, lag=lag)     # warm up
+        t_tp = time.perf_counter()
         tp, _, lost = run_phase(cl, rows[:args.messages], rate=None, window=args.window, lag=lag)
+        t_tp = (t_tp, time.perf_counter())
         lats = []
         for rate in args.rates:
             k = int(rate * args.latency_seconds)
             _, lat, lost_k = run_phase(cl, rows[:k], rate=rate, window=args.window, lag=lag)
             lats.append(lat)
             lost += lost_k
+        t_end = time.perf_counter()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            _, err = proc.communicate(timeout=60)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            _, err = proc.communicate()
+            proc.wait()
+        err.join(10)
         cl.close()
-    summary = [ln for ln in err.splitlines() if "stopped after" in ln]
+    text = [ln for _, ln in err.lines]
+    summary = [ln for ln in text if "stopped after" in ln]
     gaps = "?"
     if summary:
         gaps = summary[-1].split("gaps ")[1].split(" ")[0]
-    row = {"configuration": label, "messages/s": tp, "lost": lost, "gaps": gaps}
+    duty = [m.group(1) for ln in text if (m := _DUTY.search(ln))]
+    row = {"configuration": label, "messages/s": tp, "lost": lost, "gaps": gaps,
+           "duty": duty[0] if duty else "-"}
+    if "--learn" in label:
+        row["steps/s (tp)"] = err.steps_per_second(*t_tp)
+        row["steps/s (all)"] = err.steps_per_second(t_tp[0], t_end)
     for rate, lat in zip(args.rates, lats):
         row[f"p50 us @{rate:g}/s"] = float(np.percentile(lat, 50) * 1e6) if lat.size else None
         row[f"p99 us @{rate:g}/s"] = float(np.percentile(lat, 99) * 1e6) if lat.size else None
@@ -237,6 +286,9 @@ def main(argv=None):
     ap.add_argument("--window-size", type=int, default=5, help="recognition window (odd)")
     ap.add_argument("--hidden", type=int, default=16)
     ap.add_argument("--formats", nargs="+", default=["binary", "json"])
+    ap.add_argument("--learner-duty", type=float, default=None,
+                    help="learner duty of the learning-on rows (default: the service's default)")
+    ap.add_argument("--no-learn-off", action="store_true", help="skip the learning-off rows")
     args = ap.parse_args(argv)
 
     header("streamfhmm serve over loopback TCP: end-to-end throughput and latency")
@@ -262,14 +314,20 @@ def main(argv=None):
             X, args, 0, "reference: plain ZeroMQ relay"))
         rows[-1]["gaps"] = "-"
         for fmt in args.formats:
-            for learn in (False, True):
+            for learn in ((True,) if args.no_learn_off else (False, True)):
                 label = f"serve --format {fmt}" + (" --learn" if learn else "")
-                rows.append(measure(lambda a, b: serve(path, a, b, fmt, learn), X, args, lag, label))
+                rows.append(measure(lambda a, b: serve(path, a, b, fmt, learn, args.learner_duty),
+                                    X, args, lag, label))
     ref = rows[0]["messages/s"]
     for r in rows:
         r["/ relay"] = r["messages/s"] / ref
     lat_cols = [c for rate in args.rates for c in (f"p50 us @{rate:g}/s", f"p99 us @{rate:g}/s")]
-    table(rows, ["configuration", "messages/s", "/ relay", *lat_cols, "lost", "gaps"])
+    table(rows, ["configuration", "messages/s", "/ relay", *lat_cols, "lost", "gaps", "duty",
+                 "steps/s (tp)", "steps/s (all)"])
+    print("# duty: the learner's share of one core, as the service reports it "
+          f"({'set by --learner-duty' if args.learner_duty is not None else 'its default'}); "
+          "steps/s: learner SVI steps per second during the throughput phase (tp) and from "
+          "its start to the end of the latency phases (all)")
     print()
     key = f"p99 us @{args.rates[0]:g}/s"
     print(f"# targets: >= {TARGET_RATE:,} messages/s with learning on; p99 <= {TARGET_P99_MS:g} ms "

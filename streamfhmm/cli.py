@@ -2,7 +2,8 @@
 
 Subcommands: ``fit``, ``score``, ``predict``, ``bench`` (over files: CSV with a header
 row, or ``.npy``), ``serve`` (the ZeroMQ service), ``replay`` (publish a recording
-over ZeroMQ) and ``demo``. ``streamfhmm COMMAND --help`` describes each.
+over ZeroMQ), ``demo`` (live household-power disaggregation over ZeroMQ) and
+``disaggregate`` (its offline version). ``streamfhmm COMMAND --help`` describes each.
 
 Exit status: 0 on success (``serve`` and ``replay`` also after SIGTERM/SIGINT, once
 drained and checkpointed), 2 for a bad command line, 1 for any other error (missing
@@ -21,6 +22,8 @@ import time
 import warnings
 
 import numpy as np
+
+from .stream.learner import DEFAULT_LEARNER_DUTY
 
 __all__ = ["main", "build_parser", "load_data", "CliError"]
 
@@ -278,6 +281,16 @@ def _positive_float(s):
     return v
 
 
+def _duty(s):
+    try:
+        v = float(s)
+    except ValueError:
+        v = math.nan
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {s!r}")
+    return v
+
+
 def _port(s):
     try:
         v = int(s)
@@ -511,13 +524,16 @@ def _serve(args, state) -> int:
         learn = args.learn
     shared = new_model() if args.share_model else None
     extra = {"n_features": n_features, "warmup": args.warmup} if args.cold else {}
+    # --learner-duty: new engines get it, resumed ones too; without it they keep the
+    # engine's default (new) or their checkpoint's setting (resumed)
+    duty = {} if args.learner_duty is None else {"learner_duty": args.learner_duty}
 
     def factory(topic):
         return StreamEngine(shared if shared is not None else new_model(), mode=args.mode, learn=learn,
-                            posterior=args.posterior, **extra)
+                            posterior=args.posterior, **extra, **duty)
 
     def resume(path):
-        return StreamEngine.resume(path, learn=learn)
+        return StreamEngine.resume(path, learn=learn, **duty)
 
     # fail now, not at the first sample, on a configuration the engine refuses; and load
     # the compiled kernels before subscribing
@@ -565,8 +581,13 @@ def _serve(args, state) -> int:
                 raise CliError(str(exc)) from None
             except OSError as exc:
                 raise CliError(f"cannot serve metrics on {args.metrics_addr}:{args.metrics_port}: {exc}") from None
+        learning = "off"
+        if learn:
+            learning = (f"on (learner duty {args.learner_duty:g} per stream)" if args.learner_duty
+                        else f"on (learner duty {DEFAULT_LEARNER_DUTY:g} per new stream, the default; "
+                             f"resumed streams keep their checkpoint's)")
         print(f"{prog}: {'cold start' if args.cold else args.model}, {n_features} features, mode {args.mode}, "
-              f"learning {'on' if learn else 'off'}; input {'bound at' if sub_bind else 'from'} "
+              f"learning {learning}; input {'bound at' if sub_bind else 'from'} "
               f"{source.endpoint}, output {'bound at' if pub_bind else 'to'} {sink.endpoint} ({args.format})",
               file=sys.stderr, flush=True)
         # the learner thread hands the interpreter back to the inference path this often
@@ -641,28 +662,52 @@ def _cmd_replay(args) -> int:
     return 0
 
 
-# -- demo (kept as it is until the household-power demo replaces it) ---------------------
+# -- demo / disaggregate -------------------------------------------------------------------
 def _cmd_demo(args) -> int:
-    from . import FHMM
-    from .model import FHMMParams
+    from .demo import DemoError, run_demo
+    if args.seconds is not None and args.samples is not None:
+        raise CliError("give --seconds or --samples, not both")
+    view = False if args.no_view else None
+    try:
+        res = run_demo(seconds=args.seconds, samples=args.samples, rate=args.rate, start=args.start,
+                       out_dir=args.out_dir, view=view, seed=args.seed, n_chains=args.chains,
+                       window=args.window, n_hidden=args.hidden, calibration_days=args.calibration_days)
+    except DemoError as exc:
+        raise CliError(str(exc)) from None
+    if res.missing or res.gaps:
+        raise CliError(f"{res.missing} posteriors missing, {res.gaps} input gaps")
+    return 0
 
-    params = FHMMParams.random(args.chains, args.features, random_state=args.seed, noise=0.3)
-    model = FHMM.from_params(W=params.W, covariance=params.covariance, transmat=params.transmat,
-                             startprob=params.startprob)
-    X, S = model.sample(args.samples, random_state=args.seed + 1)
-    print(f"simulated a sensor stream: {args.samples:,} samples of {args.features} channels "
-          f"from {args.chains} hidden on/off processes (seed {args.seed})")
-    t0 = time.perf_counter()
-    ll = model.score(X)
-    t1 = time.perf_counter()
-    theta = model.predict_proba(X)
-    t2 = time.perf_counter()
-    acc = np.mean((theta > 0.5) == S, axis=0)
-    print(f"exact log-likelihood: {ll / len(X):.4f} nats per sample "
-          f"({len(X) / (t1 - t0):,.0f} samples/s)")
-    print(f"exact smoothing over {2 ** args.chains} joint states: {len(X) / (t2 - t1):,.0f} samples/s")
-    for m, a in enumerate(acc):
-        print(f"  chain {m}: on {S[:, m].mean():5.1%} of the time, state recovered at {a:6.1%} of samples")
+
+def _cmd_disaggregate(args) -> int:
+    from .power import PAPER_MODEL, disaggregate_report
+    try:
+        from .datasets import load_household_power
+        t0 = time.perf_counter()
+        data = load_household_power()
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        raise CliError(str(exc)) from None
+    print(f"loaded {len(data):,} minutes ({str(data.timestamps[0])[:16]} .. {str(data.timestamps[-1])[:16]}) "
+          f"in {time.perf_counter() - t0:.1f} s; seed={args.seed}", flush=True)
+    if not args.no_plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError('plotting needs matplotlib: pip install "streamfhmm[plot]" (or --no-plot)') from None
+    model_kwargs = {k: v for k, v in (("n_chains", args.chains), ("window", args.window),
+                                      ("n_hidden", args.hidden)) if v is not None}
+    kw = dict(PAPER_MODEL, **model_kwargs)
+    print(f"fitting FHMM({kw['n_chains']} chains, window {kw['window']}, {kw['n_hidden']} hidden units) "
+          f"by SVI ({args.iters:,} steps) on the aggregate channels of the "
+          f"{'last ' + format(args.train_rows, ',') if args.train_rows else 'first ' + format(args.n_train, ',')}"
+          f" training minutes", flush=True)
+    report = disaggregate_report(
+        data, n_train=args.n_train, train_rows=args.train_rows, calibration_days=args.calibration_days,
+        evaluation_days=args.evaluation_days, on_threshold=args.on_threshold, model_kwargs=model_kwargs,
+        fit_kwargs=dict(max_iter=args.iters, learning_rate=args.learning_rate),
+        plot_dir=None if args.no_plot else args.out_dir, random_state=args.seed, progress=_progress(args))
+    print(f"FHMM fitted on the aggregate channels in {report.fit_seconds:,.0f} s")
+    print(report.format())
     return 0
 
 
@@ -759,6 +804,12 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--connect", action="store_true", help="connect both endpoints (to forwarders)")
     sv.add_argument("--topics", nargs="+", metavar="PREFIX", help="subscribe to these topic prefixes only")
     sv.add_argument("--learn", action="store_true", help="keep learning from the stream")
+    sv.add_argument("--learner-duty", type=_duty, metavar="FRACTION",
+                    help="with --learn: the fraction of one core each stream's background learner "
+                         f"may use, in (0, 1] (default {DEFAULT_LEARNER_DUTY:g}; a resumed stream "
+                         "keeps its checkpoint's). It waits between rounds of SVI steps so that its "
+                         "CPU time stays within this share; 1 runs them back to back and takes a "
+                         "whole core from inference. Learner steps/s scale with it (status line)")
     sv.add_argument("--mode", choices=("smooth", "filter"), default="smooth",
                     help="smooth: centred windows (a lag of window//2 samples); filter: no lag")
     sv.add_argument("--posterior", choices=("recognition", "exact"), default="recognition")
@@ -823,13 +874,60 @@ def build_parser() -> argparse.ArgumentParser:
     _progress_args(r)
     r.set_defaults(func=_cmd_replay)
 
-    d = sub.add_parser("demo", help="simulate a sensor stream and infer its hidden processes")
-    d.add_argument("--chains", type=int, default=4, help="hidden chains (default 4)")
-    d.add_argument("--features", type=int, default=3, help="sensor channels (default 3)")
-    d.add_argument("--samples", type=int, default=20000, help="samples to simulate (default 20000)")
-    d.add_argument("--seed", type=int, default=0)
+    from .demo import DEFAULT_OUT_DIR, DEFAULT_RATE, DEFAULT_SECONDS, DEFAULT_START
+    d = sub.add_parser(
+        "demo", help="live household-power disaggregation over ZeroMQ (needs the data extra)",
+        description="Start 'serve --cold --learn' and 'replay household' as subprocesses on 127.0.0.1, "
+                    "subscribe to the posteriors, calibrate a map from the chains to the three sub-meters "
+                    "after the warm-up, show the estimates live, then score them against an "
+                    "aggregate-regression baseline and write PNGs. Needs pip install \"streamfhmm[demo]\".")
+    ln = d.add_mutually_exclusive_group()
+    ln.add_argument("--seconds", type=_positive_float,
+                    help=f"seconds of streaming at --rate (default {DEFAULT_SECONDS:g})")
+    ln.add_argument("--samples", type=_positive_int, help="minutes of data to stream (instead of --seconds)")
+    d.add_argument("--rate", type=_positive_float, default=DEFAULT_RATE,
+                   help=f"messages (minutes of data) per second (default {DEFAULT_RATE:g})")
+    d.add_argument("--start", default=DEFAULT_START, metavar="ROW|DATE",
+                   help=f"first row, or a date such as 2008-01-01 (default {DEFAULT_START})")
+    d.add_argument("--out-dir", default=DEFAULT_OUT_DIR, metavar="DIR",
+                   help=f"where the PNGs go (default ./{DEFAULT_OUT_DIR})")
+    d.add_argument("--no-view", action="store_true",
+                   help="plain progress lines instead of the live view (also when stdout is not a terminal)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the service's cold start (default 0)")
+    d.add_argument("--chains", type=_positive_int, default=6, help="hidden chains the service learns (default 6)")
+    d.add_argument("--window", type=_positive_int, default=9, help="recognition window (default 9)")
+    d.add_argument("--hidden", type=_positive_int, default=32, help="hidden units per network (default 32)")
+    d.add_argument("--calibration-days", type=_positive_float, default=14.0,
+                   help="days after the warm-up that calibrate the sub-meter map (default 14; a third of "
+                        "a shorter stream)")
     d.set_defaults(func=_cmd_demo)
-    p._commands = {"fit": f, "score": s, "predict": pr, "bench": b, "serve": sv, "replay": r, "demo": d}
+
+    dg = sub.add_parser(
+        "disaggregate", help="offline disaggregation of the household power data",
+        description="Learn an FHMM by SVI from the aggregate channels (active, reactive power, voltage) of "
+                    "the first --n-train minutes, map its chains to Sub_metering_1..3 by non-negative least "
+                    "squares over the first --calibration-days of the rest, score the estimated sub-meters "
+                    "over the next --evaluation-days beside an aggregate-regression baseline, and plot one "
+                    "day. Needs pip install \"streamfhmm[data,plot]\".")
+    dg.add_argument("--iters", type=_positive_int, default=20_000, help="SVI steps (default 20000)")
+    dg.add_argument("--learning-rate", type=_positive_float, default=3e-3, help="RMSprop learning rate (default 0.003)")
+    dg.add_argument("--n-train", type=_positive_int, default=1_000_000,
+                    help="minutes before the calibration period (default 1000000, the paper's split)")
+    dg.add_argument("--train-rows", type=_positive_int, help="fit on the last so many of them (default all)")
+    dg.add_argument("--calibration-days", type=_positive_float, default=14.0, help="default 14")
+    dg.add_argument("--evaluation-days", type=_positive_float, default=28.0, help="default 28")
+    dg.add_argument("--on-threshold", type=_nonneg_float, default=5.0,
+                    help="on/off threshold of the F1 score, Wh per minute (default 5)")
+    dg.add_argument("--chains", type=_positive_int, help="hidden chains (default 10, the paper's)")
+    dg.add_argument("--window", type=_positive_int, help="recognition window (default 21)")
+    dg.add_argument("--hidden", type=_positive_int, help="hidden units, shared by all chains (default 200)")
+    dg.add_argument("--out-dir", default="power_plots", metavar="DIR", help="where the PNGs go (default power_plots)")
+    dg.add_argument("--no-plot", action="store_true", help="write no PNG")
+    dg.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
+    _progress_args(dg)
+    dg.set_defaults(func=_cmd_disaggregate)
+    p._commands = {"fit": f, "score": s, "predict": pr, "bench": b, "serve": sv, "replay": r, "demo": d,
+                   "disaggregate": dg}
     return p
 
 

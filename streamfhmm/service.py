@@ -234,7 +234,7 @@ class StreamService:
                          "heartbeats_in": 0, "heartbeats_out": 0, "checkpoints": 0,
                          "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0}
         self.started = time.monotonic()
-        self._last_status = (self.started, 0)
+        self._last_status = (self.started, 0, 0)   # time, samples, learner steps
         self._last_any_out = self.started
         self._closed = False
         if self.checkpoint_dir is not None:
@@ -542,27 +542,35 @@ class StreamService:
                 self.counters["heartbeats_out"] += 1
         if self.status_interval > 0 and now - self._last_status[0] >= self.status_interval:
             self._status(self.status_line(now))
-            self._last_status = (now, self.counters["samples"])
+            self._last_status = (now, self.counters["samples"], self._learner_steps())
 
-    def status_line(self, now: float | None = None, prefix: str = "streamfhmm serve:") -> str:
-        """One line: samples and rate, streams, gaps, malformed messages, checkpoints."""
-        now = time.monotonic() if now is None else now
-        t_prev, n_prev = self._last_status
-        n = self.counters["samples"]
-        rate = (n - n_prev) / max(now - t_prev, 1e-9)
-        m = self.metrics(engines=False)
-        bad = ", ".join(f"{k} {v}" for k, v in m["malformed"].items() if v) or "none"
+    def _learner_steps(self) -> int:
+        """Learner steps of every engine so far."""
         steps = 0
         for st in list(self.streams.values()):
             try:
                 steps += int(st.engine.metrics().get("learner_steps", 0))
             except Exception:  # noqa: BLE001 - a status line must never break the service
                 pass
+        return steps
+
+    def status_line(self, now: float | None = None, prefix: str = "streamfhmm serve:") -> str:
+        """One line: samples and rate, streams, gaps, malformed messages, checkpoints,
+        learner steps and their rate (rates since the previous status line)."""
+        now = time.monotonic() if now is None else now
+        t_prev, n_prev, s_prev = self._last_status
+        dt = max(now - t_prev, 1e-9)
+        n = self.counters["samples"]
+        rate = (n - n_prev) / dt
+        m = self.metrics(engines=False)
+        bad = ", ".join(f"{k} {v}" for k, v in m["malformed"].items() if v) or "none"
+        steps = self._learner_steps()
         return (f"{prefix} {n:,} samples ({rate:,.0f}/s), {m['posteriors']:,} posteriors, "
                 f"{len(self.streams)} stream(s), gaps {m['gaps']} ({m['gap_samples']} samples), "
                 f"malformed {m['malformed_total']} ({bad}), stale {m['stale']}, "
                 f"rejected {m['engine_rejected']}, checkpoints {m['checkpoints']}, "
-                f"lost on resume {m['lost_on_resume']}, learner steps {steps}, "
+                f"lost on resume {m['lost_on_resume']}, learner steps {steps} "
+                f"({max(steps - s_prev, 0) / dt:,.0f}/s), "
                 f"subscribers {self.sink.n_subscribers()}")
 
     # -- shutdown ----------------------------------------------------------------------

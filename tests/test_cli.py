@@ -13,7 +13,7 @@ from streamfhmm.cli import load_data, main
 from streamfhmm.model import FHMMParams
 
 SEED = 99
-COMMANDS = ["fit", "score", "predict", "bench", "serve", "replay", "demo"]
+COMMANDS = ["fit", "score", "predict", "bench", "serve", "replay", "demo", "disaggregate"]
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +128,25 @@ def test_fit_with_columns(files, capsys):
     assert FHMM.load(out_path + ".npz").n_features_in_ == 2
 
 
-def test_demo_still_works(capsys):
-    code, out, _ = _run(["demo", "--samples", "300", "--chains", "2"], capsys)
-    assert code == 0 and "exact log-likelihood" in out and "chain 1" in out
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--seconds", "5", "--samples", "9000"], "argument --samples: not allowed with argument --seconds"),
+    (["demo", "--rate", "0"], "argument --rate: expected a finite number > 0, got 0"),
+    (["demo", "--rate", "fast"], "argument --rate: expected a number, got 'fast'"),
+    (["demo", "--seconds", "-3"], "argument --seconds: expected a finite number > 0"),
+    (["demo", "--samples", "2.5"], "argument --samples: expected a positive integer, got '2.5'"),
+    (["demo", "--chains", "0"], "argument --chains: expected a positive integer, got 0"),
+    (["demo", "--calibration-days", "inf"], "argument --calibration-days: expected a finite number > 0"),
+    (["demo", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["disaggregate", "--iters", "0"], "argument --iters: expected a positive integer, got 0"),
+    (["disaggregate", "--evaluation-days", "-1"], "argument --evaluation-days: expected a finite number > 0"),
+    (["disaggregate", "--on-threshold", "nan"], "argument --on-threshold: expected a finite number >= 0"),
+    (["disaggregate", "extra"], "unrecognized arguments: extra"),
+])
+def test_demo_and_disaggregate_bad_arguments(argv, message, capsys):
+    code, out, err = _run(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"streamfhmm {argv[0]}: error: {message}"), err
 
 
 def test_load_data_missing_values(tmp_path):

@@ -311,6 +311,32 @@ def test_malformed_gaps_and_refusals_are_counted_and_skipped(harness):
     assert [g.flags for g in got[i - 2:i]] == [FLAG_EDGE, FLAG_EDGE]
 
 
+class SteppingEngine(FakeEngine):
+    """Reports 7 learner steps per sample pushed."""
+
+    def metrics(self):
+        return {"samples": self.t, "learner_steps": 7 * self.t, "phase": "running"}
+
+
+def test_status_line_reports_learner_steps_and_their_rate(harness):
+    h = harness(engine=SteppingEngine)
+    for s in range(30):
+        h.sample(b"a", s, _values(1, s))
+    for s in range(10):
+        h.sample(b"b", s, _values(2, s))
+    h.recv(28 + 8)
+    svc = h.service
+    t0 = svc._last_status[0]
+    line = svc.status_line(now=t0 + 4.0)
+    assert "40 samples (10/s)" in line and "learner steps 280 (70/s)" in line, line
+    svc._last_status = (t0 + 4.0, 40, 280)              # as the status loop records it
+    for s in range(30, 40):
+        h.sample(b"a", s, _values(1, s))
+    h.recv(10)
+    line = svc.status_line(now=t0 + 6.0)
+    assert "learner steps 350 (35/s)" in line, line
+
+
 def test_max_streams(harness):
     h = harness(max_streams=2)
     for k, topic in enumerate([b"a", b"b", b"c", b"c", b"a"]):
@@ -644,7 +670,8 @@ def test_e2e_sigterm_checkpoints_and_restart_resumes(fitted, tmp_path):
     pub = Publisher(p_in)
     con = Consumer(f"tcp://127.0.0.1:{p_out}")
     args = ("--checkpoint", ck, "--checkpoint-every", "1000", "--learn")
-    serve = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}", *args)
+    serve = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}", *args,
+                   "--learner-duty", "0.5")
     serve2 = None
     try:
         pub.wait_subscriber(con)
@@ -658,7 +685,9 @@ def test_e2e_sigterm_checkpoints_and_restart_resumes(fitted, tmp_path):
         assert rec["seq"] == 2499 and rec["t_next"] == 2500
         eng = StreamEngine.resume(rec["file"])      # a valid engine checkpoint
         assert eng.n_samples == 2500
+        assert eng.learner_duty == 0.5              # --learner-duty is in the checkpoint
         eng.close()
+        assert "learning on (learner duty 0.5 per stream)" in err, err
         serve2 = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}", *args)
         pub.wait_subscriber(con)
         pub.send(X[2500:4000], range(2500, 4000))
@@ -676,6 +705,7 @@ def test_e2e_sigterm_checkpoints_and_restart_resumes(fitted, tmp_path):
     assert con.seqs == list(range(4000)) and con.ts == list(range(4000))
     assert "resumed from checkpoint" in err2 and "last sequence number 2499" in err2, err2
     assert "0 sample(s) lost since the checkpoint" in err2, err2
+    assert "resumed streams keep their checkpoint's" in err2, err2
 
 
 def test_e2e_sigkill_loses_only_samples_since_the_checkpoint(fitted, tmp_path):

