@@ -494,10 +494,6 @@ class StreamEngine:
         self._scratch = np.empty(net.scratch_size)
         self._Xw = np.empty((_CHUNK, net.n_inputs))
         self._hidden = np.empty((_CHUNK, net.n_groups * net.n_hidden))
-        self._ch_theta = np.empty((_CHUNK, self._M))
-        self._ch_rho = np.empty((_CHUNK, self._M))
-        self._ss = np.zeros(_CHUNK, np.int64)
-        self._se = np.empty(_CHUNK, np.int64)
 
     def _make_learner(self, params: FHMMParams, net: RecognitionNet, freeze_steps: int) -> Learner:
         cfg = self._cfg
