@@ -349,7 +349,8 @@ def _cmd_fit(args) -> int:
     if os.path.isdir(args.out):
         raise CliError(f"--out {args.out} is a directory; give a file name such as model.npz")
     model = FHMM(n_chains=args.chains, window=args.window, n_hidden=args.hidden,
-                 share_hidden=args.share, random_state=args.seed)
+                 share_hidden=args.share, random_state=args.seed,
+                 covariance_type=args.covariance_type)
     t0 = time.perf_counter()
     model.fit(X, method=args.method, max_iter=args.max_iter, time_budget=args.time_budget,
               batch_size=args.batch_size, learning_rate=args.learning_rate, progress=_progress(args))
@@ -751,6 +752,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--hidden", type=_positive_int, default=30, help="hidden units per network (default 30)")
     f.add_argument("--share", choices=("chain", "all"), default="chain",
                    help="one hidden layer per chain, or one for all (default chain)")
+    f.add_argument("--covariance-type", choices=("full", "diag", "spherical"), default="full",
+                   help="noise covariance: full (default), diagonal, or spherical (σ² I: every "
+                        "channel weighs the same)")
     f.add_argument("--method", choices=("svi", "smf"), default="svi", help="learning method (default svi)")
     f.add_argument("--max-iter", type=_positive_int, help="SVI steps or EM iterations")
     f.add_argument("--time-budget", type=_nonneg_float, metavar="SECONDS", help="stop learning after this long")

@@ -128,6 +128,21 @@ def test_fit_with_columns(files, capsys):
     assert FHMM.load(out_path + ".npz").n_features_in_ == 2
 
 
+@pytest.mark.parametrize("kind", ["diag", "spherical"])
+def test_fit_covariance_type(files, capsys, kind):
+    out_path = str(files["dir"] / f"cov_{kind}.npz")
+    code, _, _ = _run(["fit", files["csv"], "--chains", "2", "--window", "3", "--hidden", "4",
+                       "--max-iter", "30", "--covariance-type", kind, "--out", out_path,
+                       "--no-progress", "--seed", "0"], capsys)
+    assert code == 0
+    m = FHMM.load(out_path)
+    S = m.covariance_
+    assert m.covariance_type == kind
+    assert np.all(S[~np.eye(S.shape[0], dtype=bool)] == 0.0)
+    if kind == "spherical":
+        assert np.all(np.diag(S) == S[0, 0])
+
+
 @pytest.mark.parametrize("argv, message", [
     (["demo", "--seconds", "5", "--samples", "9000"], "argument --samples: not allowed with argument --seconds"),
     (["demo", "--rate", "0"], "argument --rate: expected a finite number > 0, got 0"),
