@@ -217,3 +217,32 @@ def test_engine_duty_limits_learner_steps():
     assert rates[0.05][1] <= 0.05 + 0.05
     assert rates[0.05][0] < 0.3 * rates[1.0][0]
     assert rates[1.0][1] > 0.2
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 3, 20])
+def test_run_steps_split_into_calls_takes_the_same_steps(steps_per_call):
+    """Steps taken a few per compiled call (the thread yields between calls) are the
+    steps of one call: same state, counters and ELBO, bit for bit, with a decaying step
+    size and the model frozen for part of the run."""
+    runs = []
+    for per_call in (None, steps_per_call):
+        learner = _learner()
+        learner.lr_decay_steps = 30.0
+        learner.freeze_remaining = 7
+        kept = [learner.run_steps(n, per_call) for n in (20, 13, 20)]
+        runs.append((kept, learner))
+    (kept0, a), (kept1, b) = runs
+    assert kept1 == kept0 and sum(kept0) == a.steps == b.steps > 0
+    assert (a.discarded, a.freeze_remaining) == (b.discarded, b.freeze_remaining)
+    np.testing.assert_array_equal(b.x, a.x)
+    np.testing.assert_array_equal(b.sq, a.sq)
+    assert b.elbo == a.elbo and math.isfinite(a.elbo)
+    assert not np.array_equal(a.x, _learner().x)   # the steps did move the state
+
+
+def test_thread_steps_per_call_argument():
+    assert LearnerThread(_learner(), print).steps_per_call == 1
+    assert LearnerThread(_learner(), print, steps_per_call=4).steps_per_call == 4
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="steps_per_call must be >= 1"):
+            LearnerThread(_learner(), print, steps_per_call=bad)

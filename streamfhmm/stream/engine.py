@@ -241,7 +241,7 @@ class StreamEngine:
     decay : float
         RMSprop's γ.
     snapshot_interval : int
-        Learner steps between parameter snapshots (and per compiled call).
+        Learner steps between parameter snapshots.
     learner_duty : float
         Fraction of one core the background learner may use, in (0, 1] (default 0.25):
         after a round of ``snapshot_interval`` steps that took τ seconds of CPU time

@@ -3,15 +3,16 @@
 
 A :class:`Learner` holds the model vector, the recognition network weights and the
 RMSprop state, and runs SVI steps on minibatches of subchains drawn from a
-:class:`~streamfhmm.stream.reservoir.Reservoir` of raw stream segments: one call of
-:func:`~streamfhmm.kernels.online.svi_run` (compiled, without the GIL) per
-snapshot interval. A step whose gradient, ELBO or result is not finite is discarded
-and counted; nothing non-finite ever reaches the parameters.
+:class:`~streamfhmm.stream.reservoir.Reservoir` of raw stream segments, through
+:func:`~streamfhmm.kernels.online.svi_run` (compiled, without the GIL). A step whose
+gradient, ELBO or result is not finite is discarded and counted; nothing non-finite
+ever reaches the parameters.
 
 A :class:`LearnerThread` drives it in the background: it takes the segments the
 stream hands over (a deque: appending and popping are atomic, so the inference path
-takes no lock), runs steps, and publishes an immutable :class:`Snapshot` that the
-inference path picks up by a reference swap. Its ``duty`` bounds the share of one core it
+takes no lock), runs steps (a few per compiled call, yielding the processor between
+calls), and publishes an immutable :class:`Snapshot` that the inference path picks up
+by a reference swap. Its ``duty`` bounds the share of one core it
 uses: after a round of steps that took τ seconds of its CPU time it waits
 ``τ (1 - duty) / duty``, so its CPU time over any stretch of learning is at most ``duty``
 times the wall time (plus one round).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -41,6 +43,10 @@ _log = logging.getLogger("streamfhmm")
 
 #: the engine's default ``learner_duty`` (fraction of one core the background learner uses)
 DEFAULT_LEARNER_DUTY = 0.25
+
+#: yield the processor to another runnable thread (``time.sleep(0)`` where the platform
+#: has no ``sched_yield``); releases the GIL
+_yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
 
 def check_duty(duty, name: str = "learner_duty") -> float:
@@ -253,8 +259,18 @@ class Learner:
         lr = self.learning_rate / np.sqrt(1.0 + k / self.lr_decay_steps)
         return np.maximum(lr, self.min_learning_rate)
 
-    def run_steps(self, n_steps: int) -> int:
-        """Take ``n_steps`` SVI steps (one compiled call); returns how many were kept."""
+    def run_steps(self, n_steps: int, steps_per_call: int | None = None) -> int:
+        """Take ``n_steps`` SVI steps; returns how many were kept.
+
+        Parameters
+        ----------
+        n_steps : int
+        steps_per_call : int, optional
+            Steps per compiled call (None: all in one call). Between two calls the
+            thread yields the processor, so that a thread woken on the same core waits
+            for at most one call, not for the whole run. The steps taken (minibatches,
+            step sizes, results) do not depend on the split.
+        """
         if self.reservoir.size == 0 or n_steps <= 0:
             return 0
         slots = self.reservoir.sample_slots(n_steps, self.batch_size)
@@ -262,15 +278,22 @@ class Learner:
             self._values = np.empty(n_steps)
         values = self._values[:n_steps]
         freeze = self.freeze_remaining > 0
+        lr = self.learning_rates(n_steps)
+        per_call = n_steps if steps_per_call is None else max(1, int(steps_per_call))
         net = self.net
-        n_ok = _ko.svi_run(self.reservoir.flat, slots, self.reservoir.segment_length,
-                           self.subchain_length, net.window, net.offset, net.mean, net.scale,
-                           self.x, self.nm, net.layout, self.packer.n_features, self.sq,
-                           self.decay, self.eps, self.learning_rates(n_steps), self.steps, freeze,
-                           self._rows, self._row_start, self._row_end, self._offsets,
-                           self._first, self._Xw, self._hidden, self._theta, self._rho,
-                           self._g_theta, self._g_rho, self._Yb, self._grad, self._x_prev,
-                           self._sq_prev, values, self.cov_mode)
+        n_ok = 0
+        for k0 in range(0, n_steps, per_call):
+            if k0:
+                _yield_cpu()
+            k1 = min(k0 + per_call, n_steps)
+            n_ok += _ko.svi_run(self.reservoir.flat, slots[k0:k1], self.reservoir.segment_length,
+                                self.subchain_length, net.window, net.offset, net.mean, net.scale,
+                                self.x, self.nm, net.layout, self.packer.n_features, self.sq,
+                                self.decay, self.eps, lr[k0:k1], self.steps + n_ok, freeze,
+                                self._rows, self._row_start, self._row_end, self._offsets,
+                                self._first, self._Xw, self._hidden, self._theta, self._rho,
+                                self._g_theta, self._g_rho, self._Yb, self._grad, self._x_prev,
+                                self._sq_prev, values[k0:k1], self.cov_mode)
         n_ok = int(n_ok)
         if n_ok:
             ok = values[np.isfinite(values)] if n_ok < n_steps else values
@@ -363,14 +386,17 @@ class LearnerThread(threading.Thread):
         ``publish(snapshot)``, called after every ``snapshot_interval`` steps that kept
         at least one step (from this thread).
     snapshot_interval : int
-        Steps per compiled call and per snapshot.
+        Steps per round and per snapshot.
+    steps_per_call : int
+        Steps per compiled call within a round; the thread yields the processor
+        between calls (see Notes).
     min_fill : int
         Segments the reservoir must hold before learning starts.
     idle_sleep : float
         Seconds to wait when there is nothing to do.
     duty : float
-        Fraction of one core the thread may use, in (0, 1]: after a round (drain, one
-        compiled call of ``snapshot_interval`` steps, snapshot) that took τ seconds of
+        Fraction of one core the thread may use, in (0, 1]: after a round (drain,
+        ``snapshot_interval`` steps, snapshot) that took τ seconds of
         this thread's CPU time it waits ``τ (1 - duty) / duty`` seconds. 1: back to back.
         Assign :attr:`duty` to change it at run time (it takes effect at once).
 
@@ -389,14 +415,25 @@ class LearnerThread(threading.Thread):
     ``duty`` whatever the load: when the thread is kept from the processor during a
     round, the round's wall time grows, its CPU time does not, and the wait stays what
     the work asks for.
+
+    A round's steps are taken ``steps_per_call`` per compiled call, with a yield of the
+    processor between calls. On a machine with few cores the threads of the serving
+    path (the inference loop, the ZeroMQ I/O threads, a local publisher or consumer)
+    are often woken on the core the learner is computing on; the scheduler lets a
+    running thread finish its slice (milliseconds) before it runs a woken one, so one
+    long compiled call of a whole round delayed them by up to the round's length.
+    Yielding after each short call bounds that delay by one call.
     """
 
     def __init__(self, learner: Learner, publish, snapshot_interval: int = 20, min_fill: int = 10,
-                 idle_sleep: float = 0.002, duty: float = 1.0):
+                 idle_sleep: float = 0.002, duty: float = 1.0, steps_per_call: int = 1):
         super().__init__(name="streamfhmm-learner", daemon=True)
         self.learner = learner
         self.publish = publish
         self.snapshot_interval = int(snapshot_interval)
+        self.steps_per_call = int(steps_per_call)
+        if self.steps_per_call < 1:
+            raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call!r}")
         self.min_fill = int(min_fill)
         self.idle_sleep = float(idle_sleep)
         self._duty = check_duty(duty, "duty")
@@ -450,7 +487,7 @@ class LearnerThread(threading.Thread):
                         worked = True
                     if (may_step and learner.enabled
                             and learner.reservoir.size >= self.min_fill):
-                        if learner.run_steps(self.snapshot_interval):
+                        if learner.run_steps(self.snapshot_interval, self.steps_per_call):
                             snap = learner.snapshot()
                             if snap is not None:
                                 publish(snap)
