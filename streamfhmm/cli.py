@@ -614,6 +614,7 @@ def _warm_engine(StreamEngine, factory, new_model, args, n_features):
         raise CliError(str(exc)) from None
     probe.close()
     if args.cold:
+        _warm_cold_engine(StreamEngine, args, n_features)
         return
     model = new_model()
     try:
@@ -625,6 +626,32 @@ def _warm_engine(StreamEngine, factory, new_model, args, n_features):
         for x in X:
             eng.push(x)
         eng.push_many(X)
+        eng.flush()
+    finally:
+        eng.close()
+
+
+def _warm_cold_engine(StreamEngine, args, n_features):
+    """Run a cold-start engine through its warm-up on a small simulated stream, so that
+    every kernel a cold stream needs (initialisation, networks, learner) is compiled or
+    loaded from the cache before the service subscribes: a first run then does not let
+    the publisher stream ahead of a service that is still compiling."""
+    from . import FHMM
+    from .model import FHMMParams
+    params = FHMMParams.random(args.chains, n_features, random_state=0, noise=0.3)
+    n_warm = max(200, 8 * args.window)
+    model = FHMM(n_chains=args.chains, window=args.window, n_hidden=args.hidden,
+                 share_hidden=args.share, random_state=0)
+    try:
+        eng = StreamEngine(model, mode=args.mode, learn=True, posterior=args.posterior,
+                           n_features=n_features, warmup=n_warm, warmup_steps=2, learner_duty=0.05)
+    except ValueError:
+        return
+    try:
+        X, _ = params.sample(n_warm + 8 * args.window + 64, random_state=1)
+        for x in X[:n_warm + 2 * args.window]:
+            eng.push(x)
+        eng.push_many(X[n_warm + 2 * args.window:])
         eng.flush()
     finally:
         eng.close()

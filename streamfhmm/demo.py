@@ -45,9 +45,12 @@ __all__ = ["DemoError", "DemoResult", "run_demo", "resolve_start", "DEFAULT_RATE
            "DEFAULT_START", "DEFAULT_OUT_DIR"]
 
 #: messages (minutes of data) per second
-DEFAULT_RATE = 1000.0
-#: seconds of streaming (the whole run adds start-up, the warm-up fit and the summary)
-DEFAULT_SECONDS = 60.0
+DEFAULT_RATE = 1250.0
+#: seconds of streaming (the whole run adds start-up, the warm-up fit and the summary):
+#: 60,000 minutes, six weeks of data
+DEFAULT_SECONDS = 48.0
+#: share of one core the service's background learner may use (the demo has the machine)
+LEARNER_DUTY = 0.5
 #: the first minute streamed
 DEFAULT_START = "2007-01-01"
 #: where the PNGs go
@@ -358,7 +361,7 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
     sub = None
     try:
         serve = _Child("serve", [
-            "serve", "--cold", "--learn", "--features", str(A.shape[1]), "--chains", str(M),
+            "serve", "--cold", "--learn", "--learner-duty", str(LEARNER_DUTY), "--features", str(A.shape[1]), "--chains", str(M),
             "--window", str(window), "--hidden", str(n_hidden), "--seed", str(seed),
             "--warmup", str(warmup), "--bind", "--sub", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*",
             "--wait-subscribers", "1", "--status-interval", "1", "--heartbeat", "1"])
