@@ -158,11 +158,13 @@ class FHMM:
             Observations; NaN marks a missing value (``method="svi"`` only).
         lengths : array_like of int, optional
             Lengths of the independent sequences concatenated in X.
-        method : {"svi", "smf"}
+        method : {"svi", "smf", "em"}
             ``"svi"``: stochastic variational inference without messages — subchain
             minibatches, hand-derived gradients, RMSprop (paper §3.3, MATH.md §5).
             ``"smf"``: structured mean-field EM (MATH.md §6), exact in spirit but every
-            iteration sweeps the whole sequence.
+            iteration sweeps the whole sequence. ``"em"``: exact EM (maximum likelihood,
+            :mod:`streamfhmm.learn.em`), O(T·M·2^M) per iteration: the reference while
+            M is small (at most 14 chains).
         max_iter : int, optional
             SVI steps (default 20,000) or EM iterations (default 100).
         time_budget : float, optional
@@ -176,7 +178,8 @@ class FHMM:
             RMSprop: cosine schedule from ``learning_rate`` to
             ``learning_rate * final_lr_ratio``; ``decay`` is RMSprop's γ.
         tol : float
-            SMF-EM stops when the bound improves by less than this, relatively.
+            SMF-EM (exact EM) stops when the bound (the log-likelihood) improves by
+            less than this, relatively.
         init : {"auto", "smf", "kmeans", "params"}
             Starting parameters: ``"params"`` continues from the current ones;
             ``"kmeans"`` a k-means start (:func:`streamfhmm.learn.smf.init_params`);
@@ -205,8 +208,8 @@ class FHMM:
                                          learning_rate=learning_rate, final_lr_ratio=final_lr_ratio,
                                          decay=decay, init=init, init_samples=init_samples,
                                          progress=progress)
-        if method not in ("svi", "smf"):
-            raise ValueError(f"method must be 'svi' or 'smf', got {method!r}")
+        if method not in ("svi", "smf", "em"):
+            raise ValueError(f"method must be 'svi', 'smf' or 'em', got {method!r}")
         if init not in ("auto", "smf", "kmeans", "params"):
             raise ValueError(f"init must be one of 'auto', 'smf', 'kmeans', 'params', got {init!r}")
         X = check_observations(X, allow_nan=(method == "svi"))
@@ -220,6 +223,16 @@ class FHMM:
         bounds = exact.bounds_from_lengths(lengths)
         t0 = time.perf_counter()
         params = self._initial_params(X, lengths, init, init_samples, rng, progress, time_budget)
+        if method == "em":
+            from .learn.em import fit_exact_em
+            budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
+            params, history = fit_exact_em(X, lengths, params=params, max_iter=max_iter or 100,
+                                           tol=tol, time_budget=budget, progress=progress,
+                                           covariance_type=self.covariance_type)
+            self._set_params(params, getattr(self, "net_", None))
+            self.history_ = history
+            self.fit_method_ = "em"
+            return self
         if method == "smf":
             from .learn.smf import fit_smf
             budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))

@@ -92,7 +92,7 @@ def smoothed_marginals(params: FHMMParams, X, lengths=None, pairwise: bool = Fal
     theta = np.zeros((T, M))
     xi = np.zeros((T, M, 2, 2)) if pairwise else np.zeros((1, M, 2, 2))
     ll = _k.forward_backward(X, bounds, params.W, params.L, params.transmat, params.startprob,
-                             SMOOTH_BLOCK, bool(pairwise), theta, xi)
+                             SMOOTH_BLOCK, bool(pairwise), theta, xi, np.zeros(0))
     if pairwise:
         return float(ll), theta, xi
     return float(ll), theta

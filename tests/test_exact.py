@@ -67,7 +67,7 @@ def test_smoother_block_size_does_not_matter(block):
     M = p.n_chains
     theta = np.zeros((50, M))
     xi = np.zeros((50, M, 2, 2))
-    ll = kx.forward_backward(X, bounds, p.W, p.L, p.transmat, p.startprob, block, True, theta, xi)
+    ll = kx.forward_backward(X, bounds, p.W, p.L, p.transmat, p.startprob, block, True, theta, xi, np.zeros(0))
     ll0, theta0, xi0 = exact.smoothed_marginals(p, X, lengths, pairwise=True)
     assert ll == pytest.approx(ll0, rel=1e-12)
     np.testing.assert_allclose(theta, theta0, atol=1e-12)

@@ -380,7 +380,7 @@ def _pair_marginals(alpha_prev, g, A, fwork, out):
 
 
 @jit
-def forward_backward(X, bounds, W, L, A, startprob, block, want_pairs, theta, xi):
+def forward_backward(X, bounds, W, L, A, startprob, block, want_pairs, theta, xi, gsum):
     """Exact smoothing: per-chain marginals and, optionally, per-chain pairwise posteriors.
 
     Parameters
@@ -397,6 +397,10 @@ def forward_backward(X, bounds, W, L, A, startprob, block, want_pairs, theta, xi
     xi : ndarray, shape (T, M, 2, 2)
         Receives ``p(s_{t-1}^m = i, s_t^m = j | y)`` when ``want_pairs`` (zero at the
         first step of every sequence); may be a (1, M, 2, 2) dummy otherwise.
+    gsum : ndarray, shape (2^M,) or (0,)
+        When of length 2^M, the joint posteriors ``p(s_t = k | y)`` summed over t are
+        added to it (the statistic ``Σ_t E[ŝ_t ŝ_tᵀ]`` of the exact M-step needs them);
+        an empty array skips this.
 
     Returns
     -------
@@ -467,6 +471,9 @@ def forward_backward(X, bounds, W, L, A, startprob, block, want_pairs, theta, xi
                     tot += fwork[s]
                 for s in range(K):
                     fwork[s] /= tot
+                if gsum.shape[0] == K:
+                    for s in range(K):
+                        gsum[s] += fwork[s]
                 _chain_marginals(fwork, theta[start + r])
                 if r == 0:
                     break

@@ -331,15 +331,22 @@ def expected_complete_loglik(params: FHMMParams, X, theta, xi, lengths=None) -> 
 # ----------------------------------------------------------------------------------------
 # M-step
 # ----------------------------------------------------------------------------------------
-def _m_step(params: FHMMParams, X, theta, xi, starts, floor, cov_mode: int = 0) -> FHMMParams:
-    """Closed-form M-step on validated inputs (``cov_mode``: 0 full, 1 diag, 2 spherical)."""
+def _m_step(params: FHMMParams, X, theta, xi, starts, floor, cov_mode: int = 0,
+            gram=None) -> FHMMParams:
+    """Closed-form M-step on validated inputs (``cov_mode``: 0 full, 1 diag, 2 spherical).
+
+    ``gram``: ``Σ_t E[ŝ_t ŝ_tᵀ]`` (M+1, M+1) under the posterior, when it is not a
+    product of chains (exact EM); default the mean-field one, ``θθᵀ`` off the diagonal.
+    """
     T, M = theta.shape
     mu = np.empty((T, M + 1))
     mu[:, :M] = theta
     mu[:, M] = 1.0
-    v = (theta * (1.0 - theta)).sum(axis=0)
-    gram = mu.T @ mu                    # Σ_t E[ŝ_t ŝ_tᵀ]
-    gram[np.arange(M), np.arange(M)] += v
+    exact_gram = gram is not None
+    if not exact_gram:
+        v = (theta * (1.0 - theta)).sum(axis=0)
+        gram = mu.T @ mu                # Σ_t E[ŝ_t ŝ_tᵀ]
+        gram[np.arange(M), np.arange(M)] += v
     cross = mu.T @ X                    # Σ_t E[ŝ_t] y_tᵀ
     # W: the normal equations gram · W = cross. Directions of gram with (numerically)
     # zero weight — a chain never on, or always on (collinear with the bias) — leave
@@ -351,8 +358,13 @@ def _m_step(params: FHMMParams, X, theta, xi, starts, floor, cov_mode: int = 0) 
     # Σ: the expected residual covariance (1/T) Σ_t E[(y - Wᵀŝ)(y - Wᵀŝ)ᵀ], which equals
     # (1/T) Σ_t (y yᵀ - Wᵀ E[ŝ] yᵀ) at the W above and is positive semi-definite for any W;
     # its eigenvalues are floored, the constrained maximiser of F over Σ.
-    E = X - mu @ W
-    S = (E.T @ E + (W[:M].T * v) @ W[:M]) / T
+    if exact_gram:
+        # (1/T) Σ_t E[(y - Wᵀŝ)(y - Wᵀŝ)ᵀ] = (1/T)(YᵀY - Wᵀ C - Cᵀ W + Wᵀ G W)
+        WtC = W.T @ cross
+        S = (X.T @ X - WtC - WtC.T + W.T @ gram @ W) / T
+    else:
+        E = X - mu @ W
+        S = (E.T @ E + (W[:M].T * v) @ W[:M]) / T
     S = 0.5 * (S + S.T)
     if cov_mode == 1:
         # diagonal Σ: each variance maximises its own term -½(log σ² + S_dd/σ²)

@@ -1,0 +1,91 @@
+"""Exact EM: the E-step's statistics against the product-space HMM (hmmlearn), the
+log-likelihood never decreasing, the estimator's method="em"."""
+import numpy as np
+import pytest
+from hmmlearn.hmm import GaussianHMM
+
+from streamfhmm import FHMM, exact
+from streamfhmm.learn.em import exact_e_step, fit_exact_em
+from streamfhmm.model import FHMMParams
+
+from . import naive
+
+
+def _product_space_posteriors(params, X, lengths):
+    start, trans, means, cov = naive.product_space_hmm(params)
+    h = GaussianHMM(n_components=len(start), covariance_type="tied", init_params="", params="")
+    h.startprob_, h.transmat_, h.means_, h.covars_ = start, trans, means, cov
+    return h.predict_proba(X, lengths)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_e_step_statistics_match_the_product_space(seed):
+    print(f"seed={seed}")
+    p = FHMMParams.random(3, 2, random_state=seed, noise=0.6)
+    X, _ = p.sample(70, random_state=seed + 10)
+    lengths = np.array([30, 40])
+    est = exact_e_step(p, X, lengths)
+    gamma = _product_space_posteriors(p, X, lengths)            # (T, 2^M)
+    S = np.ones((8, 4))
+    S[:, :3] = naive.joint_states(3)
+    gram_ref = S.T @ (gamma.sum(axis=0)[:, None] * S)
+    np.testing.assert_allclose(est.gram, gram_ref, rtol=1e-9, atol=1e-9)
+    ll, theta, xi = exact.smoothed_marginals(p, X, lengths, pairwise=True)
+    assert est.loglik == pytest.approx(ll, rel=1e-12)
+    np.testing.assert_allclose(est.theta, gamma @ S[:, :3], atol=1e-9)
+    np.testing.assert_allclose(est.xi, xi.sum(axis=0), atol=1e-12)
+    # the diagonal of the gram holds Σ_t θ_t (s² = s) and its corner the number of steps
+    np.testing.assert_allclose(np.diag(est.gram)[:3], est.theta.sum(axis=0), rtol=1e-10)
+    assert est.gram[3, 3] == pytest.approx(70.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed, M, kind", [(0, 2, "full"), (1, 3, "full"), (2, 3, "diag"),
+                                           (3, 3, "spherical")])
+def test_loglik_never_decreases(seed, M, kind):
+    print(f"seed={seed}")
+    true = FHMMParams.random(M, 3, random_state=seed, noise=0.5)
+    X, _ = true.sample(600, random_state=seed + 100)
+    params, history = fit_exact_em(X, n_chains=M, max_iter=25, tol=0.0, random_state=seed,
+                                   progress=False, covariance_type=kind)
+    ll = np.array([h["loglik"] for h in history])
+    print(np.round(ll, 4))
+    assert len(ll) == 26
+    assert np.all(np.diff(ll) >= -1e-8 * np.abs(ll[:-1])), np.diff(ll)
+    assert ll[-1] > ll[0] + 1.0
+    # the history's last entry is the returned parameters' log-likelihood
+    assert exact.log_likelihood(params, X) == pytest.approx(ll[-1], rel=1e-10)
+    S = params.covariance
+    if kind != "full":
+        assert np.all(S[~np.eye(3, dtype=bool)] == 0.0)
+    if kind == "spherical":
+        assert np.all(np.diag(S) == S[0, 0])
+
+
+def test_estimator_method_em_from_the_true_parameters():
+    seed = 5
+    print(f"seed={seed}")
+    true = FHMMParams.random(3, 2, random_state=seed, noise=0.4)
+    X, _ = true.sample(1500, random_state=seed + 1)
+    m = FHMM.from_params(W=true.W, covariance=true.covariance, transmat=true.transmat,
+                         startprob=true.startprob)
+    ll_true = m.score(X)
+    m.fit(X, method="em", init="params", max_iter=15, progress=False)
+    assert m.fit_method_ == "em"
+    assert m.history_[0]["loglik"] == pytest.approx(ll_true, rel=1e-12)
+    assert m.score(X) >= ll_true                          # maximum likelihood: never worse
+    assert m.predict_proba(X).shape == (1500, 3)          # exact posteriors by default
+
+
+def test_bad_arguments():
+    p = FHMMParams.random(2, 2, random_state=0)
+    X, _ = p.sample(50, random_state=1)
+    with pytest.raises(ValueError, match="n_chains must be given"):
+        fit_exact_em(X, progress=False)
+    with pytest.raises(ValueError, match="n_chains must be at most 14"):
+        exact_e_step(FHMMParams.random(15, 2, random_state=0), X)
+    with pytest.raises(ValueError, match="method must be 'svi', 'smf' or 'em'"):
+        FHMM(n_chains=2).fit(X, method="exact")
+    Xn = X.copy()
+    Xn[3, 0] = np.nan
+    with pytest.raises(ValueError):
+        FHMM(n_chains=2).fit(Xn, method="em", progress=False)
