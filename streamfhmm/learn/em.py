@@ -6,8 +6,8 @@ which also sums the joint posteriors over time so that the M-step gets the exact
 ``θ_m θ_n``). The M-step is the closed form of MATH.md §6 with that statistic. Every
 iteration increases the log-likelihood ``log p(y | Γ)`` itself (not a bound): this is
 maximum likelihood, the reference the approximate learners are measured against while
-``2^M`` is small (M ≤ 12 or so: about 25 s per E-step at M = 10 over 10^6 samples on
-one core).
+``2^M`` is small (M ≤ 12 or so; one E-step with the pairwise statistics takes about
+200 s at M = 10 over 10^6 samples on one core).
 
 Public entry points
 -------------------
