@@ -139,7 +139,7 @@ def test_time_budget_stops_early(two_chain_data):
     ({}, np.zeros((10, 2, 2)), "X must be a 2-D array"),
     ({}, np.array([[0.0, np.inf]] * 10), "X must not contain infinities"),
     ({"lengths": [5, 4]}, np.zeros((10, 2)), "lengths must sum to the number of samples in X \\(10\\)"),
-    ({"method": "em"}, np.zeros((10, 2)), "method must be 'svi' or 'smf'"),
+    ({"method": "vb"}, np.zeros((10, 2)), "method must be 'svi', 'smf' or 'em', got 'vb'"),
     ({"method": "smf"}, np.array([[0.0, np.nan]] * 10), "must not contain NaN here"),
     ({"init": "random"}, np.zeros((10, 2)), "init must be one of"),
     ({"init": "params"}, np.random.default_rng(0).normal(size=(10, 2)), "init='params' needs a model with parameters"),
