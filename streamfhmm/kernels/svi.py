@@ -19,6 +19,7 @@ family's coordinates, and a step that starts on the family stays on it exactly (
 :func:`constrain_model_grad`).
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -224,6 +225,37 @@ def constrain_model(vec, sq, M, D, cov_mode):
                 else:
                     vec[k] = 0.0
                 k += 1
+
+
+class BatchScratch(NamedTuple):
+    """The work arrays of one SVI minibatch (:func:`fill_batch`, :func:`batch_gradient`,
+    :func:`svi_step`), in the order those kernels take them."""
+
+    rows: np.ndarray
+    row_start: np.ndarray
+    row_end: np.ndarray
+    offsets: np.ndarray
+    first: np.ndarray
+    Xw: np.ndarray
+    hidden: np.ndarray
+    theta: np.ndarray
+    rho: np.ndarray
+    g_theta: np.ndarray
+    g_rho: np.ndarray
+    Yb: np.ndarray
+
+
+def batch_scratch(n_rows: int, n_blocks: int, n_inputs: int, n_hidden_total: int, M: int,
+                  D: int) -> BatchScratch:
+    """Allocate :class:`BatchScratch` for batches of at most ``n_rows`` window rows in
+    ``n_blocks`` subchains (index arrays zeroed, the others uninitialised)."""
+    return BatchScratch(
+        rows=np.zeros(n_rows, dtype=np.int64), row_start=np.zeros(n_rows, dtype=np.int64),
+        row_end=np.zeros(n_rows, dtype=np.int64), offsets=np.zeros(n_blocks + 1, dtype=np.int64),
+        first=np.zeros(n_blocks, dtype=np.bool_), Xw=np.empty((n_rows, n_inputs)),
+        hidden=np.empty((n_rows, n_hidden_total)), theta=np.empty((n_rows, M)),
+        rho=np.empty((n_rows, M)), g_theta=np.empty((n_rows, M)), g_rho=np.empty((n_rows, M)),
+        Yb=np.empty((n_rows, D)))
 
 
 @jit

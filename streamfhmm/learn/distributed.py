@@ -359,19 +359,13 @@ class _ShardLearner:
         self.scale = np.array(spec["scale"], dtype=np.float64)
         self.size = spec["n_model"] + spec["n_weights"]
         n_rows = B * (L + 1)
-        self.rows = np.zeros(n_rows, dtype=np.int64)
-        self.row_start = np.zeros(n_rows, dtype=np.int64)
-        self.row_end = np.zeros(n_rows, dtype=np.int64)
-        self.offsets = np.zeros(B + 1, dtype=np.int64)
-        self.first = np.zeros(B, dtype=np.bool_)
+        (self.rows, self.row_start, self.row_end, self.offsets, self.first, self.Xw,
+         self.hidden, self.theta, self.rho, self.g_theta, self.g_rho,
+         self.Yb) = _ks.batch_scratch(n_rows, B, spec["n_inputs"], spec["n_hidden_total"],
+                                      self.M, D)
         # rows a batch's windows read: each block's positions, its context row and the
         # window's reach on either side
         self.Y = np.zeros((B * (L + self.window), D))
-        self.Xw = np.empty((n_rows, spec["n_inputs"]))
-        self.hidden = np.empty((n_rows, spec["n_hidden_total"]))
-        self.theta, self.rho = np.empty((n_rows, self.M)), np.empty((n_rows, self.M))
-        self.g_theta, self.g_rho = np.empty((n_rows, self.M)), np.empty((n_rows, self.M))
-        self.Yb = np.empty((n_rows, D))
         self._warm_up()
 
     @property

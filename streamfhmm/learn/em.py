@@ -163,9 +163,6 @@ def fit_exact_em(X, lengths=None, params: FHMMParams | None = None, n_chains: in
     else:
         params = _check_params(params, X.shape[1])
         params = constrain_params(params, covariance_type)
-    if params.n_chains > MAX_EM_CHAINS:
-        raise ValueError(f"exact EM enumerates 2^M joint states; n_chains must be at most "
-                         f"{MAX_EM_CHAINS}, got {params.n_chains}")
     floor = _default_floor(X)
     est = exact_e_step(params, X, lengths)
     history = [{"iteration": 0, "loglik": est.loglik, "time": time.perf_counter() - t0}]

@@ -129,16 +129,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     B = sampler.batch_size
     n_max = sampler.max_rows
     M, D = packer.n_chains, packer.n_features
-    rows = np.empty(n_max, dtype=np.int64)
-    row_start = np.empty(n_max, dtype=np.int64)
-    row_end = np.empty(n_max, dtype=np.int64)
-    offsets = np.empty(B + 1, dtype=np.int64)
-    first = np.empty(B, dtype=np.bool_)
-    Xw = np.empty((n_max, net.n_inputs))
-    hidden = np.empty((n_max, net.n_groups * net.n_hidden))
-    theta, rho = np.empty((n_max, M)), np.empty((n_max, M))
-    g_theta, g_rho = np.empty((n_max, M)), np.empty((n_max, M))
-    Yb = np.empty((n_max, D))
+    (rows, row_start, row_end, offsets, first, Xw, hidden, theta, rho, g_theta, g_rho,
+     Yb) = _ks.batch_scratch(n_max, B, net.n_inputs, net.n_groups * net.n_hidden, M, D)
     x = state.state_vector()
     nm = packer.size
     grad = np.empty_like(x)

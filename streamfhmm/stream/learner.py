@@ -31,6 +31,7 @@ import numpy as np
 
 from ..kernels import exact as _kx
 from ..kernels import online as _ko
+from ..kernels.svi import batch_scratch
 from ..learn.objective import ModelPacker, constrain_params, covariance_mode
 from ..model import FHMMParams
 from ..network import RecognitionNet
@@ -209,18 +210,9 @@ class Learner:
         B, L, net = self.batch_size, self.subchain_length, self.net
         M, D = self.packer.n_chains, self.packer.n_features
         n = B * (L + 1)
-        self._rows = np.empty(n, dtype=np.int64)
-        self._row_start = np.empty(n, dtype=np.int64)
-        self._row_end = np.empty(n, dtype=np.int64)
-        self._offsets = np.empty(B + 1, dtype=np.int64)
-        self._first = np.zeros(B, dtype=np.bool_)
-        self._Xw = np.empty((n, net.n_inputs))
-        self._hidden = np.empty((n, net.n_groups * net.n_hidden))
-        self._theta = np.empty((n, M))
-        self._rho = np.empty((n, M))
-        self._g_theta = np.empty((n, M))
-        self._g_rho = np.empty((n, M))
-        self._Yb = np.empty((n, D))
+        (self._rows, self._row_start, self._row_end, self._offsets, self._first, self._Xw,
+         self._hidden, self._theta, self._rho, self._g_theta, self._g_rho,
+         self._Yb) = batch_scratch(n, B, net.n_inputs, net.n_groups * net.n_hidden, M, D)
         self._grad = np.empty_like(self.x)
         self._x_prev = np.empty_like(self.x)
         self._sq_prev = np.empty_like(self.x)
