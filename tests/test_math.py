@@ -12,8 +12,7 @@ from scipy.special import expit
 
 from streamfhmm.kernels import _math
 from streamfhmm.kernels._jit import jit
-from streamfhmm.kernels.bvn import EPS_THETA, clip_rho, clip_theta
-from streamfhmm.kernels.recognition import _rho_head, _theta_head
+from streamfhmm.kernels.bvn import EPS_RHO, EPS_THETA, clip_rho, clip_theta
 
 SPECIAL = np.array([0.0, -0.0, 5e-324, -5e-324, 1e-300, -1e-300, 1e-17, 1e-8, -1e-8,
                     0.55, np.nextafter(0.55, 1.0), 0.625, 1.0, 19.06, 19.1, 19.2, -19.2,
@@ -35,8 +34,8 @@ def _sigmoid_each(x, out):
 @jit
 def _heads_each(x, theta, rho):
     for i in range(x.shape[0]):
-        theta[i] = _theta_head(x[i])
-        rho[i] = _rho_head(x[i])
+        theta[i] = clip_theta(x[i])
+        rho[i] = clip_rho(x[i])
 
 
 @jit
@@ -132,8 +131,10 @@ def test_sigmoid_relative_accuracy():
 
 
 def test_heads_match_clipping():
-    """The recognition heads built on _math agree with bvn.clip_theta / clip_rho and keep
-    their properties (θ(a) = 1 - θ(-a) for a > 0, ε ≤ θ ≤ 1 - ε, ρ odd, |ρ| < 1)."""
+    """The heads (bvn.clip_theta / clip_rho on the _math functions, compiled in a loop as
+    the recognition kernels call them) agree with the formulas on scipy's σ and numpy's
+    tanh and keep their properties (θ(a) = 1 - θ(-a) for a > 0, ε ≤ θ ≤ 1 - ε, ρ odd,
+    |ρ| < 1)."""
     seed = 13
     print(f"seed={seed}")
     rng = np.random.default_rng(seed)
@@ -141,8 +142,8 @@ def test_heads_match_clipping():
                         SPECIAL[np.isfinite(SPECIAL)]])
     theta, rho = np.empty_like(x), np.empty_like(x)
     _heads_each(x, theta, rho)
-    theta_ref = np.array([clip_theta(v) for v in x])
-    rho_ref = np.array([clip_rho(v) for v in x])
+    theta_ref = EPS_THETA + (1.0 - 2.0 * EPS_THETA) * expit(x)
+    rho_ref = (1.0 - EPS_RHO) * np.tanh(x)
     np.testing.assert_allclose(theta, theta_ref, rtol=1e-15, atol=0)
     np.testing.assert_allclose(rho, rho_ref, rtol=0, atol=1e-15)
     theta_neg, rho_neg = np.empty_like(x), np.empty_like(x)

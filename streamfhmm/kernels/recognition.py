@@ -35,8 +35,8 @@ travel with the weights in an int64 ``layout`` vector (:func:`weight_layout`, in
 import numpy as np
 
 from ._jit import jit
-from ._math import sigmoid, tanh, tanh_bias_inplace
-from .bvn import EPS_RHO, EPS_THETA
+from ._math import tanh, tanh_bias_inplace
+from .bvn import EPS_RHO, EPS_THETA, clip_rho, clip_theta
 
 __all__ = [
     "LAYOUT_N_CHAINS", "LAYOUT_N_FEATURES", "LAYOUT_WINDOW", "LAYOUT_N_GROUPS",
@@ -121,20 +121,6 @@ def scratch_size(layout):
     """Length of the float64 scratch vector :func:`forward_one` needs: ``K + G*Hg + 2M``."""
     return int(layout[LAYOUT_N_INPUTS] + layout[LAYOUT_N_GROUPS] * layout[LAYOUT_N_HIDDEN]
                + 2 * layout[LAYOUT_N_CHAINS])
-
-
-@jit(inline="always")
-def _theta_head(a):
-    """θ = ε + (1-2ε) σ(a), computed as ``bvn.clip_theta`` (``θ(a) = 1 - θ(-a)`` exactly
-    for a > 0, never above ``1 - ε``) with the vectorisable sigmoid (:mod:`._math`)."""
-    v = _EPS_THETA + (1.0 - 2.0 * _EPS_THETA) * sigmoid(-abs(a))
-    return 1.0 - v if a >= 0.0 else v
-
-
-@jit(inline="always")
-def _rho_head(b):
-    """ρ = (1-ε_ρ) tanh(b), as ``bvn.clip_rho`` with the vectorisable tanh (:mod:`._math`)."""
-    return (1.0 - _EPS_RHO) * tanh(b)
 
 
 @jit
@@ -247,8 +233,8 @@ def forward_batch(Xw, weights, layout, out_theta, out_rho, hidden):
             np.dot(z, V.T, pb)
             for i in range(b1 - b0):
                 for m in range(M):
-                    out_theta[b0 + i, m] = _theta_head(pb[i, 2 * m] + E[2 * m])
-                    out_rho[b0 + i, m] = _rho_head(pb[i, 2 * m + 1] + E[2 * m + 1])
+                    out_theta[b0 + i, m] = clip_theta(pb[i, 2 * m] + E[2 * m])
+                    out_rho[b0 + i, m] = clip_rho(pb[i, 2 * m + 1] + E[2 * m + 1])
         else:
             for i in range(b0, b1):
                 for g in range(G):
@@ -260,9 +246,9 @@ def forward_batch(Xw, weights, layout, out_theta, out_rho, hidden):
                             acc += weights[vo + h] * hidden[i, g * Hg + h]
                         m = j // 2
                         if j % 2 == 0:
-                            out_theta[i, m] = _theta_head(acc)
+                            out_theta[i, m] = clip_theta(acc)
                         else:
-                            out_rho[i, m] = _rho_head(acc)
+                            out_rho[i, m] = clip_rho(acc)
 
 
 @jit
@@ -396,8 +382,8 @@ def forward_one(window_buf, start, weights, layout, mean, scale, scratch, out_th
         V = weights[oV:oV + P * Hg].reshape((P, Hg))
         np.dot(V, z, pre)
         for m in range(M):
-            out_theta[m] = _theta_head(pre[2 * m] + weights[oE + 2 * m])
-            out_rho[m] = _rho_head(pre[2 * m + 1] + weights[oE + 2 * m + 1])
+            out_theta[m] = clip_theta(pre[2 * m] + weights[oE + 2 * m])
+            out_rho[m] = clip_rho(pre[2 * m + 1] + weights[oE + 2 * m + 1])
     else:
         for g in range(G):
             for p in range(P):
@@ -408,6 +394,6 @@ def forward_one(window_buf, start, weights, layout, mean, scale, scratch, out_th
                     acc += weights[vo + h] * z[g * Hg + h]
                 m = j // 2
                 if j % 2 == 0:
-                    out_theta[m] = _theta_head(acc)
+                    out_theta[m] = clip_theta(acc)
                 else:
-                    out_rho[m] = _rho_head(acc)
+                    out_rho[m] = clip_rho(acc)
