@@ -99,7 +99,7 @@ from ..model import FHMMParams
 from ..network import RecognitionNet
 from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
-from .svi import RMSprop, SVIState, cosine_lr
+from .svi import RMSprop, SVIState, cosine_lr, log_step
 
 __all__ = ["fit_svi_distributed", "write_npy_chunks", "chunk_lengths", "chunk_scaler",
            "head_rows"]
@@ -870,17 +870,12 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
             acc_n += 1
             out_of_time = time_budget is not None and elapsed >= time_budget
             if i % log_every == 0 or i == max_iter or out_of_time:
-                state.history.append({"iteration": state.iteration, "elbo": running, "lr": lr,
-                                      "time": elapsed, "compute": acc_compute / acc_n,
-                                      "overhead": (acc_wall - acc_compute) / acc_n,
-                                      "recoveries": pool.recoveries})
+                log_step(state, {"iteration": state.iteration, "elbo": running, "lr": lr,
+                                 "time": elapsed, "compute": acc_compute / acc_n,
+                                 "overhead": (acc_wall - acc_compute) / acc_n,
+                                 "recoveries": pool.recoveries}, x, bar, callback)
                 acc_compute = acc_wall = 0.0
                 acc_n = 0
-                if bar is not None:
-                    bar.set_postfix(elbo=f"{running:.4f}")
-                if callback is not None:
-                    state.model_vec, state.net.weights = x[:nm].copy(), x[nm:]
-                    callback(state)
             if bar is not None:
                 bar.update(1)
             if out_of_time:

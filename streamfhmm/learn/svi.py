@@ -77,6 +77,19 @@ class SVIState:
         return np.concatenate([self.model_vec, self.net.weights])
 
 
+def log_step(state: SVIState, entry: dict, x: np.ndarray, bar, callback) -> None:
+    """Record one logged step of a learner loop: append ``entry`` to the history, show
+    its ELBO on the progress bar, and hand ``callback`` the state with the model vector
+    and network weights taken from the learner's vector ``x``."""
+    state.history.append(entry)
+    if bar is not None:
+        bar.set_postfix(elbo=f"{entry['elbo']:.4f}")
+    if callback is not None:
+        nm = state.packer.size
+        state.model_vec, state.net.weights = x[:nm].copy(), x[nm:]
+        callback(state)
+
+
 def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int = 10_000,
             batch_size: int = 10, subchain_length: int | None = None,
             learning_rate: float = 1e-2, final_lr_ratio: float = 0.01, decay: float = 0.9,
@@ -168,13 +181,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             running = value if running is None else 0.98 * running + 0.02 * value
             out_of_time = time_budget is not None and elapsed >= time_budget
             if i % log_every == 0 or i == max_iter or out_of_time:
-                state.history.append({"iteration": state.iteration, "elbo": running,
-                                      "lr": lr, "time": elapsed})
-                if bar is not None:
-                    bar.set_postfix(elbo=f"{running:.4f}")
-                if callback is not None:
-                    state.model_vec, state.net.weights = x[:nm].copy(), x[nm:]
-                    callback(state)
+                log_step(state, {"iteration": state.iteration, "elbo": running, "lr": lr,
+                                 "time": elapsed}, x, bar, callback)
             if bar is not None:
                 bar.update(1)
             if out_of_time:
