@@ -82,6 +82,28 @@ def test_build_windows_matches_naive(mode):
         np.testing.assert_allclose(out[i], naive.standardise(raw, mean, scale), rtol=0, atol=1e-15)
 
 
+def test_consecutive_windows_match_build_windows():
+    """Consecutive rows of one sequence: the same windows as build_windows (and the
+    naive stacking), bit for bit."""
+    seed = 8
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    D, window, n = 3, 7, 25
+    Z = _data([n + window - 1], D, seed=seed, nan_fraction=0.2)
+    mean, scale = rng.normal(size=D), 0.5 + rng.random(D)
+    out = np.full((n, window * D), np.nan)
+    zs = np.full((n + window + 3, D), np.nan)
+    rk.consecutive_windows(Z, window, mean, scale, zs, out)
+    ref = np.full_like(out, np.nan)
+    positions = np.arange(n, dtype=np.int64)
+    rk.build_windows(Z, np.zeros(n, np.int64), np.full(n, Z.shape[0], np.int64), positions,
+                     window, 0, mean, scale, ref)
+    np.testing.assert_array_equal(out, ref)
+    for i in range(n):
+        raw = Z[i:i + window]
+        np.testing.assert_allclose(out[i], naive.standardise(raw, mean, scale), rtol=0, atol=1e-15)
+
+
 @pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("mode", MODES)
 def test_forward_batch_at_arbitrary_positions(share, mode):

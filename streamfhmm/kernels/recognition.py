@@ -136,6 +136,41 @@ def _drho_db(rho):
 
 
 @jit
+def consecutive_windows(Z, window, mean, scale, zs, out):
+    """The standardised windows of consecutive rows: ``out[i]`` stacks rows
+    ``i … i + window - 1`` of ``Z`` (already edge-padded and in order).
+
+    Parameters
+    ----------
+    Z : ndarray, shape (n + window - 1, D)
+        Raw rows; NaN marks a missing value.
+    window : int
+    mean, scale : ndarray, shape (D,)
+        Standardisation: ``(y - mean) / scale``.
+    zs : ndarray, shape (≥ n + window - 1, D)
+        Scratch: receives the standardised rows.
+    out : ndarray, shape (n, window * D), C-contiguous
+        Overwritten: ``out[i, k*D + d] = (Z[i + k, d] - mean[d]) / scale[d]``, 0 for NaN —
+        what :func:`build_windows` gives for the positions of one sequence with no
+        clipping, each row standardised once instead of once per window holding it.
+
+    Notes
+    -----
+    MATH.md §3 (windows).
+    """
+    n = out.shape[0]
+    D = Z.shape[1]
+    for r in range(n + window - 1):
+        for d in range(D):
+            v = Z[r, d]
+            zs[r, d] = 0.0 if v != v else (v - mean[d]) / scale[d]
+    flat = zs.reshape(-1)
+    K = window * D
+    for i in range(n):
+        out[i, :] = flat[i * D:i * D + K]   # a window is a contiguous run of the rows
+
+
+@jit
 def build_windows(Y, seq_start, seq_end, positions, window, off, mean, scale, out):
     """Stack the standardised, edge-padded, NaN-imputed windows of ``positions``.
 

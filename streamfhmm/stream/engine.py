@@ -493,6 +493,7 @@ class StreamEngine:
         self._nscale = net.scale
         self._scratch = np.empty(net.scratch_size)
         self._Xw = np.empty((_CHUNK, net.n_inputs))
+        self._Zs = np.empty((_CHUNK + net.window, self._D))
         self._hidden = np.empty((_CHUNK, net.n_groups * net.n_hidden))
 
     def _make_learner(self, params: FHMMParams, net: RecognitionNet, freeze_steps: int) -> Learner:
@@ -856,7 +857,6 @@ class StreamEngine:
         t = self._t
         s0 = self._seq_start
         W, lag, Hn = self._window, self._lag, self._hist
-        D = Xc.shape[1]
         Z = self._Z[:Hn + m]
         Z[:Hn] = self._ring.last(t - 1, Hn)
         Z[Hn:] = Xc
@@ -885,14 +885,9 @@ class StreamEngine:
             if ne:
                 tau, theta, rho, mean, version, flags = out.reserve(ne)
                 np.add(k, t - lag, out=tau)
-                # standardise each row once, then the windows are overlapping slices of
-                # it (what build_windows computes, without a division per window entry)
-                Zs = np.subtract(Z[Hn + k0 - W + 1:], self._nmean)
-                Zs /= self._nscale
-                np.copyto(Zs, 0.0, where=np.isnan(Zs))
                 Xw = self._Xw[:ne]
-                K = Xw.shape[1]
-                np.copyto(Xw, np.lib.stride_tricks.sliding_window_view(Zs.reshape(-1), K)[::D])
+                _rk.consecutive_windows(Z[Hn + k0 - W + 1:], W, self._nmean, self._nscale,
+                                        self._Zs, Xw)
                 _rk.forward_batch(Xw, snap.weights, self._layout, theta, rho,
                                   self._hidden[:ne])
                 Wp = snap.params.W
