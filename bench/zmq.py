@@ -77,29 +77,84 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class Client:
-    """This side: an XPUB publishing samples, a SUB receiving posteriors."""
+_RECEIVER = """
+import sys, time, zmq
+import numpy as np
+from multiprocessing import resource_tracker, shared_memory
+endpoint, shm_name, n, frames = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+shm = shared_memory.SharedMemory(name=shm_name)
+try:   # the creating process owns the segment (Python < 3.13 would also track it here)
+    resource_tracker.unregister(shm._name, "shared_memory")
+except Exception:
+    pass
+times = np.ndarray((n + 1,), dtype=np.float64, buffer=shm.buf)   # times[n]: messages received
+ctx = zmq.Context()
+sub = ctx.socket(zmq.SUB); sub.setsockopt(zmq.RCVHWM, 0); sub.setsockopt(zmq.LINGER, 0)
+sub.connect(endpoint); sub.subscribe(b"")
+print("ready", flush=True)
+pc, NB = time.perf_counter, zmq.NOBLOCK
+recv = sub.recv
+count = 0
+while True:
+    h = recv()                       # blocks: the first frame wakes this process up
+    if frames == 3:
+        h = recv(NB)
+        p = recv(NB)
+        if not p:
+            continue                 # a heartbeat
+    t = pc()
+    i = h.find(b'"seq":')
+    if i < 0 or b'"heartbeat"' in h[:64]:
+        continue
+    i += 6
+    j = i
+    while h[j:j + 1].isdigit():
+        j += 1
+    s = int(h[i:j])
+    if s == -1 or s >= n:
+        continue
+    if times[s] != times[s]:       # first copy only
+        times[s] = t
+        count += 1
+        times[n] = count
+"""
 
-    def __init__(self, p_in, p_out, D):
+
+class Client:
+    """This side: an XPUB publishing samples from this process; the posteriors are
+    received by a separate process (blocking on its socket, so that a message is
+    time-stamped when it arrives, not when a paced sender gets round to it), which
+    writes arrival times into shared memory (``time.perf_counter`` is the system-wide
+    monotonic clock)."""
+
+    def __init__(self, p_in, p_out, D, n_total, frames):
+        from multiprocessing import shared_memory
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.SNDHWM, 0)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.pub.bind(f"tcp://127.0.0.1:{p_in}")
-        self.sub = self.ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.RCVHWM, 0)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.connect(f"tcp://127.0.0.1:{p_out}")
-        self.sub.subscribe(b"")
+        self.n_total = n_total
+        self.shm = shared_memory.SharedMemory(create=True, size=8 * (n_total + 1))
+        self.times = np.ndarray((n_total + 1,), dtype=np.float64, buffer=self.shm.buf)
+        self.times[:n_total] = np.nan
+        self.times[n_total] = 0
+        self.receiver = subprocess.Popen(
+            [sys.executable, "-c", _RECEIVER, f"tcp://127.0.0.1:{p_out}", self.shm.name, str(n_total),
+             str(frames)], stdout=subprocess.PIPE, text=True)
+        self.receiver.stdout.readline()   # "ready": its SUB is connecting
         self.D = D
         self.seq = 0
-        self.t_sent = {}
+        self.t_sent = np.full(n_total, np.nan)
+
+    @property
+    def received(self) -> int:
+        return int(self.times[self.n_total])
 
     def handshake(self, timeout=120.0):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self.sub.poll(0)   # lets our SUB (re)send its subscription
             if self.pub.poll(20) and self.pub.recv()[:1] == b"\x01":
                 return
         raise TimeoutError("the service did not subscribe")
@@ -115,38 +170,21 @@ class Client:
     def end(self):
         self.pub.send_multipart([b"bench", b'{"heartbeat":true,"seq":%d,"ts":0,"end":true}' % (self.seq - 1), b""])
 
-    def recv_ready(self, out):
-        """Append (seq, receive time) of every posterior queued now; returns how many."""
-        n = 0
-        while True:
-            try:
-                frames = self.sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return n
-            t = time.perf_counter()
-            if len(frames) == 3:
-                if not frames[2]:
-                    continue          # heartbeat
-                h = frames[1]
-            else:
-                h = frames[0]
-                if b'"heartbeat"' in h[:64]:
-                    continue
-            i = h.index(b'"seq":') + 6
-            out.append((int(h[i:h.index(b",", i)]), t))
-            n += 1
-
     def close(self):
+        self.receiver.kill()
+        self.receiver.wait()
         self.pub.close(0)
-        self.sub.close(0)
         self.ctx.term()
+        del self.times
+        self.shm.close()
+        self.shm.unlink()
 
 
 def run_phase(cl, rows, rate, window, lag, timeout=120.0):
     """Publish rows (paced at ``rate``, or flow-controlled with ``window`` in flight);
     returns (messages/s, latencies in seconds, lost)."""
-    got = []
     first = cl.seq
+    got0 = cl.received
     n = len(rows)
     t0 = time.perf_counter()
     i = 0
@@ -159,33 +197,28 @@ def run_phase(cl, rows, rate, window, lag, timeout=120.0):
         if period:
             due = min(n, int((now - t0) / period) + 1)
         else:
-            due = min(n, len(got) + window)
+            due = min(n, cl.received - got0 + window)
         while i < due:
             cl.send(rows[i])
             i += 1
-        cl.recv_ready(got)
         if i < n:
             # sleep until the next message is due (no busy loop: on two cores it would take
-            # the processor from the service), waking up for posteriors that arrive
-            wait = (t0 + i * period - time.perf_counter()) if period else 0.001
-            if wait >= 0.001:
-                if cl.sub.poll(int(wait * 1000)):
-                    cl.recv_ready(got)
-            elif wait > 0:
+            # the processor from the service)
+            wait = (t0 + i * period - time.perf_counter()) if period else 0.0002
+            if wait > 0:
                 time.sleep(wait)
     cl.end()   # flushes the smoothing lag
-    while len(got) < n and time.monotonic() < deadline:
-        if cl.sub.poll(200):
-            cl.recv_ready(got)
-    elapsed = got[-1][1] - t0 if got else float("nan")
-    lat = []
-    for s, t in got:
-        k = s + lag
-        if k < first + n:       # the last lag posteriors come from the flush, not a sample
-            lat.append(t - cl.t_sent[k])
-    seqs = [s for s, _ in got]
-    lost = n - len(set(seqs))
-    return len(got) / elapsed, np.array(lat), lost
+    while cl.received - got0 < n and time.monotonic() < deadline:
+        time.sleep(0.002)
+    arrived = cl.times[first:first + n]
+    ok = np.isfinite(arrived)
+    elapsed = np.nanmax(arrived) - t0 if ok.any() else float("nan")
+    # the posterior of s is due once s + lag is published (the last lag come from the flush)
+    k = np.arange(first, first + n - lag)
+    lat = cl.times[k] - cl.t_sent[k + lag]
+    lat = lat[np.isfinite(lat)]
+    lost = int(n - ok.sum())
+    return ok.sum() / elapsed, lat, lost
 
 
 #: seconds between the service's status lines (they carry its learner step count)
@@ -194,11 +227,11 @@ _STEPS = re.compile(r"learner steps (\d+)")
 _DUTY = re.compile(r"learner duty ([0-9.e+-]+)")
 
 
-def serve(model_path, p_in, p_out, fmt, learn, duty=None):
+def serve(model_path, p_in, p_out, fmt, learn, duty=None, extra=()):
     args = [sys.executable, "-m", "streamfhmm", "serve", "--model", model_path,
             "--sub", f"tcp://127.0.0.1:{p_in}", "--pub", f"tcp://127.0.0.1:{p_out}",
             "--format", fmt, "--wait-subscribers", "1", "--status-interval", str(STATUS_INTERVAL),
-            "--heartbeat", "0"]
+            "--heartbeat", "0", *extra]
     if learn:
         args.append("--learn")
         if duty is not None:
@@ -232,7 +265,8 @@ def measure(cmd_factory, X, args, lag, label):
     proc = cmd_factory(p_in, p_out)
     err = StderrLines(proc.stderr)
     err.start()
-    cl = Client(p_in, p_out, X.shape[1])
+    n_total = args.warmup + args.messages + sum(int(r * args.latency_seconds) for r in args.rates)
+    cl = Client(p_in, p_out, X.shape[1], n_total, frames=1 if "json" in label else 3)
     try:
         cl.handshake()
         rows = [x.tobytes() for x in X]
@@ -289,6 +323,8 @@ def main(argv=None):
     ap.add_argument("--learner-duty", type=float, default=None,
                     help="learner duty of the learning-on rows (default: the service's default)")
     ap.add_argument("--no-learn-off", action="store_true", help="skip the learning-off rows")
+    ap.add_argument("--serve-args", default="", metavar="ARGS",
+                    help="more arguments for streamfhmm serve, e.g. \"--batch-wait 0\"")
     args = ap.parse_args(argv)
 
     header("streamfhmm serve over loopback TCP: end-to-end throughput and latency")
@@ -316,7 +352,8 @@ def main(argv=None):
         for fmt in args.formats:
             for learn in ((True,) if args.no_learn_off else (False, True)):
                 label = f"serve --format {fmt}" + (" --learn" if learn else "")
-                rows.append(measure(lambda a, b: serve(path, a, b, fmt, learn, args.learner_duty),
+                rows.append(measure(lambda a, b: serve(path, a, b, fmt, learn, args.learner_duty,
+                                                          args.serve_args.split()),
                                     X, args, lag, label))
     ref = rows[0]["messages/s"]
     for r in rows:

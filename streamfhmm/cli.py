@@ -572,7 +572,8 @@ def _serve(args, state) -> int:
                                                       else (10_000 if args.checkpoint else None)),
                                     heartbeat_interval=args.heartbeat, status_interval=args.status_interval,
                                     status=lambda line: print(line, file=sys.stderr, flush=True),
-                                    max_streams=args.max_streams, wait_subscribers=args.wait_subscribers)
+                                    max_streams=args.max_streams, wait_subscribers=args.wait_subscribers,
+                                    batch_wait=min(args.batch_wait * 1e-6, 1.0))
         except CheckpointError as exc:
             raise CliError(str(exc)) from None
         if args.metrics_port:
@@ -874,6 +875,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--switch-interval", type=_positive_float, default=1e-4, metavar="SECONDS",
                     help="Python's thread switch interval: the longest the learner thread keeps the "
                          "interpreter from the inference path (default 0.0001; Python's is 0.005)")
+    sv.add_argument("--batch-wait", type=_nonneg_float, default=250.0, metavar="MICROSECONDS",
+                    help="read the input at most once per this many microseconds: under a high message "
+                         "rate messages are handled in batches, each waiting at most this long; a message "
+                         "after a quiet spell is handled at once; 0: read on every wake-up (default 250)")
     sv.add_argument("--verbose", "-v", action="store_true", help="log stream events (new, ended, resumed)")
     _zmq_args(sv, linger=2000)
     sv.set_defaults(func=_cmd_serve)

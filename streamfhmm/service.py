@@ -45,17 +45,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import threading
 import time
-from collections import deque
 
 import numpy as np
 import zmq
 
-from .io.wire import Heartbeat
+from .io.fastwire import TS_TEXT_BYTES, ts_text
+from .io.wire import Heartbeat, SampleRun
 from .io.zmq import RateLimitedLog, ZmqSink, ZmqSource
+from .stream.engine import PosteriorBatch
 
 __all__ = ["StreamService", "CheckpointError", "start_metrics_server", "MetricsServer",
            "read_stream_record"]
@@ -71,6 +73,125 @@ class CheckpointError(ValueError):
     """A checkpoint directory entry that is not a valid stream checkpoint."""
 
 
+class _Pending:
+    """(t, seq, ts) of the samples pushed whose posterior is not yet published.
+
+    A FIFO of consecutive stream positions ``t0 .. t0 + n - 1`` in arrays, the time
+    stamps kept as the JSON number text they arrived in (what the output header
+    repeats; see :class:`~streamfhmm.io.wire.SampleRun`). Iterating yields
+    ``(t, seq, ts)`` with ``ts`` a float.
+    """
+
+    __slots__ = ("t0", "head", "n", "seq", "text", "tlen")
+
+    def __init__(self, capacity: int = 256):
+        self.t0 = 0
+        self.head = 0
+        self.n = 0
+        self.seq = np.zeros(capacity, np.int64)
+        self.text = np.zeros((capacity, TS_TEXT_BYTES), np.uint8)
+        self.tlen = np.zeros(capacity, np.int64)
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        h = self.head
+        for i in range(self.n):
+            yield (self.t0 + i, int(self.seq[h + i]),
+                   float(self.text[h + i, :self.tlen[h + i]].tobytes()))
+
+    def _room(self, t: int, k: int) -> int:
+        """Make room for k entries at position t (the next one); returns their index."""
+        if self.n == 0:
+            self.t0, self.head = t, 0
+        elif t != self.t0 + self.n:
+            raise ValueError(f"pending positions must be consecutive: {t} after {self.t0 + self.n - 1}")
+        end = self.head + self.n
+        if end + k > self.seq.shape[0]:
+            need = self.n + k
+            if need <= self.seq.shape[0] // 2:   # compact
+                sl = slice(self.head, end)
+                self.seq[:self.n] = self.seq[sl]
+                self.text[:self.n] = self.text[sl]
+                self.tlen[:self.n] = self.tlen[sl]
+            else:
+                cap = max(2 * self.seq.shape[0], 2 * need)
+                seq, text, tlen = (np.zeros(cap, np.int64), np.zeros((cap, TS_TEXT_BYTES), np.uint8),
+                                   np.zeros(cap, np.int64))
+                seq[:self.n] = self.seq[self.head:end]
+                text[:self.n] = self.text[self.head:end]
+                tlen[:self.n] = self.tlen[self.head:end]
+                self.seq, self.text, self.tlen = seq, text, tlen
+            self.head = 0
+            end = self.n
+        self.n += k
+        return end
+
+    def append(self, t: int, seq: int, ts: float):
+        i = self._room(int(t), 1)
+        txt = ts_text(ts)
+        self.seq[i] = seq
+        self.text[i, :len(txt)] = np.frombuffer(txt, np.uint8)
+        self.tlen[i] = len(txt)
+
+    def append_row(self, t: int, run: SampleRun, i: int):
+        j = self._room(int(t), 1)
+        self.seq[j] = run.seq[i]
+        self.text[j] = run.ts_text[i]
+        self.tlen[j] = run.ts_len[i]
+
+    def extend(self, records):
+        for t, seq, ts in records:
+            self.append(t, seq, ts)
+
+    def append_run(self, t: int, run: SampleRun):
+        k = len(run)
+        i = self._room(int(t), k)
+        self.seq[i:i + k] = run.seq
+        self.text[i:i + k] = run.ts_text
+        self.tlen[i:i + k] = run.ts_len
+
+    def _drop_before(self, t: int):
+        k = min(self.n, max(0, t - self.t0))
+        self.head += k
+        self.t0 += k
+        self.n -= k
+
+    def pop(self, t: int):
+        """(seq, ts) of position t, dropping it and anything before; (-1, 0.0) if absent."""
+        self._drop_before(t)
+        if self.n == 0 or self.t0 != t:
+            return -1, 0.0
+        h = self.head
+        out = int(self.seq[h]), float(self.text[h, :self.tlen[h]].tobytes())
+        self._drop_before(t + 1)
+        return out
+
+    def take(self, t: int, k: int):
+        """(seq, ts_text, ts_len) of positions t .. t+k-1, dropping them and anything
+        before; positions not pending get seq -1 and ts 0. The arrays may be views,
+        valid until the next append."""
+        self._drop_before(t)
+        h = self.head
+        if self.n >= k and self.t0 == t:
+            self.head += k
+            self.t0 += k
+            self.n -= k
+            return self.seq[h:h + k], self.text[h:h + k], self.tlen[h:h + k]
+        seq = np.full(k, -1, np.int64)
+        text = np.zeros((k, TS_TEXT_BYTES), np.uint8)
+        tlen = np.ones(k, np.int64)
+        text[:, 0] = ord("0")
+        if self.n and self.t0 == t:
+            m = min(k, self.n)
+            seq[:m] = self.seq[h:h + m]
+            text[:m] = self.text[h:h + m]
+            tlen[:m] = self.tlen[h:h + m]
+        self._drop_before(t + k)
+        return seq, text, tlen
+
+
 class _Stream:
     __slots__ = ("topic", "name", "engine", "pending", "t_next", "last_seq", "last_out",
                  "since_checkpoint", "generation", "resumed_seq", "samples", "posteriors",
@@ -80,7 +201,7 @@ class _Stream:
         self.topic = topic
         self.name = topic.decode("utf-8", "replace")
         self.engine = engine
-        self.pending = deque()      # (t, seq, ts) of samples pushed, posterior not yet published
+        self.pending = _Pending()   # (t, seq, ts) of samples pushed, posterior not yet published
         self.t_next = 0             # stream position of the next sample
         self.last_seq = -1          # last sequence number pushed
         self.last_out = time.monotonic()
@@ -152,6 +273,10 @@ def read_stream_record(path: str) -> dict:
         when = float(rec["time"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path} is a damaged stream checkpoint record: {exc!r}") from None
+    if any(b[0] != a[0] + 1 for a, b in zip(pending, pending[1:])) or (
+            pending and pending[-1][0] >= t_next) or not all(math.isfinite(p[2]) for p in pending):
+        raise CheckpointError(f"{path} is a damaged stream checkpoint record: its pending samples "
+                              "must have consecutive positions before t_next and finite time stamps")
     if os.path.basename(fname) != fname:
         raise CheckpointError(f"{path} names an engine file outside its directory: {fname!r}")
     full = os.path.join(os.path.dirname(path), fname)
@@ -200,13 +325,20 @@ class StreamService:
         engine's ``push_many`` (when it has one); shorter ones through ``push``.
     log_interval : float
         Seconds between two log lines about the same kind of problem.
+    batch_wait : float
+        Seconds: the loop reads its input at most once per ``batch_wait`` (adaptive
+        batching). A message that arrives after a quieter spell is handled at once; when
+        messages arrive faster than one per ``batch_wait`` they are handled in batches,
+        each waiting at most ``batch_wait``, which divides the per-wake-up cost (a system
+        call, a compiled call each way, the stream bookkeeping) among them. 0 reads on every
+        wake-up.
     """
 
     def __init__(self, source: ZmqSource, sink: ZmqSink, engine_factory, *, resume_engine=None,
                  checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
                  heartbeat_interval: float = 1.0, status_interval: float = 0.0, status=None,
                  max_streams: int = 1024, wait_subscribers: int = 0, batch_size: int = 256,
-                 batch_threshold: int = 12, log_interval: float = 10.0):
+                 batch_threshold: int = 12, log_interval: float = 10.0, batch_wait: float = 250e-6):
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1 sample, got {checkpoint_every}")
         if checkpoint_every is not None and checkpoint_dir is None:
@@ -226,6 +358,9 @@ class StreamService:
         self.wait_subscribers = int(wait_subscribers)
         self.batch_size = int(batch_size)
         self.batch_threshold = max(2, int(batch_threshold))
+        if not 0 <= float(batch_wait) <= 1:
+            raise ValueError(f"batch_wait must be in [0, 1] seconds, got {batch_wait}")
+        self.batch_wait = float(batch_wait)
         self._block = None  # whether the engines have push_many (known at the first stream)
         self._log = RateLimitedLog(logger, log_interval)
         self._stop = threading.Event()
@@ -349,13 +484,19 @@ class StreamService:
         if self.heartbeat_interval > 0:
             tick = min(tick, self.heartbeat_interval / 2)
         last_tick = time.monotonic()
+        last_read = 0.0
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(int(tick * 1000)))
                 if snk in events:
                     self.sink.poll_subscriptions()
                 if src in events:
-                    self.process(self.source.recv_ready(self.batch_size))
+                    if self.batch_wait:
+                        wait = last_read + self.batch_wait - time.perf_counter()
+                        if wait > 0:
+                            time.sleep(wait)
+                        last_read = time.perf_counter()
+                    self.process(self.source.recv_runs(self.batch_size, copy=False))
                 now = time.monotonic()
                 if now - last_tick >= tick:
                     last_tick = now
@@ -369,55 +510,74 @@ class StreamService:
         return self.metrics()
 
     def process(self, items):
-        """Handle decoded messages (samples and heartbeats) from the source, in order.
+        """Handle decoded messages (samples, runs of samples and heartbeats) from the
+        source, in order.
 
-        Consecutive samples of one topic (``batch_threshold`` or more) go through the
-        engine's block path (``push_many``), others one by one (``push``).
+        Runs (:class:`~streamfhmm.io.wire.SampleRun`) and consecutive samples of one
+        topic, ``batch_threshold`` or more, go through the engine's block path
+        (``push_many``), others one by one (``push``).
         """
         n = len(items)
         i = 0
         while i < n:
             item = items[i]
-            if type(item) is Heartbeat:
+            kind = type(item)
+            if kind is Heartbeat:
                 self._heartbeat_in(item)
+                i += 1
+                continue
+            if kind is SampleRun:
+                self._push_samples(item.topic, item)
                 i += 1
                 continue
             topic = item.topic
             j = i + 1
-            while (j < n and items[j].topic == topic and type(items[j]) is not Heartbeat
+            while (j < n and type(items[j]) is kind and items[j].topic == topic
                    and items[j].seq == items[j - 1].seq + 1):
                 j += 1
-            self._push_run(topic, items[i:j] if j - i > 1 else (item,))
+            self._push_samples(topic, items[i:j] if j - i > 1 else (item,))
             i = j
 
-    def _push_run(self, topic: bytes, run):
+    def _push_samples(self, topic: bytes, run):
+        """Push a SampleRun, or a sequence of Samples of one topic with consecutive seq."""
         st = self.streams.get(topic)
         if st is None:
             st = self._new_stream(topic)
             if st is None:
                 return
+        is_run = type(run) is SampleRun
+        seq0 = int(run.seq[0]) if is_run else run[0].seq
         if st.resumed_seq is not None:
-            self._report_resume(st, run[0].seq)
-        if st.last_seq >= 0 and run[0].seq != st.last_seq + 1 and not st.ended:
+            self._report_resume(st, seq0)
+        if st.last_seq >= 0 and seq0 != st.last_seq + 1 and not st.ended:
             # a discontinuity ends the sequence: the smoothing lag is emitted (edge-padded)
             # and the engine starts a new sequence with this sample
             self._flush(st)
         engine = st.engine
-        if len(run) >= self.batch_threshold and self._block:
+        n = len(run)
+        if self._block and (is_run or n >= self.batch_threshold):
             try:
-                batch = engine.push_many(np.stack([s.values for s in run]))
+                batch = engine.push_many(run.values if is_run else np.stack([s.values for s in run]))
             except ValueError:
                 pass  # one bad sample refuses the whole block: find it one by one
             else:
-                t = st.t_next
-                for s in run:
-                    st.pending.append((t, s.seq, s.ts))
-                    t += 1
-                self._accepted(st, run[-1].seq, len(run))
+                if is_run:
+                    st.pending.append_run(st.t_next, run)
+                    last = int(run.seq[-1])
+                else:
+                    t = st.t_next
+                    for s in run:
+                        st.pending.append(t, s.seq, s.ts)
+                        t += 1
+                    last = run[-1].seq
+                self._accepted(st, last, n)
                 if len(batch):
                     self._publish_batch(st, batch)
-                self._maybe_checkpoint(st, len(run))
+                self._maybe_checkpoint(st, n)
                 return
+        if is_run:
+            self._push_run_one_by_one(st, run)
+            return
         for s in run:
             try:
                 posts = engine.push(s.values)
@@ -425,11 +585,35 @@ class StreamService:
                 self.counters["engine_rejected"] += 1
                 self._log("engine", "stream %r: the engine refused sample %d: %s", st.name, s.seq, exc)
                 continue
-            st.pending.append((st.t_next, s.seq, s.ts))
+            st.pending.append(st.t_next, s.seq, s.ts)
             self._accepted(st, s.seq, 1)
             if posts:
                 self._publish(st, posts)
             self._maybe_checkpoint(st, 1)
+
+    def _push_run_one_by_one(self, st: _Stream, run: SampleRun):
+        """A short run through ``push``, its posteriors published together."""
+        push = st.engine.push
+        posts = []
+        seqs = run.seq.tolist()
+        for i, x in enumerate(run.values):
+            try:
+                got = push(x)
+            except ValueError as exc:
+                self.counters["engine_rejected"] += 1
+                self._log("engine", "stream %r: the engine refused sample %d: %s", st.name, seqs[i], exc)
+                continue
+            st.pending.append_row(st.t_next, run, i)
+            self._accepted(st, seqs[i], 1)
+            if got:
+                posts.extend(got)
+            if self.checkpoint_every is not None and st.since_checkpoint + 1 >= self.checkpoint_every:
+                if posts:   # what the checkpoint says is published must be
+                    self._publish(st, posts)
+                    posts = []
+            self._maybe_checkpoint(st, 1)
+        if posts:
+            self._publish(st, posts)
 
     def _accepted(self, st: _Stream, last_seq: int, n: int):
         st.t_next += n
@@ -476,30 +660,41 @@ class StreamService:
         logger.info("new stream %r", st.name)
         return st
 
-    def _lookup(self, st: _Stream, t: int):
-        pending = st.pending
-        while pending and pending[0][0] < t:
-            pending.popleft()
-        if pending and pending[0][0] == t:
-            _, seq, ts = pending.popleft()
-            return seq, ts
-        return -1, 0.0   # not known (cannot happen with an engine that emits in order)
-
     def _publish(self, st: _Stream, posts):
-        sink = self.sink
-        for p in posts:
-            seq, ts = self._lookup(st, p.t)
-            sink.send(st.topic, seq, ts, p)
-        self._published(st, len(posts))
+        """Publish a list of Posterior (the ``push`` and ``flush`` paths)."""
+        n = len(posts)
+        if n == 1 and self.sink.fast:
+            p = posts[0]
+            batch = PosteriorBatch(np.array([p.t], np.int64), p.theta[None], p.rho[None], p.mean[None],
+                                   np.array([p.version], np.int64), np.array([p.flags], np.int64))
+            self._publish_batch(st, batch)
+            return
+        if n > 1:
+            batch = PosteriorBatch(np.array([p.t for p in posts], np.int64),
+                                   np.array([p.theta for p in posts]), np.array([p.rho for p in posts]),
+                                   np.array([p.mean for p in posts]),
+                                   np.array([p.version for p in posts], np.int64),
+                                   np.array([p.flags for p in posts], np.int64))
+            self._publish_batch(st, batch)
+            return
+        p = posts[0]
+        seq, ts = st.pending.pop(p.t)
+        self.sink.send(st.topic, seq, ts, p)
+        self._published(st, 1)
 
     def _publish_batch(self, st: _Stream, batch):
-        seqs, tss = [], []
-        for t in batch.t.tolist():
-            seq, ts = self._lookup(st, t)
-            seqs.append(seq)
-            tss.append(ts)
-        self.sink.send_batch(st.topic, seqs, tss, batch)
-        self._published(st, len(seqs))
+        n = len(batch.t)
+        t0 = int(batch.t[0])
+        if int(batch.t[-1]) - t0 != n - 1:   # not consecutive (an engine that skips positions)
+            sink = self.sink
+            for p in batch:
+                seq, ts = st.pending.pop(p.t)
+                sink.send(st.topic, seq, ts, p)
+            self._published(st, n)
+            return
+        seq, text, tlen = st.pending.take(t0, n)
+        self.sink.send_block(st.topic, seq, text, tlen, batch)
+        self._published(st, n)
 
     def _published(self, st: _Stream, n: int):
         st.posteriors += n
@@ -581,7 +776,7 @@ class StreamService:
         self._closed = True
         try:
             while True:
-                items = self.source.recv_ready(self.batch_size)
+                items = self.source.recv_runs(self.batch_size)
                 if not items:
                     break
                 self.process(items)

@@ -454,3 +454,41 @@ def test_learner_discards_non_finite_steps_and_keeps_parameters_finite():
     assert m["discarded_steps"] > 0
     assert all(np.isfinite(a).all() for a in (p.W, p.L, p.alpha, p.beta))
     assert m["learner_error"] is None
+
+
+@pytest.mark.parametrize("blocks", [[1] * 60, [7, 1, 13, 39], [60]])
+def test_learner_gets_the_same_subchains_from_push_and_push_many(blocks):
+    """A subchain of S samples every L samples of a sequence (ending at τ with
+    τ - start + 1 - S ≥ 0 and divisible by L), whichever path the samples took."""
+    model = _model(seed=41)
+    X = _data(model, 120, seed=42, nan_fraction=0.05)
+    net = _net(model, "centred", X, seed=43)
+    print("seeds 41 42 43, blocks", blocks)
+
+    def fed(use_blocks):
+        with StreamEngine(model, learn=True, net=net, learner_duty=1e-3) as eng:
+            got = []
+            eng._learner.feed = lambda seg, t: got.append((t, seg.copy()))
+            for part in (X[:60], X[60:]):
+                if use_blocks:
+                    s = 0
+                    for b in blocks:
+                        eng.push_many(part[s:s + b])
+                        s += b
+                else:
+                    for x in part:
+                        eng.push(x)
+                eng.flush()    # a new sequence starts at 60
+            S, L = eng._S, eng._L
+        return got, S, L
+
+    a, S, L = fed(False)
+    b, _, _ = fed(True)
+    ends = [t for t, _ in a]
+    expect = [t for t in range(120) if (t - (0 if t < 60 else 60) + 1 - S) >= 0
+              and (t - (0 if t < 60 else 60) + 1 - S) % L == 0]
+    assert ends == expect and len(ends) >= 4
+    assert [t for t, _ in b] == ends
+    for (t, seg), (_, seg2) in zip(a, b):
+        np.testing.assert_array_equal(seg, X[t - S + 1:t + 1])
+        np.testing.assert_array_equal(seg2, seg)

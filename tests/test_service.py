@@ -746,3 +746,61 @@ def test_e2e_sigkill_loses_only_samples_since_the_checkpoint(fitted, tmp_path):
     after = con.seqs[n_before:]
     # the lag pending at the checkpoint is published again (at-least-once), then 2500..2999
     assert after == [s for s, _, _ in rec["pending"]] + list(range(2500, 3000)), after[:5]
+
+
+def test_pending_fifo_matches_a_deque():
+    """The service's array FIFO of (t, seq, ts) against a deque of tuples."""
+    from collections import deque
+
+    from streamfhmm.io.wire import SampleRun
+    from streamfhmm.service import _Pending
+    seed = 11
+    print("seed", seed)
+    rng = np.random.default_rng(seed)
+    fifo, ref = _Pending(capacity=4), deque()
+    t = 0
+    for _ in range(400):
+        u = rng.random()
+        if u < 0.3:
+            ts = float(rng.normal() * 10.0 ** int(rng.integers(-5, 12)))
+            s = int(rng.integers(0, 1000))
+            fifo.append(t, s, ts)
+            ref.append((t, s, ts))
+            t += 1
+        elif u < 0.55:
+            k = int(rng.integers(1, 40))
+            seq = np.arange(k, dtype=np.int64) + int(rng.integers(0, 10**6))
+            tss = rng.normal(size=k) * 1e9
+            text = np.zeros((k, 32), np.uint8)
+            tlen = np.zeros(k, np.int64)
+            for i, v in enumerate(tss.tolist()):
+                b = b"%r" % v
+                text[i, :len(b)] = np.frombuffer(b, np.uint8)
+                tlen[i] = len(b)
+            fifo.append_run(t, SampleRun(b"x", seq, text, tlen, np.zeros((k, 1))))
+            ref.extend((t + i, int(seq[i]), tss[i]) for i in range(k))
+            t += k
+        elif u < 0.75 and ref:
+            q = ref[0][0] + int(rng.integers(0, 3))
+            while ref and ref[0][0] < q:
+                ref.popleft()
+            want = ref.popleft()[1:] if ref and ref[0][0] == q else (-1, 0.0)
+            assert fifo.pop(q) == want
+        elif ref:
+            q = ref[0][0] + int(rng.integers(0, 3))
+            k = int(rng.integers(1, 20))
+            seq, text, tlen = fifo.take(q, k)
+            while ref and ref[0][0] < q:
+                ref.popleft()
+            for i in range(k):
+                if ref and ref[0][0] == q + i:
+                    _, s, ts = ref.popleft()
+                    assert (int(seq[i]), float(text[i, :tlen[i]].tobytes())) == (s, ts)
+                else:
+                    assert int(seq[i]) == -1
+        assert [(a, int(b), c) for a, b, c in fifo] == [(a, int(b), c) for a, b, c in ref]
+        assert len(fifo) == len(ref)
+    assert fifo.seq.shape[0] > 4          # it grew
+    fifo.append(t, 0, 0.0)
+    with pytest.raises(ValueError, match="consecutive"):
+        fifo.append(t + 5, 0, 0.0)

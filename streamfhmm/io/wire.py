@@ -71,7 +71,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = [
-    "ERROR_KINDS", "WireError", "Sample", "Heartbeat", "PosteriorMessage",
+    "ERROR_KINDS", "WireError", "Sample", "SampleRun", "Heartbeat", "PosteriorMessage",
     "MAX_TOPIC_BYTES", "MAX_HEADER_BYTES", "max_json_bytes", "max_frame_bytes",
     "encode_sample", "encode_heartbeat", "encode_posterior", "encode_posterior_batch",
     "encode_service_heartbeat",
@@ -131,6 +131,50 @@ class Sample(NamedTuple):
     seq: int
     ts: float
     values: np.ndarray
+
+
+class SampleRun:
+    """Consecutive samples of one stream (consecutive sequence numbers), as arrays.
+
+    What the compiled receive path (:mod:`streamfhmm.io.fastwire`) returns in place of
+    one :class:`Sample` each; the time stamps are kept as the text they arrived in.
+
+    Attributes
+    ----------
+    topic : bytes
+    seq : ndarray of int64, shape (n,)
+        ``seq[0], seq[0] + 1, ...``.
+    ts_text : ndarray of uint8, shape (n, TS_TEXT_BYTES)
+        Row i holds the JSON number text of sample i's ``"ts"`` in its first
+        ``ts_len[i]`` bytes.
+    ts_len : ndarray of int64, shape (n,)
+    values : ndarray of float64, shape (n, D)
+        Read-only; NaN marks a missing value.
+    """
+
+    __slots__ = ("topic", "seq", "ts_text", "ts_len", "values")
+
+    def __init__(self, topic: bytes, seq, ts_text, ts_len, values):
+        self.topic, self.seq, self.ts_text, self.ts_len, self.values = topic, seq, ts_text, ts_len, values
+
+    def __len__(self):
+        return self.seq.shape[0]
+
+    def __repr__(self):
+        n = len(self)
+        return (f"SampleRun(topic={self.topic!r}, seq={int(self.seq[0]) if n else None}.."
+                f"{int(self.seq[-1]) if n else None}, n={n})")
+
+    @property
+    def ts(self) -> np.ndarray:
+        """The time stamps as float64, shape (n,)."""
+        return np.array([float(bytes(r[:m])) for r, m in zip(self.ts_text, self.ts_len.tolist())],
+                        dtype=np.float64)
+
+    def samples(self) -> list:
+        """The run as one :class:`Sample` each."""
+        return [Sample(self.topic, s, ts, v)
+                for s, ts, v in zip(self.seq.tolist(), self.ts.tolist(), self.values)]
 
 
 class Heartbeat(NamedTuple):

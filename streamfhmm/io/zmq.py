@@ -50,7 +50,9 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from .wire import (ERROR_KINDS, Heartbeat, Sample, WireError, decode_input, encode_heartbeat,
+from . import _libzmq
+from .fastwire import STOP_ERROR, STOP_SLOW, TS_TEXT_BYTES, recv_samples, send_posteriors
+from .wire import (ERROR_KINDS, Heartbeat, Sample, SampleRun, WireError, decode_input, encode_heartbeat,
                    encode_posterior, encode_posterior_batch, encode_sample, encode_service_heartbeat,
                    max_frame_bytes, subscription_prefixes)
 
@@ -217,6 +219,10 @@ class ZmqSource:
     max_streams : int
         Topics tracked at most; messages of further topics are counted (``untracked``)
         and skipped, so that the bookkeeping stays bounded whatever arrives.
+    fast : bool
+        Let :meth:`recv_runs` use the compiled receive path
+        (:mod:`streamfhmm.io.fastwire`) where libzmq is reachable; False forces the
+        pure pyzmq path.
 
     Attributes
     ----------
@@ -232,7 +238,7 @@ class ZmqSource:
     def __init__(self, endpoint: str, n_features: int, *, topics=None, bind: bool = False,
                  hwm: int = DEFAULT_HWM, linger_ms: int = DEFAULT_LINGER_MS, context=None,
                  subscribe: bool = True, curve: CurveConfig | None = None, log_interval: float = 10.0,
-                 max_streams: int = 100_000):
+                 max_streams: int = 100_000, fast: bool = True):
         if int(n_features) < 1:
             raise ValueError(f"n_features must be >= 1, got {n_features}")
         if int(max_streams) < 1:
@@ -257,6 +263,8 @@ class ZmqSource:
         self.disconnects = 0
         self._log = RateLimitedLog(logger, log_interval)
         self._subscribed = False
+        self._lib = _libzmq.functions() if fast else None
+        self._bufs = None
         # libzmq drops a connection that carried an oversize frame and does not retry it:
         # watch for disconnections and reconnect (see maintain())
         self.reconnects = 0
@@ -317,6 +325,16 @@ class ZmqSource:
                 st.last_seq = seq
             st.ended = item.end
             return item
+        if self._accept(topic, st, seq, 1):
+            return None
+        return item
+
+    def _accept(self, topic: bytes, st: StreamSeq, seq: int, n: int) -> int:
+        """Sequence-check n samples with consecutive numbers from ``seq``: count a gap
+        before them, a restart at 0, or the first ones already seen (stale, skipped);
+        update the stream. Returns how many leading samples are skipped."""
+        last = st.last_seq
+        skip = 0
         if seq == last + 1 or last < 0:
             pass
         elif seq > last:
@@ -325,13 +343,15 @@ class ZmqSource:
             st.restarts += 1
             self._log("restart", "stream %r restarted at sequence number 0 (after %d)", topic, last)
         else:
-            st.stale += 1
+            skip = min(n, last - seq + 1)
+            st.stale += skip
             self._log("stale", "stream %r: skipped sequence number %d, not after %d", topic, seq, last)
-            return None
-        st.last_seq = seq
-        st.samples += 1
+            if skip == n:
+                return skip
+        st.last_seq = seq + n - 1
+        st.samples += n - skip
         st.ended = False
-        return item
+        return skip
 
     def _gap(self, topic, st, last, seq):
         st.gaps += 1
@@ -415,6 +435,98 @@ class ZmqSource:
                 out.append(item)
         return out
 
+    @property
+    def fast(self) -> bool:
+        """Whether :meth:`recv_runs` uses the compiled receive path."""
+        return self._lib is not None
+
+    def recv_runs(self, max_messages: int = 1000, copy: bool = True) -> list:
+        """Like :meth:`recv_ready`, with samples grouped into runs.
+
+        Consecutive samples of one topic with consecutive sequence numbers come as one
+        :class:`~streamfhmm.io.wire.SampleRun`; heartbeats, and samples that the compiled
+        path leaves to the Python decoder, as :class:`~streamfhmm.io.wire.Heartbeat` and
+        :class:`~streamfhmm.io.wire.Sample`. Validation, counting and sequence checks are
+        those of :meth:`feed`. Without the compiled path every sample is a ``Sample``.
+
+        With ``copy=False`` the runs' arrays are views of this source's buffers, valid
+        until the next call (for a consumer that uses them at once).
+        """
+        lib = self._lib
+        if lib is None:
+            return self.recv_ready(max_messages)
+        b = self._bufs
+        if b is None or b["seq"].shape[0] < max_messages:
+            b = self._bufs = self._alloc(max(int(max_messages), 1))
+        out = []
+        left = int(max_messages)
+        sock = self.socket.underlying
+        status = b["status"]
+        used = 0   # rows of the buffers filled by earlier calls (their runs may be views)
+        while left > 0:
+            u = used
+            k = recv_samples(lib.recv, lib.getsockopt, lib.errno, sock, left, self.n_features,
+                             b["frames"], b["frame_len"], b["topic"][u:], b["topic_len"][u:], b["seq"][u:],
+                             b["ts_text"][u:], b["ts_len"][u:], b["values"][u:], b["value_bytes"][u:],
+                             b["run_start"], status)
+            why, n_frames, err, n_runs = status.tolist()
+            if k:
+                starts = b["run_start"][:n_runs + 1].tolist()
+                for r in range(n_runs):
+                    run = self._feed_run(b, u + starts[r], u + starts[r + 1], copy)
+                    if run is not None:
+                        out.append(run)
+                left -= k
+                used += k
+            if why == STOP_SLOW:
+                left -= 1
+                lens = b["frame_len"].tolist()
+                frames = [b["frames"][i, :lens[i]].tobytes() for i in range(min(n_frames, 3))]
+                frames += [b""] * (n_frames - len(frames))   # only their number matters then
+                item = self.feed(frames)
+                if item is not None:
+                    out.append(item)
+            elif why == STOP_ERROR:
+                raise zmq.ZMQError(err)
+            else:
+                break
+        return out
+
+    def _alloc(self, K: int) -> dict:
+        D = self.n_features
+        values = np.zeros((K, D))
+        return {"frames": np.zeros((4, max_frame_bytes(D) + 1), np.uint8),
+                "frame_len": np.zeros(4, np.int64),
+                "topic": np.zeros((K, 256), np.uint8), "topic_len": np.zeros(K, np.int64),
+                "seq": np.zeros(K, np.int64), "ts_text": np.zeros((K, TS_TEXT_BYTES), np.uint8),
+                "ts_len": np.zeros(K, np.int64), "values": values,
+                "value_bytes": values.view(np.uint8).reshape(K, 8 * D),
+                "run_start": np.zeros(K + 1, np.int64), "status": np.zeros(4, np.int64)}
+
+    def _feed_run(self, b: dict, a: int, e: int, copy: bool = True) -> SampleRun | None:
+        """:meth:`feed` for the samples ``a .. e-1`` of the buffers (one topic, consecutive
+        sequence numbers); returns the run of those accepted, or None."""
+        topic = b["topic"][a, :b["topic_len"][a]].tobytes()
+        n = e - a
+        st = self.streams.get(topic)
+        if st is None:
+            if len(self.streams) >= self.max_streams:
+                self.untracked += n
+                self._log("streams", "skipped a message of a new topic %r: already %d topics "
+                          "(max_streams)", topic[:40], len(self.streams))
+                return None
+            st = self.streams[topic] = StreamSeq()
+        skip = self._accept(topic, st, int(b["seq"][a]), n)
+        if skip == n:
+            return None
+        a += skip
+        if not copy:
+            return SampleRun(topic, b["seq"][a:e], b["ts_text"][a:e], b["ts_len"][a:e], b["values"][a:e])
+        values = b["values"][a:e].copy()
+        values.flags.writeable = False
+        return SampleRun(topic, b["seq"][a:e].copy(), b["ts_text"][a:e].copy(), b["ts_len"][a:e].copy(),
+                         values)
+
     def __iter__(self):
         """Samples forever (heartbeats are consumed silently)."""
         while True:
@@ -455,11 +567,15 @@ class ZmqSink:
         its high-water mark.
     send_timeout_ms : int
         With ``nodrop``: how long a send may block before the message is dropped.
+    fast : bool
+        Let :meth:`send_block` use the compiled send path (binary format, libzmq
+        reachable); False forces the pure pyzmq path.
     """
 
     def __init__(self, endpoint: str, *, bind: bool = True, format: str = "binary",
                  hwm: int = DEFAULT_HWM, linger_ms: int = DEFAULT_LINGER_MS, context=None,
-                 curve: CurveConfig | None = None, nodrop: bool = False, send_timeout_ms: int = 1000):
+                 curve: CurveConfig | None = None, nodrop: bool = False, send_timeout_ms: int = 1000,
+                 fast: bool = True):
         if format not in ("binary", "json"):
             raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
         self.format = format
@@ -474,6 +590,8 @@ class ZmqSink:
         self.subscriptions: list[bytes] = []
         self.sent = 0
         self.dropped = 0
+        self._lib = _libzmq.functions() if fast and format == "binary" else None
+        self._scratch = None
 
     def send_frames(self, frames) -> bool:
         """Send one message; False if it was dropped (``nodrop`` send timed out)."""
@@ -505,6 +623,54 @@ class ZmqSink:
         for frames in encode_posterior_batch(topic, seqs, tss, batch, self.format):
             n += self.send_frames(frames)
         return n
+
+    @property
+    def fast(self) -> bool:
+        """Whether :meth:`send_block` uses the compiled send path."""
+        return self._lib is not None
+
+    def send_block(self, topic: bytes, seq, ts_text, ts_len, batch) -> int:
+        """Publish several posteriors of one stream, time stamps given as text.
+
+        Parameters
+        ----------
+        topic : bytes
+        seq : ndarray of int64, shape (n,)
+            Input sequence numbers.
+        ts_text : ndarray of uint8, shape (n, TS_TEXT_BYTES); ts_len : ndarray of int64, shape (n,)
+            The input time stamps' JSON number texts (see
+            :class:`~streamfhmm.io.wire.SampleRun`).
+        batch : PosteriorBatch
+            With arrays ``t``, ``theta``, ``rho``, ``mean``, ``version``, ``flags``.
+
+        Returns
+        -------
+        int
+            How many were sent (the rest were dropped, see ``nodrop``).
+        """
+        lib = self._lib
+        if lib is None:
+            tss = [float(bytes(r[:m])) for r, m in zip(ts_text, ts_len.tolist())]
+            return self.send_batch(topic, seq.tolist(), tss, batch)
+        sc = self._scratch
+        M, D = batch.theta.shape[1], batch.mean.shape[1]
+        if sc is None or sc[1].shape[0] != 2 * M + D:
+            sc = self._scratch = (np.zeros(256 + TS_TEXT_BYTES, np.uint8), np.zeros(2 * M + D),
+                                  np.zeros(2, np.int64))
+        f8 = np.float64
+        sent = send_posteriors(lib.send, lib.errno, self.socket.underlying,
+                               np.frombuffer(topic, np.uint8), np.ascontiguousarray(seq, np.int64),
+                               np.ascontiguousarray(batch.t, np.int64), ts_text, np.ascontiguousarray(ts_len, np.int64),
+                               np.ascontiguousarray(batch.version, np.int64),
+                               np.ascontiguousarray(batch.flags, np.int64),
+                               np.ascontiguousarray(batch.theta, f8), np.ascontiguousarray(batch.rho, f8),
+                               np.ascontiguousarray(batch.mean, f8), sc[0], sc[1], sc[2])
+        err, dropped = sc[2].tolist()
+        self.sent += sent
+        self.dropped += dropped
+        if err:
+            raise zmq.ZMQError(err)
+        return sent
 
     def send_heartbeat(self, topic: bytes, seq: int, t: int | None = None, end: bool = False) -> bool:
         """A one-way heartbeat of stream ``topic``: last sequence number ``seq`` published."""

@@ -25,15 +25,19 @@ import numpy as np
 
 from ._jit import jit
 from .exact import _chain_marginals, _step, log_emission, transition_backward, transition_forward
-from .recognition import LAYOUT_N_CHAINS, forward_one
+from .recognition import LAYOUT_N_CHAINS, consecutive_windows, forward_batch, forward_one
 from .svi import svi_step
 
 __all__ = [
     "STATUS_OK", "STATUS_MISSING", "STATUS_INFINITE",
-    "check_sample", "ring_write", "recognition_push", "reconstruct",
+    "check_sample", "ring_write", "recognition_push", "recognition_block", "reconstruct",
     "log_emission_missing", "filter_step", "fixed_lag_marginals", "exact_push", "exact_run",
     "exact_tail", "svi_run",
 ]
+
+#: posterior flags (the values of :mod:`streamfhmm.stream.posterior`)
+_FLAG_IMPUTED = 1
+_FLAG_EDGE = 4
 
 #: :func:`check_sample` codes
 STATUS_OK = 0
@@ -134,6 +138,104 @@ def recognition_push(x, ring, slot, capacity, emit, first_row, weights, layout, 
 # --------------------------------------------------------------------------------------
 # exact filtering and fixed-lag smoothing
 # --------------------------------------------------------------------------------------
+@jit
+def recognition_block(Xc, ring, capacity, t, seq_start, window, lag, hist, mean, scale, weights,
+                      layout, W, version, extra_flags, Z, cs, zs, xw, hidden,
+                      tau, theta, rho, out_mean, out_version, out_flags, info):
+    """The recognition path over a block of samples: one call for what ``push`` does per
+    sample (the throughput path of ``push_many``).
+
+    Parameters
+    ----------
+    Xc : ndarray, shape (m, D)
+        New raw samples at positions ``t … t + m - 1`` (NaN missing, no infinity).
+    ring : ndarray, shape (2C, D)
+        The raw-sample ring (module docstring); ``Xc`` is written into it.
+    capacity : int
+        C.
+    t, seq_start : int
+        Position of ``Xc[0]``; first position of the current sequence.
+    window, lag, hist : int
+        w, the smoothing lag h (w // 2, or 0 when filtering) and the number of samples
+        before ``t`` the windows need (``w - 1 - h + h`` rows; ``hist ≤ C``).
+    mean, scale : ndarray, shape (D,)
+        Standardisation of the network's inputs.
+    weights, layout :
+        The network (:func:`.recognition.forward_batch`).
+    W : ndarray, shape (M + 1, D)
+        Loadings and bias: the reconstruction is ``Wᵀ [θ; 1]``.
+    version, extra_flags : int
+        Snapshot version, and flags every posterior of the block gets.
+    Z : ndarray, shape (≥ hist + m, D); cs : ndarray of int64, shape (≥ hist + m + 1,)
+    zs, xw, hidden :
+        Scratch (:func:`.recognition.consecutive_windows`, :func:`.recognition.forward_batch`).
+    tau, out_version, out_flags : ndarray of int64, shape (≥ m,)
+    theta, rho : ndarray, shape (≥ m, M); out_mean : ndarray, shape (≥ m, D)
+        Out: the posteriors emitted, in their first ``ne`` rows.
+    info : ndarray of int64, shape (2,)
+        Out: the number of rows of ``Xc`` with a missing value, and the offset of the
+        last such row (-1 if none).
+
+    Returns
+    -------
+    int
+        ne, the posteriors emitted: those of positions ``τ = t + k - h`` for
+        ``k = k0 … m-1``, ``k0 = min(m, max(0, seq_start + h - t))``, each from the window
+        of rows ``τ - h … τ + h`` edge-padded at the sequence start (MATH.md §3, §5):
+        ``Z`` holds the ``hist`` samples before ``t`` (read from the ring, which holds the
+        padding) and then ``Xc``. Flags: ``extra_flags``, plus FLAG_EDGE where the window
+        reaches before ``seq_start`` and FLAG_IMPUTED where it holds a missing value.
+    """
+    m = Xc.shape[0]
+    D = Xc.shape[1]
+    r = (t - hist) % capacity
+    for i in range(hist):
+        for d in range(D):
+            Z[i, d] = ring[r + i, d]
+    for i in range(m):
+        for d in range(D):
+            Z[hist + i, d] = Xc[i, d]
+    cs[0] = 0
+    n_nan = 0
+    last_nan = -1
+    for i in range(hist + m):
+        missing = 0
+        for d in range(D):
+            if Z[i, d] != Z[i, d]:
+                missing = 1
+                break
+        cs[i + 1] = cs[i] + missing
+        if missing and i >= hist:
+            n_nan += 1
+            last_nan = i - hist
+    info[0] = n_nan
+    info[1] = last_nan
+    k0 = min(m, max(0, seq_start + lag - t))
+    ne = m - k0
+    if ne > 0:
+        consecutive_windows(Z[hist + k0 - window + 1:hist + m], window, mean, scale, zs, xw[:ne])
+        forward_batch(xw[:ne], weights, layout, theta[:ne], rho[:ne], hidden[:ne])
+        n_edge = max(0, seq_start - (t + k0 - window + 1))
+        for j in range(ne):
+            k = k0 + j
+            tau[j] = t + k - lag
+            reconstruct(theta[j], W, out_mean[j])
+            out_version[j] = version
+            f = extra_flags
+            if j < n_edge:
+                f |= _FLAG_EDGE
+            a = hist + k - window + 1
+            if cs[a + window] - cs[a] > 0:
+                f |= _FLAG_IMPUTED
+            out_flags[j] = f
+    for i in range(max(0, m - capacity), m):
+        s = (t + i) % capacity
+        for d in range(D):
+            ring[s, d] = Xc[i, d]
+            ring[s + capacity, d] = Xc[i, d]
+    return ne
+
+
 @jit
 def log_emission_missing(y, W, Sigma, out):
     """Log emission density of a sample with missing values, for every joint state.

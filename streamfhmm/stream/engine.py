@@ -455,6 +455,8 @@ class StreamEngine:
         self._C = max(self._S, W + W // 2, 64) + 1
         self._ring = RingBuffer(self._C, D)
         self._Z = np.empty((self._hist + _CHUNK, D))
+        self._cs = np.empty(self._hist + _CHUNK + 1, np.int64)
+        self._info = np.zeros(2, np.int64)
         self._new_blocks()
         self._zeros_M = np.zeros(M)
         self._zeros_M.setflags(write=False)
@@ -853,6 +855,47 @@ class StreamEngine:
         return batch
 
     def _process_chunk(self, Xc, out, extra_flags, feed):
+        if self._exact_mode:
+            self._exact_chunk(Xc, out, extra_flags)
+        else:
+            m = Xc.shape[0]
+            t = self._t
+            snap = self._snapshot
+            tau, theta, rho, mean, version, flags = out.reserve(m)
+            info = self._info
+            ne = _ko.recognition_block(Xc, self._ring.buf, self._ring.capacity, t, self._seq_start,
+                                       self._window, self._lag, self._hist, self._nmean, self._nscale,
+                                       snap.weights, self._layout, snap.params.W, snap.version,
+                                       extra_flags, self._Z, self._cs, self._Zs, self._Xw, self._hidden,
+                                       tau, theta, rho, mean, version, flags, info)
+            out.commit(ne)
+            n_nan, last_nan = info.tolist()
+            if n_nan:
+                self._last_nan = t + last_nan
+                self._n_imputed += n_nan
+            self._t = t + m
+            self._n_samples += m
+            self._n_emitted += ne
+        learner = self._learner
+        if feed and learner is not None:
+            self._feed_learner(Xc, self._t - Xc.shape[0])
+
+    def _feed_learner(self, Xc, t):
+        """Hand the learner the subchains (S samples) ending in the block at t … t+m-1:
+        one every L samples of the sequence (MATH.md §6)."""
+        S, L = self._S, self._L
+        m = Xc.shape[0]
+        base = t - self._seq_start + 1 - S          # samples past S at the block's first row
+        j = max(0, -base)
+        j += (-(base + j)) % L
+        if j >= m:
+            return
+        Hn = self._hist
+        Z = self._Z   # rows Hn … Hn+m-1 hold the block, the Hn before it its history
+        for j in range(j, m, L):
+            self._learner.feed(Z[Hn + j - S + 1:Hn + j + 1].copy(), t + j)
+
+    def _exact_chunk(self, Xc, out, extra_flags):
         m = Xc.shape[0]
         t = self._t
         s0 = self._seq_start
@@ -864,52 +907,22 @@ class StreamEngine:
         cs = np.zeros(Hn + m + 1, np.int64)
         np.cumsum(nanrow, out=cs[1:])
         snap = self._snapshot
-        if self._exact_mode:
-            ex = snap.exact
-            ne, ll = _ko.exact_run(Xc, t, s0, lag, self._alpha_ring, self._le_ring,
-                                   self._logc_ring, self._work, self._beta, self._g, self._ytil,
-                                   ex.bias, ex.Linv, ex.Ut, ex.half_c, ex.const, ex.A, ex.pi, ex.W,
-                                   ex.Sigma, self._ch_theta, self._ch_mean, self._ch_tau)
-            self._loglik += ll
-            self._loglik_n += m
-            tau = self._ch_tau[:ne]
-            k = tau + lag - t
-            theta, mean, rho = self._ch_theta[:ne], self._ch_mean[:ne], np.zeros((ne, self._M))
-            flags = np.full(ne, extra_flags, np.int64)
-        else:
-            # positions τ = t + k - lag of the sequence: k = k0 … m-1; the window of k is
-            # rows Hn + k - W + 1 … Hn + k of Z (the ring supplies the edge padding)
-            k0 = min(m, max(0, s0 + lag - t))
-            ne = m - k0
-            k = np.arange(k0, m, dtype=np.int64)
-            if ne:
-                tau, theta, rho, mean, version, flags = out.reserve(ne)
-                np.add(k, t - lag, out=tau)
-                Xw = self._Xw[:ne]
-                _rk.consecutive_windows(Z[Hn + k0 - W + 1:], W, self._nmean, self._nscale,
-                                        self._Zs, Xw)
-                _rk.forward_batch(Xw, snap.weights, self._layout, theta, rho,
-                                  self._hidden[:ne])
-                Wp = snap.params.W
-                np.dot(theta, Wp[:-1], out=mean)
-                mean += Wp[-1]
-                version[:] = snap.version
-                flags[:] = extra_flags
-                flags[:max(0, s0 - (t + k0 - W + 1))] |= FLAG_EDGE
+        ex = snap.exact
+        ne, ll = _ko.exact_run(Xc, t, s0, lag, self._alpha_ring, self._le_ring,
+                               self._logc_ring, self._work, self._beta, self._g, self._ytil,
+                               ex.bias, ex.Linv, ex.Ut, ex.half_c, ex.const, ex.A, ex.pi, ex.W,
+                               ex.Sigma, self._ch_theta, self._ch_mean, self._ch_tau)
+        self._loglik += ll
+        self._loglik_n += m
+        tau = self._ch_tau[:ne]
+        k = tau + lag - t
+        theta, mean, rho = self._ch_theta[:ne], self._ch_mean[:ne], np.zeros((ne, self._M))
+        flags = np.full(ne, extra_flags, np.int64)
         if ne:
             a_rows = Hn + k - W + 1
             flags[cs[a_rows + W] - cs[a_rows] > 0] |= FLAG_IMPUTED
-            if self._exact_mode:
-                out.add(tau, theta, rho, mean, snap.version, flags)
-            else:
-                out.commit(ne)
+            out.add(tau, theta, rho, mean, snap.version, flags)
         self._ring.write_block(t, Xc)
-        learner = self._learner
-        if feed and learner is not None:
-            S, L = self._S, self._L
-            n_in = t + np.arange(m) - s0 + 1 - S
-            for j in np.flatnonzero((n_in >= 0) & (n_in % L == 0)):
-                learner.feed(Z[Hn + j - S + 1:Hn + j + 1].copy(), t + int(j))
         new_nan = np.flatnonzero(nanrow[Hn:])
         if new_nan.size:
             self._last_nan = t + int(new_nan[-1])
@@ -1339,6 +1352,7 @@ class StreamEngine:
                 self._L, self._S, self._C = int(meta["L"]), int(meta["S"]), int(meta["C"])
                 self._hist = max(self._window, self._S) - 1
                 self._Z = np.empty((self._hist + _CHUNK, self._D))
+                self._cs = np.empty(self._hist + _CHUNK + 1, np.int64)
             self._ring = RingBuffer.from_arrays(arrays["ring.buf"])
             if self._ring.capacity != self._C:
                 raise ValueError("ring capacity does not match the configuration")

@@ -1,0 +1,396 @@
+"""The compiled path of the binary wire format: receive and send many messages per call.
+
+Per message, the pure pyzmq path costs a Python call per frame (each building a
+``Frame`` or a ``bytes``), a regular-expression match, a ``NamedTuple`` and a NumPy
+array on the way in, and a header formatted in Python plus three ``send`` calls on the
+way out: about 20 µs of interpreter time per sample, most of the service's CPU. The
+kernels here do the same work in one Numba call per batch, calling libzmq directly
+(:mod:`streamfhmm.io._libzmq`) without the GIL:
+
+* :func:`recv_samples` drains a SUB socket: each message's frames are received and
+  counted, the canonical input (``[topic, {"seq":<int>,"ts":<number>}, 8 D bytes]``
+  with an ASCII topic and finite values) is decoded into arrays, and consecutive samples
+  of one topic with consecutive sequence numbers are grouped into runs. The first
+  message that is anything else (a heartbeat, JSON, a non-canonical header, a malformed
+  message) stops the call with its frames in a scratch buffer, for the Python decoder
+  (:func:`streamfhmm.io.wire.decode_input`) to handle exactly as before.
+* :func:`send_posteriors` formats and sends the binary output messages of one stream.
+
+The time stamp travels as text: ``"ts"`` of an output header is the number's text
+from the input header, character for character (the same JSON number), so nothing
+converts it to binary and back on the hot path.
+
+Both paths produce the same messages and the same decoded values; tests/test_fastwire.py
+checks it message by message against the Python encoder and decoder.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels._jit import jit
+from ._libzmq import (EAGAIN, EINTR, ZMQ_DONTWAIT, ZMQ_RCVMORE, ZMQ_SNDMORE, call_errno, call_getsockopt,
+                      call_recv, call_send)
+
+__all__ = ["TS_TEXT_BYTES", "STOP_FULL", "STOP_EMPTY", "STOP_SLOW", "STOP_ERROR",
+           "recv_samples", "send_posteriors", "ts_text", "ts_from_text"]
+
+#: the longest time-stamp text the compiled path carries (longer ones take the Python path)
+TS_TEXT_BYTES = 32
+#: why :func:`recv_samples` returned: ``max_messages`` received, queue empty, a message
+#: for the Python decoder waits in the scratch frames, libzmq error (errno in status[2])
+STOP_FULL, STOP_EMPTY, STOP_SLOW, STOP_ERROR = 0, 1, 2, 3
+
+_SEQ_KEY = np.frombuffer(b'{"seq":', dtype=np.uint8).copy()
+_TS_KEY = np.frombuffer(b',"ts":', dtype=np.uint8).copy()
+_OUT_T = np.frombuffer(b',"t":', dtype=np.uint8).copy()
+_OUT_TS = np.frombuffer(b',"ts":', dtype=np.uint8).copy()
+_OUT_VERSION = np.frombuffer(b',"version":', dtype=np.uint8).copy()
+_OUT_FLAGS = np.frombuffer(b',"flags":', dtype=np.uint8).copy()
+_OUT_CHAINS = np.frombuffer(b',"n_chains":', dtype=np.uint8).copy()
+_MAX_EXP = 276   # 10**(31 + 276) < DBL_MAX: a ts text within TS_TEXT_BYTES is finite
+
+
+# -- receive ---------------------------------------------------------------------------
+@jit
+def _digit(c):
+    return 48 <= c <= 57
+
+
+@jit
+def _parse_header(h, n, out):
+    """Match ``{"seq":<int>,"ts":<number>}`` (the form every streamfhmm producer writes).
+
+    ``<int>`` is ``0|[1-9][0-9]{0,17}`` (below 10**18, so below 2**63); ``<number>``
+    is a JSON number of at most TS_TEXT_BYTES characters whose exponent keeps it finite.
+    On a match returns True with ``out = (seq, ts_start, ts_len)``.
+    """
+    if n < 15:
+        return False
+    for i in range(7):
+        if h[i] != _SEQ_KEY[i]:
+            return False
+    p = 7
+    c = h[p]
+    if c == 48:
+        seq = 0
+        p += 1
+    elif 49 <= c <= 57:
+        seq = 0
+        nd = 0
+        while p < n and _digit(h[p]):
+            if nd == 18:
+                return False
+            seq = seq * 10 + (h[p] - 48)
+            nd += 1
+            p += 1
+    else:
+        return False
+    if p + 6 > n:
+        return False
+    for i in range(6):
+        if h[p + i] != _TS_KEY[i]:
+            return False
+    p += 6
+    start = p
+    if p < n and h[p] == 45:           # -
+        p += 1
+    if p >= n:
+        return False
+    if h[p] == 48:
+        p += 1
+    elif 49 <= h[p] <= 57:
+        while p < n and _digit(h[p]):
+            p += 1
+    else:
+        return False
+    if p < n and h[p] == 46:           # .
+        p += 1
+        if p >= n or not _digit(h[p]):
+            return False
+        while p < n and _digit(h[p]):
+            p += 1
+    if p < n and (h[p] == 101 or h[p] == 69):   # e E
+        p += 1
+        negative = False
+        if p < n and (h[p] == 43 or h[p] == 45):
+            negative = h[p] == 45
+            p += 1
+        if p >= n or not _digit(h[p]):
+            return False
+        e = 0
+        nd = 0
+        while p < n and _digit(h[p]):
+            if nd == 3:
+                return False
+            e = e * 10 + (h[p] - 48)
+            nd += 1
+            p += 1
+        if not negative and e > _MAX_EXP:
+            return False
+    length = p - start
+    if length > 32 or p + 1 != n or h[p] != 125:   # }
+        return False
+    out[0] = seq
+    out[1] = start
+    out[2] = length
+    return True
+
+
+@jit
+def recv_samples(fn_recv, fn_getsockopt, fn_errno, sock, max_messages, n_features,
+                 frames, frame_len, topic, topic_len, seq, ts_text, ts_len, values, value_bytes,
+                 run_start, status):
+    """Receive up to ``max_messages`` messages from a SUB socket without blocking.
+
+    Parameters
+    ----------
+    fn_recv, fn_getsockopt, fn_errno : int
+        Addresses of ``zmq_recv``, ``zmq_getsockopt`` and ``zmq_errno``.
+    sock : int
+        The socket's ``void *`` (``socket.underlying``).
+    max_messages, n_features : int
+        K (at most the rows of the outputs) and D.
+    frames : ndarray of uint8, shape (4, cap)
+        Scratch for one message's frames (a fourth row absorbs frames past the third);
+        ``cap`` is one more than the largest valid frame.
+    frame_len : ndarray of int64, shape (4,)
+        Out: the sizes of the scratch frames (of the message that stopped the call).
+    topic : ndarray of uint8, shape (K, 256); topic_len : ndarray of int64, shape (K,)
+    seq : ndarray of int64, shape (K,)
+    ts_text : ndarray of uint8, shape (K, TS_TEXT_BYTES); ts_len : ndarray of int64, shape (K,)
+    values : ndarray of float64, shape (K, D)
+    value_bytes : ndarray of uint8, shape (K, 8 D)
+        The same memory as ``values`` (little-endian machine).
+    run_start : ndarray of int64, shape (K + 1,)
+        Out: runs of samples of one topic with consecutive sequence numbers are
+        ``run_start[r] : run_start[r + 1]``.
+    status : ndarray of int64, shape (4,)
+        Out: ``[why, n_frames, errno, n_runs]``; ``why`` one of STOP_FULL, STOP_EMPTY,
+        STOP_SLOW (the scratch holds a message of ``n_frames`` frames for the Python
+        decoder), STOP_ERROR (libzmq failed with ``errno``).
+
+    Returns
+    -------
+    int
+        k, the canonical samples decoded into rows ``0 .. k-1``.
+    """
+    cap = frames.shape[1]
+    nbytes = 8 * n_features
+    more = np.zeros(1, np.int32)
+    more_size = np.zeros(1, np.int64)
+    parsed = np.zeros(3, np.int64)
+    k = 0
+    n_runs = 0
+    status[0] = STOP_FULL
+    status[1] = 0
+    status[2] = 0
+    while k < max_messages:
+        # -- one message, frame by frame
+        n_frames = 0
+        failed = False
+        while True:
+            row = min(n_frames, 3)
+            r = call_recv(fn_recv, sock, frames[row].ctypes.data, cap, np.int32(ZMQ_DONTWAIT))
+            if r < 0:
+                err = call_errno(fn_errno)
+                if n_frames == 0:
+                    status[0] = STOP_EMPTY if err == EAGAIN or err == EINTR else STOP_ERROR
+                    status[2] = 0 if err == EAGAIN or err == EINTR else err
+                    failed = True
+                    break
+                if err == EINTR or err == EAGAIN:   # the rest of a message is there at once
+                    continue
+                status[0] = STOP_ERROR
+                status[2] = err
+                failed = True
+                break
+            frame_len[row] = r
+            n_frames += 1
+            more_size[0] = 4
+            more[0] = 0
+            if call_getsockopt(fn_getsockopt, sock, np.int32(ZMQ_RCVMORE), more.ctypes.data,
+                               more_size.ctypes.data) != 0:
+                status[0] = STOP_ERROR
+                status[2] = call_errno(fn_errno)
+                failed = True
+                break
+            if more[0] == 0:
+                break
+        if failed:
+            break
+        # -- canonical?
+        fast = n_frames == 3 and frame_len[0] <= 255 and frame_len[2] == nbytes
+        if fast:
+            for i in range(frame_len[0]):
+                if frames[0, i] >= 128:      # non-ASCII topics: UTF-8 checked in Python
+                    fast = False
+                    break
+        if fast:
+            fast = _parse_header(frames[1], frame_len[1], parsed)
+        if fast:
+            for i in range(nbytes):
+                value_bytes[k, i] = frames[2, i]
+            n_missing = 0
+            for j in range(n_features):
+                v = values[k, j]
+                if v != v:
+                    n_missing += 1
+                elif v - v != 0.0:           # an infinity
+                    fast = False
+            if n_missing == n_features:
+                fast = False
+        if not fast:
+            status[0] = STOP_SLOW
+            status[1] = n_frames
+            break
+        tl = frame_len[0]
+        topic_len[k] = tl
+        for i in range(tl):
+            topic[k, i] = frames[0, i]
+        seq[k] = parsed[0]
+        start = parsed[1]
+        ts_len[k] = parsed[2]
+        for i in range(parsed[2]):
+            ts_text[k, i] = frames[1, start + i]
+        new_run = k == 0 or seq[k] != seq[k - 1] + 1 or topic_len[k] != topic_len[k - 1]
+        if not new_run:
+            for i in range(tl):
+                if topic[k, i] != topic[k - 1, i]:
+                    new_run = True
+                    break
+        if new_run:
+            run_start[n_runs] = k
+            n_runs += 1
+        k += 1
+    run_start[n_runs] = k
+    status[3] = n_runs
+    return k
+
+
+# -- send ------------------------------------------------------------------------------
+@jit
+def _put(buf, p, text):
+    for i in range(text.shape[0]):
+        buf[p + i] = text[i]
+    return p + text.shape[0]
+
+
+@jit
+def _put_int(buf, p, v):
+    if v < 0:
+        buf[p] = 45
+        p += 1
+        u = -v
+    else:
+        u = v
+    nd = 1
+    x = u
+    while x >= 10:
+        x //= 10
+        nd += 1
+    for i in range(nd - 1, -1, -1):
+        buf[p + i] = 48 + u % 10
+        u //= 10
+    return p + nd
+
+
+@jit
+def _send_frame(fn_send, fn_errno, sock, address, size, flags, first, status):
+    """Send one frame; returns 1 sent, 0 dropped (the first frame only), -1 error."""
+    while True:
+        if call_send(fn_send, sock, address, size, flags) >= 0:
+            return 1
+        err = call_errno(fn_errno)
+        if err == EINTR:
+            continue
+        if err == EAGAIN:
+            if first:
+                return 0
+            continue                       # the rest of a message whose first frame went out
+        status[0] = err
+        return -1
+
+
+@jit
+def send_posteriors(fn_send, fn_errno, sock, topic, seq, t, ts_text, ts_len, version, flags,
+                    theta, rho, mean, header, payload, status):
+    """Format and send n binary output messages of one stream.
+
+    Message k is ``[topic, {"seq":s,"t":t,"ts":<ts text>,"version":v,"flags":f,
+    "n_chains":M}, θ_k ‖ ρ_k ‖ mean_k as little-endian float64]``
+    (:mod:`streamfhmm.io.wire`).
+
+    Parameters
+    ----------
+    fn_send, fn_errno, sock : int
+        Addresses of ``zmq_send`` and ``zmq_errno``; the socket's ``void *``.
+    topic : ndarray of uint8, shape (L,)
+    seq, t, version, flags : ndarray of int64, shape (n,)
+    ts_text : ndarray of uint8, shape (n, TS_TEXT_BYTES); ts_len : ndarray of int64, shape (n,)
+    theta, rho : ndarray of float64, shape (n, M)
+    mean : ndarray of float64, shape (n, D)
+    header : ndarray of uint8, shape (>= 160 + TS_TEXT_BYTES,)
+        Scratch.
+    payload : ndarray of float64, shape (2 M + D,)
+        Scratch.
+    status : ndarray of int64, shape (2,)
+        Out: ``[errno, dropped]``; errno 0 unless libzmq failed (the call then stops).
+
+    Returns
+    -------
+    int
+        Messages sent.
+    """
+    n = seq.shape[0]
+    M = theta.shape[1]
+    D = mean.shape[1]
+    status[0] = 0
+    status[1] = 0
+    sent = 0
+    flags_more = np.int32(ZMQ_SNDMORE)
+    for k in range(n):
+        p = _put(header, 0, _SEQ_KEY)
+        p = _put_int(header, p, seq[k])
+        p = _put(header, p, _OUT_T)
+        p = _put_int(header, p, t[k])
+        p = _put(header, p, _OUT_TS)
+        for i in range(ts_len[k]):
+            header[p + i] = ts_text[k, i]
+        p += ts_len[k]
+        p = _put(header, p, _OUT_VERSION)
+        p = _put_int(header, p, version[k])
+        p = _put(header, p, _OUT_FLAGS)
+        p = _put_int(header, p, flags[k])
+        p = _put(header, p, _OUT_CHAINS)
+        p = _put_int(header, p, M)
+        header[p] = 125
+        p += 1
+        for j in range(M):
+            payload[j] = theta[k, j]
+            payload[M + j] = rho[k, j]
+        for j in range(D):
+            payload[2 * M + j] = mean[k, j]
+        r = _send_frame(fn_send, fn_errno, sock, topic.ctypes.data, topic.shape[0], flags_more, True, status)
+        if r < 0:
+            return sent
+        if r == 0:
+            status[1] += 1
+            continue
+        if _send_frame(fn_send, fn_errno, sock, header.ctypes.data, p, flags_more, False, status) < 0:
+            return sent
+        if _send_frame(fn_send, fn_errno, sock, payload.ctypes.data, 8 * (2 * M + D), np.int32(0),
+                       False, status) < 0:
+            return sent
+        sent += 1
+    return sent
+
+
+# -- time stamps as text ---------------------------------------------------------------
+def ts_text(ts: float) -> bytes:
+    """The text of a time stamp as the Python path writes it (``repr``)."""
+    return b"%r" % float(ts)
+
+
+def ts_from_text(text, length) -> float:
+    """The float of a carried time-stamp text (row of ``ts_text``, its length)."""
+    return float(bytes(text[:length]))
