@@ -45,7 +45,9 @@ import zmq  # noqa: E402
 sys.path.append(_HERE)
 from _common import header, table  # noqa: E402
 
+import _wireclient  # noqa: E402
 from streamfhmm import FHMM  # noqa: E402
+from streamfhmm.io import _libzmq  # noqa: E402
 from streamfhmm.model import FHMMParams  # noqa: E402
 
 TARGET_RATE = 20_000
@@ -81,7 +83,8 @@ _RECEIVER = """
 import sys, time, zmq
 import numpy as np
 from multiprocessing import resource_tracker, shared_memory
-endpoint, shm_name, n, frames = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+endpoint, shm_name, n, frames, here, compiled = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
+                                                 int(sys.argv[4]), sys.argv[5], sys.argv[6] == "1")
 shm = shared_memory.SharedMemory(name=shm_name)
 try:   # the creating process owns the segment (Python < 3.13 would also track it here)
     resource_tracker.unregister(shm._name, "shared_memory")
@@ -90,13 +93,27 @@ except Exception:
 times = np.ndarray((n + 1,), dtype=np.float64, buffer=shm.buf)   # times[n]: messages received
 ctx = zmq.Context()
 sub = ctx.socket(zmq.SUB); sub.setsockopt(zmq.RCVHWM, 0); sub.setsockopt(zmq.LINGER, 0)
+sub.setsockopt(zmq.RCVTIMEO, 200)
 sub.connect(endpoint); sub.subscribe(b"")
+if compiled:
+    sys.path.append(here)            # after pyzmq: bench/zmq.py must not shadow it
+    import _wireclient as wc
+    from streamfhmm.io import _libzmq
+    lib, clock = _libzmq.functions(), wc.clock_function()
+    buf = np.zeros((4, 1 << 16), np.uint8)
+    wc.receive(lib.recv, lib.getsockopt, lib.errno, clock, sub.underlying, buf, times, 0)   # compile
+    print("ready", flush=True)
+    while True:
+        wc.receive(lib.recv, lib.getsockopt, lib.errno, clock, sub.underlying, buf, times, 1 << 30)
 print("ready", flush=True)
 pc, NB = time.perf_counter, zmq.NOBLOCK
 recv = sub.recv
 count = 0
 while True:
-    h = recv()                       # blocks: the first frame wakes this process up
+    try:
+        h = recv()                   # blocks: the first frame wakes this process up
+    except zmq.Again:
+        continue
     if frames == 3:
         h = recv(NB)
         p = recv(NB)
@@ -127,8 +144,9 @@ class Client:
     writes arrival times into shared memory (``time.perf_counter`` is the system-wide
     monotonic clock)."""
 
-    def __init__(self, p_in, p_out, D, n_total, frames):
+    def __init__(self, p_in, p_out, D, n_total, frames, compiled=True):
         from multiprocessing import shared_memory
+        self.compiled = compiled and _wireclient.available()
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.SNDHWM, 0)
@@ -142,11 +160,14 @@ class Client:
         self.times[n_total] = 0
         self.receiver = subprocess.Popen(
             [sys.executable, "-c", _RECEIVER, f"tcp://127.0.0.1:{p_out}", self.shm.name, str(n_total),
-             str(frames)], stdout=subprocess.PIPE, text=True)
+             str(frames), _HERE, "1" if self.compiled else "0"], stdout=subprocess.PIPE, text=True)
         self.receiver.stdout.readline()   # "ready": its SUB is connecting
         self.D = D
         self.seq = 0
         self.t_sent = np.full(n_total, np.nan)
+        self._topic = np.frombuffer(b"bench", np.uint8)
+        self._header = np.zeros(128, np.uint8)
+        self.X = None          # the rows (float64, C-contiguous) for send_many
 
     @property
     def received(self) -> int:
@@ -158,6 +179,21 @@ class Client:
             if self.pub.poll(20) and self.pub.recv()[:1] == b"\x01":
                 return
         raise TimeoutError("the service did not subscribe")
+
+    def send_many(self, rows, i, j):
+        """Publish rows[i:j] (the compiled path; the time stamp is read once for the burst)."""
+        if not self.compiled:
+            for k in range(i, j):
+                self.send(rows[k])
+            return
+        lib = _libzmq.functions()
+        text = np.frombuffer(b"%r" % time.time(), np.uint8)
+        self.t_sent[self.seq:self.seq + j - i] = time.perf_counter()
+        sent = _wireclient.send_burst(lib.send, self.pub.underlying, self._topic, self.seq, text,
+                                      self.X[i:j], self._header)
+        if sent != j - i:
+            raise zmq.ZMQError(zmq.zmq_errno())
+        self.seq += j - i
 
     def send(self, x):
         s = self.seq
@@ -198,9 +234,9 @@ def run_phase(cl, rows, rate, window, lag, timeout=120.0):
             due = min(n, int((now - t0) / period) + 1)
         else:
             due = min(n, cl.received - got0 + window)
-        while i < due:
-            cl.send(rows[i])
-            i += 1
+        if due > i:
+            cl.send_many(rows, i, due)
+            i = due
         if i < n:
             # sleep until the next message is due (no busy loop: on two cores it would take
             # the processor from the service)
@@ -266,7 +302,9 @@ def measure(cmd_factory, X, args, lag, label):
     err = StderrLines(proc.stderr)
     err.start()
     n_total = args.warmup + args.messages + sum(int(r * args.latency_seconds) for r in args.rates)
-    cl = Client(p_in, p_out, X.shape[1], n_total, frames=1 if "json" in label else 3)
+    cl = Client(p_in, p_out, X.shape[1], n_total, frames=1 if "json" in label else 3,
+                compiled=not args.python_client)
+    cl.X = X
     try:
         cl.handshake()
         rows = [x.tobytes() for x in X]
@@ -323,6 +361,8 @@ def main(argv=None):
     ap.add_argument("--learner-duty", type=float, default=None,
                     help="learner duty of the learning-on rows (default: the service's default)")
     ap.add_argument("--no-learn-off", action="store_true", help="skip the learning-off rows")
+    ap.add_argument("--python-client", action="store_true",
+                    help="send and receive with pyzmq calls per frame instead of the compiled client")
     ap.add_argument("--serve-args", default="", metavar="ARGS",
                     help="more arguments for streamfhmm serve, e.g. \"--batch-wait 0\"")
     args = ap.parse_args(argv)

@@ -326,19 +326,19 @@ class StreamService:
     log_interval : float
         Seconds between two log lines about the same kind of problem.
     batch_wait : float
-        Seconds: the loop reads its input at most once per ``batch_wait`` (adaptive
-        batching). A message that arrives after a quieter spell is handled at once; when
-        messages arrive faster than one per ``batch_wait`` they are handled in batches,
-        each waiting at most ``batch_wait``, which divides the per-wake-up cost (a system
-        call, a compiled call each way, the stream bookkeeping) among them. 0 reads on every
-        wake-up.
+        Seconds of adaptive batching: when the last read found more than one message
+        waiting (they arrive faster than they are handled one by one), the next read waits
+        until ``batch_wait`` after it, so that messages are handled in batches, each
+        waiting at most ``batch_wait``, and the per-wake-up cost (system calls, a compiled
+        call each way, the stream bookkeeping) is divided among them. A message that finds
+        the service idle is handled at once. 0 reads on every wake-up.
     """
 
     def __init__(self, source: ZmqSource, sink: ZmqSink, engine_factory, *, resume_engine=None,
                  checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
                  heartbeat_interval: float = 1.0, status_interval: float = 0.0, status=None,
                  max_streams: int = 1024, wait_subscribers: int = 0, batch_size: int = 256,
-                 batch_threshold: int = 12, log_interval: float = 10.0, batch_wait: float = 250e-6):
+                 batch_threshold: int = 12, log_interval: float = 10.0, batch_wait: float = 500e-6):
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1 sample, got {checkpoint_every}")
         if checkpoint_every is not None and checkpoint_dir is None:
@@ -485,18 +485,21 @@ class StreamService:
             tick = min(tick, self.heartbeat_interval / 2)
         last_tick = time.monotonic()
         last_read = 0.0
+        last_count = 0   # messages of the last read (roughly: > 1 means they queue up)
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(int(tick * 1000)))
                 if snk in events:
                     self.sink.poll_subscriptions()
                 if src in events:
-                    if self.batch_wait:
+                    if self.batch_wait and last_count > 1:
                         wait = last_read + self.batch_wait - time.perf_counter()
                         if wait > 0:
                             time.sleep(wait)
-                        last_read = time.perf_counter()
-                    self.process(self.source.recv_runs(self.batch_size, copy=False))
+                    last_read = time.perf_counter()
+                    items = self.source.recv_runs(self.batch_size, copy=False)
+                    last_count = len(items[0]) if len(items) == 1 and type(items[0]) is SampleRun else len(items)
+                    self.process(items)
                 now = time.monotonic()
                 if now - last_tick >= tick:
                     last_tick = now

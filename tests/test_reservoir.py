@@ -97,3 +97,52 @@ def test_errors():
     arrays["data"] = arrays["data"][:2]
     with pytest.raises(ValueError, match="do not match"):
         Reservoir.from_arrays(arrays)
+
+
+def _run_many(capacity, n, half_life=None, stride=1, seed=0, batch=37):
+    r = Reservoir(capacity, 1, 1, half_life=half_life, stride=stride, random_state=seed)
+    for t0 in range(0, n, batch):
+        ts = list(range(t0, min(n, t0 + batch)))
+        r.offer_many([np.full((1, 1), float(t)) for t in ts], ts)
+    return r
+
+
+def test_offer_many_keeps_algorithm_r_uniform():
+    seed, trials, C, n = 3, 4000, 5, 40
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(n)
+    for _ in range(trials):
+        r = _run_many(C, n, seed=rng, batch=int(rng.integers(1, 15)))
+        assert r.size == C and r.n_seen == n
+        np.testing.assert_array_equal(r.data[:C, 0, 0], r.end[:C])   # segment and end together
+        counts[r.end[:r.size]] += 1
+    p = counts / trials
+    np.testing.assert_allclose(p, C / n, atol=0.025)
+    assert abs(p[:10].mean() - p[-10:].mean()) < 0.015
+
+
+def test_offer_many_fills_in_order_then_samples():
+    r = _run_many(4, 3)
+    np.testing.assert_array_equal(r.end[:3], [0, 1, 2])
+    r = Reservoir(4, 1, 1, random_state=0)
+    assert r.offer_many([np.full((1, 1), float(t)) for t in range(6)], list(range(6))) >= 4
+    assert r.size == 4 and r.n_seen == 6
+
+
+def test_offer_many_recency_survival_halves_every_half_life():
+    seed, C, half_life, stride = 4, 50, 200.0, 1
+    print(f"seed={seed}")
+    r = Reservoir(C, 1, 1, half_life=half_life, stride=stride, random_state=seed)
+    survivors = []
+    for b in range(800):
+        ts = [5 * b + i for i in range(5)]
+        r.offer_many([np.zeros((1, 1))] * 5, ts)
+        if b >= 200:
+            survivors.append((ts[-1] - r.end[:r.size]).copy())
+    ages = np.concatenate(survivors)
+    q = 2.0 ** (-stride / half_life)
+    mean_age = stride * q / (1 - q)
+    # sampled just after a batch: the ages are those of offer() plus up to 4 samples
+    assert abs(ages.mean() - mean_age) / mean_age < 0.1
+    assert abs(np.median(ages) - half_life) / half_life < 0.15

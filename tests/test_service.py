@@ -804,3 +804,9 @@ def test_pending_fifo_matches_a_deque():
     fifo.append(t, 0, 0.0)
     with pytest.raises(ValueError, match="consecutive"):
         fifo.append(t + 5, 0, 0.0)
+
+
+@pytest.mark.parametrize("bad", [-1e-6, 2.0, float("nan")])
+def test_batch_wait_is_validated(bad):
+    with pytest.raises(ValueError, match="batch_wait"):
+        StreamService(None, None, lambda topic: None, batch_wait=bad)

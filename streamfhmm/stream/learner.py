@@ -230,12 +230,12 @@ class Learner:
     # -- the learner side (hold ``lock``) ----------------------------------------------
     def drain(self) -> int:
         """Offer every pending segment to the reservoir; returns how many."""
-        n = 0
         pending = self.pending
-        while pending:
-            segment, end = pending.popleft()
-            self.reservoir.offer(segment, end)
-            n += 1
+        n = len(pending)          # feed() may append meanwhile: those wait for the next drain
+        if n == 0:
+            return 0
+        items = [pending.popleft() for _ in range(n)]
+        self.reservoir.offer_many([seg for seg, _ in items], [end for _, end in items])
         return n
 
     def learning_rates(self, n: int) -> np.ndarray:

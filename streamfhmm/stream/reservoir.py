@@ -118,6 +118,41 @@ class Reservoir:
         self.end[slot] = end
         return slot
 
+    def offer_many(self, segments, ends) -> int:
+        """Offer several segments in order (a sequence of (segment_length, D) arrays and
+        their end positions); returns how many were stored.
+
+        The same scheme as :meth:`offer` one by one (Algorithm R: the i-th segment seen is
+        kept with probability ``C / i`` in a uniform slot; recency weighting: with the
+        insert probability, in a uniform slot), with the random draws made for the whole
+        batch at once: a full uniform reservoir rejects most offers, and the rejection no
+        longer costs an interpreter round trip each. The random stream differs from that of
+        repeated :meth:`offer` calls, not the distribution.
+        """
+        n = len(segments)
+        i = 0
+        stored = 0
+        while i < n and self.size < self.capacity:   # filling: in order
+            self.offer(segments[i], ends[i])
+            i += 1
+            stored += 1
+        if i == n:
+            return stored
+        k = n - i
+        if self.half_life is None:
+            seen = self.n_seen + 1 + np.arange(k, dtype=np.int64)
+            j = self.rng.integers(0, seen)
+            take = np.flatnonzero(j < self.capacity)
+            slots = j[take]
+        else:
+            take = np.flatnonzero(self.rng.random(k) < self.insert_probability)
+            slots = self.rng.integers(0, self.capacity, size=take.size)
+        self.n_seen += k
+        for a, slot in zip(take.tolist(), slots.tolist()):   # later offers overwrite earlier ones
+            self.data[slot] = segments[i + a]
+            self.end[slot] = ends[i + a]
+        return stored + int(take.size)
+
     def sample_slots(self, n_steps: int, batch_size: int) -> np.ndarray:
         """Uniformly chosen filled slots, int64 array (n_steps, batch_size)."""
         if self.size == 0:

@@ -1,0 +1,168 @@
+"""A light load generator and receiver for bench/zmq.py: compiled, like the service.
+
+On a 2-core machine the benchmark's own client shares the processors with the service
+it measures; written in Python (three ``send`` calls, a formatted header and two clock
+reads per sample; a ``recv`` per frame and a parse per posterior) it takes about a core
+at 20,000 messages/s. These kernels do the same through libzmq directly
+(:mod:`streamfhmm.io._libzmq`), so the measurement costs less of the machine it measures:
+
+* :func:`send_burst` publishes consecutive samples ``[topic, {"seq":s,"ts":<text>},
+  8 D bytes]`` — the wire format of :mod:`streamfhmm.io.wire`;
+* :func:`receive` takes output messages off a SUB socket (blocking, so the process
+  sleeps until one arrives), time-stamps each on arrival with ``CLOCK_MONOTONIC`` (the
+  clock of ``time.perf_counter`` on Linux) and records the first arrival of each input
+  sequence number.
+
+:func:`available` says whether this platform has what they need; bench/zmq.py falls back
+to its pure pyzmq client otherwise.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+import time
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from streamfhmm.io import _libzmq
+from streamfhmm.io._libzmq import EAGAIN, EINTR, ZMQ_DONTWAIT, ZMQ_RCVMORE, ZMQ_SNDMORE, call_errno, call_getsockopt, call_io
+from streamfhmm.io.fastwire import _put, _put_int
+from streamfhmm.kernels._jit import jit
+
+CLOCK_MONOTONIC = 1   # Linux
+
+
+def clock_function() -> int | None:
+    """Address of libc's ``clock_gettime`` where it is the clock of ``perf_counter``."""
+    if not sys.platform.startswith("linux"):
+        return None
+    if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
+        return None
+    try:
+        return ctypes.cast(ctypes.CDLL(None).clock_gettime, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
+def available() -> bool:
+    return _libzmq.functions() is not None and clock_function() is not None
+
+
+@intrinsic
+def _call_clock(typingctx, fn, clock, timespec):
+    """``int clock_gettime(int clock, struct timespec *ts)`` at address ``fn``."""
+    sig = types.int32(types.intp, types.int32, types.intp)
+
+    def codegen(context, builder, signature, args):
+        fn, clock, ts = args
+        i32 = ir.IntType(32)
+        f = builder.inttoptr(fn, ir.FunctionType(i32, [i32, ir.IntType(8).as_pointer()]).as_pointer())
+        return builder.call(f, [clock, builder.inttoptr(ts, ir.IntType(8).as_pointer())])
+    return sig, codegen
+
+
+@jit
+def _now(fn_clock, ts):
+    _call_clock(fn_clock, np.int32(CLOCK_MONOTONIC), ts.ctypes.data)
+    return ts[0] + ts[1] * 1e-9
+
+
+_SEQ = np.frombuffer(b'{"seq":', dtype=np.uint8).copy()
+_TS = np.frombuffer(b',"ts":', dtype=np.uint8).copy()
+_KEY = np.frombuffer(b'"seq":', dtype=np.uint8).copy()
+_HEARTBEAT = np.frombuffer(b'"heartbeat"', dtype=np.uint8).copy()
+
+
+@jit
+def send_burst(fn_send, sock, topic, seq0, ts_text, rows, header):
+    """Publish ``rows`` (n, D) as samples ``seq0 … seq0 + n - 1`` with time stamp text
+    ``ts_text``; blocks while a high-water mark is reached. Returns how many were sent."""
+    n, D = rows.shape
+    more = np.int32(ZMQ_SNDMORE)
+    for k in range(n):
+        p = _put(header, 0, _SEQ)
+        p = _put_int(header, p, seq0 + k)
+        p = _put(header, p, _TS)
+        p = _put(header, p, ts_text)
+        header[p] = 125
+        p += 1
+        if call_io(fn_send, sock, topic.ctypes.data, topic.shape[0], more) < 0:
+            return k
+        if call_io(fn_send, sock, header.ctypes.data, p, more) < 0:
+            return k
+        if call_io(fn_send, sock, rows[k].ctypes.data, 8 * D, np.int32(0)) < 0:
+            return k
+    return n
+
+
+@jit
+def _find(buf, n, key, start):
+    for i in range(start, n - key.shape[0] + 1):
+        ok = True
+        for j in range(key.shape[0]):
+            if buf[i + j] != key[j]:
+                ok = False
+                break
+        if ok:
+            return i
+    return -1
+
+
+@jit
+def receive(fn_recv, fn_getsockopt, fn_errno, fn_clock, sock, frames, times, max_messages):
+    """Receive up to ``max_messages`` output messages (blocking up to the socket's
+    RCVTIMEO for the first frame of each); ``times[s]`` gets the arrival time of the first
+    posterior of input sequence number ``s`` (if NaN), ``times[-1]`` counts them.
+    Heartbeats are skipped. Returns the messages taken (0 on timeout)."""
+    n_seq = times.shape[0] - 1
+    cap = frames.shape[1]
+    more = np.zeros(1, np.int32)
+    size = np.zeros(1, np.int64)
+    ts = np.zeros(2, np.int64)
+    lens = np.zeros(4, np.int64)
+    got = 0
+    while got < max_messages:
+        n_frames = 0
+        while True:
+            r = call_io(fn_recv, sock, frames[min(n_frames, 3)].ctypes.data, cap,
+                        np.int32(0 if n_frames == 0 else ZMQ_DONTWAIT))
+            if r < 0:
+                err = call_errno(fn_errno)
+                if n_frames == 0:
+                    return got      # timeout (EAGAIN) or interrupted
+                if err == EINTR or err == EAGAIN:
+                    continue
+                return got
+            lens[min(n_frames, 3)] = r
+            n_frames += 1
+            size[0] = 4
+            call_getsockopt(fn_getsockopt, sock, np.int32(ZMQ_RCVMORE), more.ctypes.data, size.ctypes.data)
+            if more[0] == 0:
+                break
+        t = _now(fn_clock, ts)
+        got += 1
+        h = 1 if n_frames == 3 else 0
+        if n_frames == 3 and lens[2] == 0:
+            continue                                    # a heartbeat (binary)
+        hn = min(lens[h], cap)
+        if _find(frames[h], min(hn, 80), _HEARTBEAT, 0) >= 0:
+            continue                                    # a heartbeat (JSON)
+        i = _find(frames[h], hn, _KEY, 0)
+        if i < 0:
+            continue
+        i += _KEY.shape[0]
+        s = 0
+        nd = 0
+        while i < hn and 48 <= frames[h, i] <= 57:
+            s = s * 10 + (frames[h, i] - 48)
+            i += 1
+            nd += 1
+        if nd == 0 or s >= n_seq:
+            continue
+        if times[s] != times[s]:
+            times[s] = t
+            times[n_seq] += 1
+    return got
