@@ -214,3 +214,27 @@ def test_huge_seq_and_ts_precision_survive():
     ts = math.pi * 1e9
     s = decode_input(encode_sample(b"", 2**63 - 1, ts, [0.0]), 1)
     assert s.seq == 2**63 - 1 and s.ts == ts
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_json_posterior_batch_is_what_encode_posterior_writes(nonfinite):
+    """The batch encoder's template writes byte for byte what json.dumps writes per posterior."""
+    from streamfhmm.io.wire import encode_posterior_batch
+    from streamfhmm.stream.engine import PosteriorBatch
+    print(f"seed={SEED}")
+    rng = np.random.default_rng(SEED)
+    n, M, D = 40, 3, 4
+    scale = 10.0 ** rng.integers(-300, 300, size=(n, 1))
+    batch = PosteriorBatch(np.arange(n, dtype=np.int64) + 10**12, rng.uniform(size=(n, M)),
+                           rng.normal(size=(n, M)) * scale, rng.normal(size=(n, D)) * scale,
+                           rng.integers(0, 10**9, n), rng.integers(0, 8, n))
+    batch.mean[0] = [0.0, -0.0, 1.0, 5e-324]
+    if nonfinite:
+        batch.rho[3, 1] = np.nan
+        batch.mean[7, 0] = np.inf
+    seqs = rng.integers(-1, 2**62, n).tolist()
+    tss = (rng.normal(size=n) * 1e9).tolist()
+    for topic in (b"house/1", "\u00e9t\u00e9 \"q\"".encode()):
+        got = encode_posterior_batch(topic, seqs, tss, batch, format="json")
+        want = [encode_posterior(topic, seqs[k], tss[k], batch[k], format="json") for k in range(n)]
+        assert got == want

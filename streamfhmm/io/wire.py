@@ -463,6 +463,16 @@ def encode_posterior_batch(topic: bytes, seqs, tss, batch, format: str = "binary
                 for k in range(n)]
     if format == "json":
         name = topic.decode("utf-8")
+        tss = [float(v) for v in tss]
+        if (np.isfinite(batch.theta).all() and np.isfinite(batch.rho).all()
+                and np.isfinite(batch.mean).all() and math.isfinite(sum(tss))):
+            # what json.dumps writes for these (floats as repr), from one template
+            head = '{"topic":%s,"seq":' % json.dumps(name)
+            th, rh, mn = batch.theta.tolist(), batch.rho.tolist(), batch.mean.tolist()
+            return [[('%s%d,"t":%d,"ts":%r,"version":%d,"flags":%d,"theta":[%s],"rho":[%s],"mean":[%s]}' % (
+                        head, seqs[k], t[k], tss[k], version[k], flags[k], ",".join(map(repr, th[k])),
+                        ",".join(map(repr, rh[k])), ",".join(map(repr, mn[k])))).encode("utf-8")]
+                    for k in range(n)]
         return [[_json_dumps({"topic": name, "seq": int(seqs[k]), "t": t[k], "ts": float(tss[k]),
                               "version": version[k], "flags": flags[k],
                               "theta": _finite_list(batch.theta[k]), "rho": _finite_list(batch.rho[k]),
