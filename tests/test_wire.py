@@ -234,7 +234,7 @@ def test_json_posterior_batch_is_what_encode_posterior_writes(nonfinite):
         batch.mean[7, 0] = np.inf
     seqs = rng.integers(-1, 2**62, n).tolist()
     tss = (rng.normal(size=n) * 1e9).tolist()
-    for topic in (b"house/1", "\u00e9t\u00e9 \"q\"".encode()):
+    for topic in (b"house/1", "\u00e9t\u00e9 \"q\" 50%d".encode()):
         got = encode_posterior_batch(topic, seqs, tss, batch, format="json")
         want = [encode_posterior(topic, seqs[k], tss[k], batch[k], format="json") for k in range(n)]
         assert got == want

@@ -32,7 +32,7 @@ from ._libzmq import (EAGAIN, EINTR, ZMQ_DONTWAIT, ZMQ_RCVMORE, ZMQ_SNDMORE, cal
                       call_recv, call_send)
 
 __all__ = ["TS_TEXT_BYTES", "STOP_FULL", "STOP_EMPTY", "STOP_SLOW", "STOP_ERROR",
-           "recv_samples", "send_posteriors", "ts_text", "ts_from_text"]
+           "recv_samples", "send_posteriors", "send_frames", "ts_text", "ts_from_text"]
 
 #: the longest time-stamp text the compiled path carries (longer ones take the Python path)
 TS_TEXT_BYTES = 32
@@ -382,6 +382,31 @@ def send_posteriors(fn_send, fn_errno, sock, topic, seq, t, ts_text, ts_len, ver
                        False, status) < 0:
             return sent
         sent += 1
+    return sent
+
+
+@jit
+def send_frames(fn_send, fn_errno, sock, buf, ends, status):
+    """Send n one-frame messages, message k being ``buf[ends[k-1]:ends[k]]`` (``ends[-1]``
+    read as 0 for k = 0): the JSON output of a batch, encoded in Python, sent in one call.
+
+    ``status`` (int64, (2,)) receives ``[errno, dropped]`` as in :func:`send_posteriors`;
+    returns the messages sent.
+    """
+    status[0] = 0
+    status[1] = 0
+    sent = 0
+    start = 0
+    for k in range(ends.shape[0]):
+        r = _send_frame(fn_send, fn_errno, sock, buf.ctypes.data + start, ends[k] - start, np.int32(0),
+                        True, status)
+        if r < 0:
+            return sent
+        if r == 0:
+            status[1] += 1
+        else:
+            sent += 1
+        start = ends[k]
     return sent
 
 

@@ -467,11 +467,12 @@ def encode_posterior_batch(topic: bytes, seqs, tss, batch, format: str = "binary
         if (np.isfinite(batch.theta).all() and np.isfinite(batch.rho).all()
                 and np.isfinite(batch.mean).all() and math.isfinite(sum(tss))):
             # what json.dumps writes for these (floats as repr), from one template
-            head = '{"topic":%s,"seq":' % json.dumps(name)
-            th, rh, mn = batch.theta.tolist(), batch.rho.tolist(), batch.mean.tolist()
-            return [[('%s%d,"t":%d,"ts":%r,"version":%d,"flags":%d,"theta":[%s],"rho":[%s],"mean":[%s]}' % (
-                        head, seqs[k], t[k], tss[k], version[k], flags[k], ",".join(map(repr, th[k])),
-                        ",".join(map(repr, rh[k])), ",".join(map(repr, mn[k])))).encode("utf-8")]
+            D = batch.mean.shape[1]
+            template = ('{"topic":%s,"seq":%%d,"t":%%d,"ts":%%r,"version":%%d,"flags":%%d,"theta":[%s],'
+                        '"rho":[%s],"mean":[%s]}' % (json.dumps(name).replace("%", "%%"), ",".join(["%r"] * M),
+                                                     ",".join(["%r"] * M), ",".join(["%r"] * D)))
+            rows = np.concatenate((batch.theta, batch.rho, batch.mean), axis=1).tolist()
+            return [[(template % (seqs[k], t[k], tss[k], version[k], flags[k], *rows[k])).encode("utf-8")]
                     for k in range(n)]
         return [[_json_dumps({"topic": name, "seq": int(seqs[k]), "t": t[k], "ts": float(tss[k]),
                               "version": version[k], "flags": flags[k],

@@ -51,7 +51,7 @@ import numpy as np
 import zmq
 
 from . import _libzmq
-from .fastwire import STOP_ERROR, STOP_SLOW, TS_TEXT_BYTES, recv_samples, send_posteriors
+from .fastwire import STOP_ERROR, STOP_SLOW, TS_TEXT_BYTES, recv_samples, send_frames, send_posteriors
 from .wire import (ERROR_KINDS, Heartbeat, Sample, SampleRun, WireError, decode_input, encode_heartbeat,
                    encode_posterior, encode_posterior_batch, encode_sample, encode_service_heartbeat,
                    max_frame_bytes, subscription_prefixes)
@@ -568,8 +568,9 @@ class ZmqSink:
     send_timeout_ms : int
         With ``nodrop``: how long a send may block before the message is dropped.
     fast : bool
-        Let :meth:`send_block` use the compiled send path (binary format, libzmq
-        reachable); False forces the pure pyzmq path.
+        Let :meth:`send_block` use the compiled send path where libzmq is reachable
+        (binary messages are formatted and sent in one call; JSON ones are encoded in
+        Python and sent in one call); False forces the pure pyzmq path.
     """
 
     def __init__(self, endpoint: str, *, bind: bool = True, format: str = "binary",
@@ -590,7 +591,7 @@ class ZmqSink:
         self.subscriptions: list[bytes] = []
         self.sent = 0
         self.dropped = 0
-        self._lib = _libzmq.functions() if fast and format == "binary" else None
+        self._lib = _libzmq.functions() if fast else None
         self._scratch = None
 
     def send_frames(self, frames) -> bool:
@@ -649,9 +650,20 @@ class ZmqSink:
             How many were sent (the rest were dropped, see ``nodrop``).
         """
         lib = self._lib
-        if lib is None:
-            tss = [float(bytes(r[:m])) for r, m in zip(ts_text, ts_len.tolist())]
-            return self.send_batch(topic, seq.tolist(), tss, batch)
+        if lib is None or self.format != "binary":
+            tss = [float(r[:m].tobytes()) for r, m in zip(ts_text, ts_len.tolist())]
+            if lib is None:
+                return self.send_batch(topic, seq.tolist(), tss, batch)
+            msgs = [m[0] for m in encode_posterior_batch(topic, seq.tolist(), tss, batch, "json")]
+            status = np.zeros(2, np.int64)
+            sent = send_frames(lib.send, lib.errno, self.socket.underlying,
+                               np.frombuffer(b"".join(msgs), np.uint8),
+                               np.cumsum([len(m) for m in msgs], dtype=np.int64), status)
+            self.sent += sent
+            self.dropped += int(status[1])
+            if status[0]:
+                raise zmq.ZMQError(int(status[0]))
+            return sent
         sc = self._scratch
         M, D = batch.theta.shape[1], batch.mean.shape[1]
         if sc is None or sc[1].shape[0] != 2 * M + D:
