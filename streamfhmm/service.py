@@ -747,7 +747,9 @@ class StreamService:
         steps = 0
         for st in list(self.streams.values()):
             try:
-                steps += int(st.engine.metrics().get("learner_steps", 0))
+                eng = st.engine
+                n = getattr(eng, "learner_steps", None)   # cheap where the engine has it
+                steps += int(n if n is not None else eng.metrics().get("learner_steps", 0))
             except Exception:  # noqa: BLE001 - a status line must never break the service
                 pass
         return steps

@@ -492,3 +492,19 @@ def test_learner_gets_the_same_subchains_from_push_and_push_many(blocks):
     for (t, seg), (_, seg2) in zip(a, b):
         np.testing.assert_array_equal(seg, X[t - S + 1:t + 1])
         np.testing.assert_array_equal(seg2, seg)
+
+
+def test_learner_steps_property_is_the_metric():
+    model = _model(seed=44)
+    X = _data(model, 400, seed=45)
+    net = _net(model, "centred", X, seed=46)
+    with StreamEngine(model, learn=False, net=net) as eng:
+        eng.push_many(X[:50])
+        assert eng.learner_steps == eng.metrics()["learner_steps"] == 0
+    with StreamEngine(model, learn=True, net=net, learner_duty=1.0) as eng:
+        eng.push_many(X)
+        deadline = time.monotonic() + 60
+        while eng.metrics()["learner_steps"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = eng.metrics()["learner_steps"]
+        assert 0 < before <= eng.learner_steps <= eng.metrics()["learner_steps"]

@@ -1066,6 +1066,12 @@ class StreamEngine:
         """The exception that stopped the learner thread, if any."""
         return None if self._thread is None else self._thread.error
 
+    @property
+    def learner_steps(self) -> int:
+        """SVI steps the learner kept so far (``metrics()["learner_steps"]``, without
+        the rest of :meth:`metrics`)."""
+        return self._learner.steps if self._learner is not None else 0
+
     def metrics(self) -> dict:
         """Counters and running estimates the host can read.
 
