@@ -270,3 +270,29 @@ def test_send_block_sends_what_python_sends(fmt):
         for s in sinks:
             s.close(0)
         ctx.term()
+
+
+def test_truncated_frames_go_to_python_without_reading_past_the_buffer(pair):
+    """Frames longer than the scratch (which MAXMSGSIZE prevents in a ZmqSource) are
+    truncated by libzmq; the kernel then leaves the message to Python."""
+    from streamfhmm.io.fastwire import STOP_SLOW, recv_samples
+    pub, fast, _ = pair
+    long_header = b'{"seq":1,"ts":' + b"1" * 60 + b"}"
+    pub.send_multipart([b"t", long_header, np.zeros(D).tobytes()])
+    pub.send_multipart(encode_heartbeat(b"end", 0, 0.0, end=True))
+    assert fast.socket.poll(5000)
+    K, cap = 4, 40
+    values = np.zeros((K, D))
+    frames = np.zeros((4, cap), np.uint8)
+    frame_len = np.zeros(4, np.int64)
+    status = np.zeros(4, np.int64)
+    lib = _libzmq.functions()
+    deadline = time.monotonic() + 10
+    k = 0
+    while status[0] != STOP_SLOW and time.monotonic() < deadline:
+        k = recv_samples(lib.recv, lib.getsockopt, lib.errno, fast.socket.underlying, K, D, frames, frame_len,
+                         np.zeros((K, 256), np.uint8), np.zeros(K, np.int64), np.zeros(K, np.int64),
+                         np.zeros((K, TS_TEXT_BYTES), np.uint8), np.zeros(K, np.int64), values,
+                         values.view(np.uint8).reshape(K, 8 * D), np.zeros(K + 1, np.int64), status)
+    assert k == 0 and status[0] == STOP_SLOW and status[1] == 3
+    assert frame_len[1] == len(long_header) > cap

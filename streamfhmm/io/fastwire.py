@@ -219,7 +219,9 @@ def recv_samples(fn_recv, fn_getsockopt, fn_errno, sock, max_messages, n_feature
         if failed:
             break
         # -- canonical?
-        fast = n_frames == 3 and frame_len[0] <= 255 and frame_len[2] == nbytes
+        # (a frame longer than cap was truncated: MAXMSGSIZE keeps that from happening, and
+        # the compiled path never reads past cap whatever the lengths say)
+        fast = n_frames == 3 and frame_len[0] <= 255 and frame_len[1] < cap and frame_len[2] == nbytes
         if fast:
             for i in range(frame_len[0]):
                 if frames[0, i] >= 128:      # non-ASCII topics: UTF-8 checked in Python
