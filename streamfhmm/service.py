@@ -558,7 +558,7 @@ class StreamService:
             self._flush(st)
         engine = st.engine
         n = len(run)
-        if self._block and (is_run or n >= self.batch_threshold):
+        if self._block and n >= self.batch_threshold:
             try:
                 batch = engine.push_many(run.values if is_run else np.stack([s.values for s in run]))
             except ValueError:
@@ -666,13 +666,7 @@ class StreamService:
     def _publish(self, st: _Stream, posts):
         """Publish a list of Posterior (the ``push`` and ``flush`` paths)."""
         n = len(posts)
-        if n == 1 and self.sink.fast:
-            p = posts[0]
-            batch = PosteriorBatch(np.array([p.t], np.int64), p.theta[None], p.rho[None], p.mean[None],
-                                   np.array([p.version], np.int64), np.array([p.flags], np.int64))
-            self._publish_batch(st, batch)
-            return
-        if n > 1:
+        if n > 1:   # (one is cheaper through the Python encoder than through a compiled call)
             batch = PosteriorBatch(np.array([p.t for p in posts], np.int64),
                                    np.array([p.theta for p in posts]), np.array([p.rho for p in posts]),
                                    np.array([p.mean for p in posts]),
