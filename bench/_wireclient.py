@@ -32,7 +32,16 @@ from streamfhmm.io._libzmq import EAGAIN, EINTR, ZMQ_DONTWAIT, ZMQ_RCVMORE, ZMQ_
 from streamfhmm.io.fastwire import _put, _put_int
 from streamfhmm.kernels._jit import jit
 
-CLOCK_MONOTONIC = 1   # Linux
+CLOCK_REALTIME = 0    # Linux
+CLOCK_MONOTONIC = 1
+
+
+def sleep_function() -> int | None:
+    """Address of libc's ``nanosleep``."""
+    try:
+        return ctypes.cast(ctypes.CDLL(None).nanosleep, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
 
 
 def clock_function() -> int | None:
@@ -48,7 +57,8 @@ def clock_function() -> int | None:
 
 
 def available() -> bool:
-    return _libzmq.functions() is not None and clock_function() is not None
+    return (_libzmq.functions() is not None and clock_function() is not None
+            and sleep_function() is not None)
 
 
 @intrinsic
@@ -61,6 +71,20 @@ def _call_clock(typingctx, fn, clock, timespec):
         i32 = ir.IntType(32)
         f = builder.inttoptr(fn, ir.FunctionType(i32, [i32, ir.IntType(8).as_pointer()]).as_pointer())
         return builder.call(f, [clock, builder.inttoptr(ts, ir.IntType(8).as_pointer())])
+    return sig, codegen
+
+
+@intrinsic
+def _call_sleep(typingctx, fn, request):
+    """``int nanosleep(const struct timespec *req, struct timespec *rem)`` at ``fn``
+    (``rem`` NULL)."""
+    sig = types.int32(types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        fn, req = args
+        i8p = ir.IntType(8).as_pointer()
+        f = builder.inttoptr(fn, ir.FunctionType(ir.IntType(32), [i8p, i8p]).as_pointer())
+        return builder.call(f, [builder.inttoptr(req, i8p), ir.Constant(i8p, None)])
     return sig, codegen
 
 
@@ -96,6 +120,57 @@ def send_burst(fn_send, sock, topic, seq0, ts_text, rows, header):
         if call_io(fn_send, sock, rows[k].ctypes.data, 8 * D, np.int32(0)) < 0:
             return k
     return n
+
+
+@jit
+def paced_send(fn_send, fn_clock, fn_sleep, sock, topic, seq0, rows, t0, period, t_sent, header):
+    """Publish ``rows`` (n, D) as samples ``seq0 …``, sample k due at monotonic time
+    ``t0 + k · period``: the process sleeps (``nanosleep``) until a sample is due and then
+    sends every sample due. ``t_sent[k]`` gets the monotonic time just before sample k is
+    sent; its ``"ts"`` is the wall-clock time, to the microsecond. Returns how many were
+    sent."""
+    n, D = rows.shape
+    more = np.int32(ZMQ_SNDMORE)
+    mono = np.zeros(2, np.int64)
+    wall = np.zeros(2, np.int64)
+    req = np.zeros(2, np.int64)
+    text = np.zeros(32, np.uint8)
+    k = 0
+    while k < n:
+        now = _now(fn_clock, mono)
+        wait = t0 + k * period - now
+        if wait > 0:
+            req[0] = int(wait)
+            req[1] = int((wait - req[0]) * 1e9)
+            _call_sleep(fn_sleep, req.ctypes.data)
+            continue
+        due = min(n, int((now - t0) / period) + 1)
+        while k < due:
+            _call_clock(fn_clock, np.int32(CLOCK_REALTIME), wall.ctypes.data)
+            p = _put_int(text, 0, wall[0])
+            text[p] = 46                              # .
+            us = wall[1] // 1000
+            for i in range(6):
+                text[p + 6 - i] = 48 + us % 10
+                us //= 10
+            p += 7
+            q = _put(header, 0, _SEQ)
+            q = _put_int(header, q, seq0 + k)
+            q = _put(header, q, _TS)
+            for i in range(p):
+                header[q + i] = text[i]
+            q += p
+            header[q] = 125
+            q += 1
+            t_sent[k] = _now(fn_clock, mono)
+            if call_io(fn_send, sock, topic.ctypes.data, topic.shape[0], more) < 0:
+                return k
+            if call_io(fn_send, sock, header.ctypes.data, q, more) < 0:
+                return k
+            if call_io(fn_send, sock, rows[k].ctypes.data, 8 * D, np.int32(0)) < 0:
+                return k
+            k += 1
+    return k
 
 
 @jit
