@@ -101,25 +101,31 @@ _HEARTBEAT = np.frombuffer(b'"heartbeat"', dtype=np.uint8).copy()
 
 
 @jit
+def _send_sample(fn_send, sock, topic, header, seq, ts_text, n_text, row):
+    """Format ``{"seq":seq,"ts":<ts_text[:n_text]>}`` and send ``[topic, header, row]``;
+    False if libzmq refused."""
+    q = _put(header, 0, _SEQ)
+    q = _put_int(header, q, seq)
+    q = _put(header, q, _TS)
+    for i in range(n_text):
+        header[q + i] = ts_text[i]
+    q += n_text
+    header[q] = 125
+    q += 1
+    more = np.int32(ZMQ_SNDMORE)
+    return (call_io(fn_send, sock, topic.ctypes.data, topic.shape[0], more) >= 0
+            and call_io(fn_send, sock, header.ctypes.data, q, more) >= 0
+            and call_io(fn_send, sock, row.ctypes.data, 8 * row.shape[0], np.int32(0)) >= 0)
+
+
+@jit
 def send_burst(fn_send, sock, topic, seq0, ts_text, rows, header):
     """Publish ``rows`` (n, D) as samples ``seq0 … seq0 + n - 1`` with time stamp text
     ``ts_text``; blocks while a high-water mark is reached. Returns how many were sent."""
-    n, D = rows.shape
-    more = np.int32(ZMQ_SNDMORE)
-    for k in range(n):
-        p = _put(header, 0, _SEQ)
-        p = _put_int(header, p, seq0 + k)
-        p = _put(header, p, _TS)
-        p = _put(header, p, ts_text)
-        header[p] = 125
-        p += 1
-        if call_io(fn_send, sock, topic.ctypes.data, topic.shape[0], more) < 0:
+    for k in range(rows.shape[0]):
+        if not _send_sample(fn_send, sock, topic, header, seq0 + k, ts_text, ts_text.shape[0], rows[k]):
             return k
-        if call_io(fn_send, sock, header.ctypes.data, p, more) < 0:
-            return k
-        if call_io(fn_send, sock, rows[k].ctypes.data, 8 * D, np.int32(0)) < 0:
-            return k
-    return n
+    return rows.shape[0]
 
 
 @jit
@@ -129,8 +135,7 @@ def paced_send(fn_send, fn_clock, fn_sleep, sock, topic, seq0, rows, t0, period,
     sends every sample due. ``t_sent[k]`` gets the monotonic time just before sample k is
     sent; its ``"ts"`` is the wall-clock time, to the microsecond. Returns how many were
     sent."""
-    n, D = rows.shape
-    more = np.int32(ZMQ_SNDMORE)
+    n = rows.shape[0]
     mono = np.zeros(2, np.int64)
     wall = np.zeros(2, np.int64)
     req = np.zeros(2, np.int64)
@@ -154,20 +159,8 @@ def paced_send(fn_send, fn_clock, fn_sleep, sock, topic, seq0, rows, t0, period,
                 text[p + 6 - i] = 48 + us % 10
                 us //= 10
             p += 7
-            q = _put(header, 0, _SEQ)
-            q = _put_int(header, q, seq0 + k)
-            q = _put(header, q, _TS)
-            for i in range(p):
-                header[q + i] = text[i]
-            q += p
-            header[q] = 125
-            q += 1
             t_sent[k] = _now(fn_clock, mono)
-            if call_io(fn_send, sock, topic.ctypes.data, topic.shape[0], more) < 0:
-                return k
-            if call_io(fn_send, sock, header.ctypes.data, q, more) < 0:
-                return k
-            if call_io(fn_send, sock, rows[k].ctypes.data, 8 * D, np.int32(0)) < 0:
+            if not _send_sample(fn_send, sock, topic, header, seq0 + k, text, p, rows[k]):
                 return k
             k += 1
     return k
