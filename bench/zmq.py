@@ -222,6 +222,11 @@ def run_phase(cl, rows, rate, window, lag, timeout=120.0):
     first = cl.seq
     got0 = cl.received
     n = len(rows)
+    if rate and cl.compiled:   # compile (or load) the paced sender before the clock starts
+        lib = _libzmq.functions()
+        _wireclient.paced_send(lib.send, _wireclient.clock_function(), _wireclient.sleep_function(),
+                               cl.pub.underlying, cl._topic, cl.seq, cl.X[:0], 0.0, 1.0, cl.t_sent[:0],
+                               cl._header)
     t0 = time.perf_counter()
     i = 0
     deadline = time.monotonic() + timeout
