@@ -54,8 +54,7 @@ import time
 import numpy as np
 import zmq
 
-from .io.fastwire import TS_TEXT_BYTES, ts_text
-from .io.wire import Heartbeat, SampleRun
+from .io.wire import TS_TEXT_BYTES, Heartbeat, SampleRun, ts_from_text, ts_text
 from .io.zmq import RateLimitedLog, ZmqSink, ZmqSource
 from .stream.engine import PosteriorBatch
 
@@ -98,8 +97,7 @@ class _Pending:
     def __iter__(self):
         h = self.head
         for i in range(self.n):
-            yield (self.t0 + i, int(self.seq[h + i]),
-                   float(self.text[h + i, :self.tlen[h + i]].tobytes()))
+            yield self.t0 + i, int(self.seq[h + i]), ts_from_text(self.text[h + i], self.tlen[h + i])
 
     def _room(self, t: int, k: int) -> int:
         """Make room for k entries at position t (the next one); returns their index."""
@@ -164,7 +162,7 @@ class _Pending:
         if self.n == 0 or self.t0 != t:
             return -1, 0.0
         h = self.head
-        out = int(self.seq[h]), float(self.text[h, :self.tlen[h]].tobytes())
+        out = int(self.seq[h]), ts_from_text(self.text[h], self.tlen[h])
         self._drop_before(t + 1)
         return out
 

@@ -30,12 +30,11 @@ import numpy as np
 from ..kernels._jit import jit
 from ._libzmq import (EAGAIN, EINTR, ZMQ_DONTWAIT, ZMQ_RCVMORE, ZMQ_SNDMORE, call_errno, call_getsockopt,
                       call_recv, call_send)
+from .wire import TS_TEXT_BYTES
 
-__all__ = ["TS_TEXT_BYTES", "STOP_FULL", "STOP_EMPTY", "STOP_SLOW", "STOP_ERROR",
-           "recv_samples", "send_posteriors", "send_frames", "ts_text", "ts_from_text"]
+__all__ = ["STOP_FULL", "STOP_EMPTY", "STOP_SLOW", "STOP_ERROR",
+           "recv_samples", "send_posteriors", "send_frames"]
 
-#: the longest time-stamp text the compiled path carries (longer ones take the Python path)
-TS_TEXT_BYTES = 32
 #: why :func:`recv_samples` returned: ``max_messages`` received, queue empty, a message
 #: for the Python decoder waits in the scratch frames, libzmq error (errno in status[2])
 STOP_FULL, STOP_EMPTY, STOP_SLOW, STOP_ERROR = 0, 1, 2, 3
@@ -128,7 +127,7 @@ def _parse_header(h, n, out):
         if not negative and e > _MAX_EXP:
             return False
     length = p - start
-    if length > 32 or p + 1 != n or h[p] != 125:   # }
+    if length > TS_TEXT_BYTES or p + 1 != n or h[p] != 125:   # }
         return False
     out[0] = seq
     out[1] = start
@@ -410,14 +409,3 @@ def send_frames(fn_send, fn_errno, sock, buf, ends, status):
             sent += 1
         start = ends[k]
     return sent
-
-
-# -- time stamps as text ---------------------------------------------------------------
-def ts_text(ts: float) -> bytes:
-    """The text of a time stamp as the Python path writes it (``repr``)."""
-    return b"%r" % float(ts)
-
-
-def ts_from_text(text, length) -> float:
-    """The float of a carried time-stamp text (row of ``ts_text``, its length)."""
-    return float(bytes(text[:length]))

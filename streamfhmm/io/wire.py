@@ -73,6 +73,7 @@ import numpy as np
 __all__ = [
     "ERROR_KINDS", "WireError", "Sample", "SampleRun", "Heartbeat", "PosteriorMessage",
     "MAX_TOPIC_BYTES", "MAX_HEADER_BYTES", "max_json_bytes", "max_frame_bytes",
+    "TS_TEXT_BYTES", "ts_text", "ts_from_text",
     "encode_sample", "encode_heartbeat", "encode_posterior", "encode_posterior_batch",
     "encode_service_heartbeat",
     "decode_input", "decode_output", "subscription_prefixes",
@@ -88,6 +89,9 @@ ERROR_KINDS = (
     "nonfinite",  # an infinite value, or every value missing (NaN / null)
 )
 
+#: the longest time-stamp text carried as text (:class:`SampleRun`; longer ones are
+#: decoded to a float)
+TS_TEXT_BYTES = 32
 MAX_TOPIC_BYTES = 255
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63
@@ -133,6 +137,16 @@ class Sample(NamedTuple):
     values: np.ndarray
 
 
+def ts_text(ts: float) -> bytes:
+    """The JSON number text of a time stamp, as the encoders write it (``repr``)."""
+    return b"%r" % float(ts)
+
+
+def ts_from_text(text, length: int) -> float:
+    """The float of a time-stamp text: the first ``length`` bytes of a uint8 row."""
+    return float(text[:length].tobytes())
+
+
 class SampleRun:
     """Consecutive samples of one stream (consecutive sequence numbers), as arrays.
 
@@ -168,7 +182,7 @@ class SampleRun:
     @property
     def ts(self) -> np.ndarray:
         """The time stamps as float64, shape (n,)."""
-        return np.array([float(bytes(r[:m])) for r, m in zip(self.ts_text, self.ts_len.tolist())],
+        return np.array([ts_from_text(r, m) for r, m in zip(self.ts_text, self.ts_len.tolist())],
                         dtype=np.float64)
 
     def samples(self) -> list:

@@ -51,8 +51,9 @@ import numpy as np
 import zmq
 
 from . import _libzmq
-from .fastwire import STOP_ERROR, STOP_SLOW, TS_TEXT_BYTES, recv_samples, send_frames, send_posteriors
-from .wire import (ERROR_KINDS, Heartbeat, Sample, SampleRun, WireError, decode_input, encode_heartbeat,
+from .fastwire import STOP_ERROR, STOP_SLOW, recv_samples, send_frames, send_posteriors
+from .wire import (ERROR_KINDS, TS_TEXT_BYTES, Heartbeat, Sample, SampleRun, WireError, decode_input,
+                   encode_heartbeat, ts_from_text,
                    encode_posterior, encode_posterior_batch, encode_sample, encode_service_heartbeat,
                    max_frame_bytes, subscription_prefixes)
 
@@ -651,7 +652,7 @@ class ZmqSink:
         """
         lib = self._lib
         if lib is None or self.format != "binary":
-            tss = [float(r[:m].tobytes()) for r, m in zip(ts_text, ts_len.tolist())]
+            tss = [ts_from_text(r, m) for r, m in zip(ts_text, ts_len.tolist())]
             if lib is None:
                 return self.send_batch(topic, seq.tolist(), tss, batch)
             msgs = [m[0] for m in encode_posterior_batch(topic, seq.tolist(), tss, batch, "json")]
