@@ -577,41 +577,31 @@ class StreamService:
                 self._maybe_checkpoint(st, n)
                 return
         if is_run:
-            self._push_run_one_by_one(st, run)
-            return
-        for s in run:
-            try:
-                posts = engine.push(s.values)
-            except ValueError as exc:
-                self.counters["engine_rejected"] += 1
-                self._log("engine", "stream %r: the engine refused sample %d: %s", st.name, s.seq, exc)
-                continue
-            st.pending.append(st.t_next, s.seq, s.ts)
-            self._accepted(st, s.seq, 1)
-            if posts:
-                self._publish(st, posts)
-            self._maybe_checkpoint(st, 1)
+            self._push_one_by_one(st, run.seq.tolist(), run.values,
+                                  lambda i: st.pending.append_row(st.t_next, run, i))
+        else:
+            self._push_one_by_one(st, [s.seq for s in run], [s.values for s in run],
+                                  lambda i: st.pending.append(st.t_next, run[i].seq, run[i].ts))
 
-    def _push_run_one_by_one(self, st: _Stream, run: SampleRun):
-        """A short run through ``push``, its posteriors published together."""
+    def _push_one_by_one(self, st: _Stream, seqs, rows, add_pending):
+        """Samples through ``push``, their posteriors published together (before any
+        checkpoint, which must not count them as pending). ``add_pending(i)`` records
+        sample i at position ``st.t_next``."""
         push = st.engine.push
         posts = []
-        seqs = run.seq.tolist()
-        for i, x in enumerate(run.values):
+        for i, x in enumerate(rows):
             try:
                 got = push(x)
             except ValueError as exc:
                 self.counters["engine_rejected"] += 1
                 self._log("engine", "stream %r: the engine refused sample %d: %s", st.name, seqs[i], exc)
                 continue
-            st.pending.append_row(st.t_next, run, i)
+            add_pending(i)
             self._accepted(st, seqs[i], 1)
-            if got:
-                posts.extend(got)
-            if self.checkpoint_every is not None and st.since_checkpoint + 1 >= self.checkpoint_every:
-                if posts:   # what the checkpoint says is published must be
-                    self._publish(st, posts)
-                    posts = []
+            posts.extend(got)
+            if posts and self.checkpoint_every is not None and st.since_checkpoint + 1 >= self.checkpoint_every:
+                self._publish(st, posts)
+                posts = []
             self._maybe_checkpoint(st, 1)
         if posts:
             self._publish(st, posts)
@@ -663,29 +653,22 @@ class StreamService:
 
     def _publish(self, st: _Stream, posts):
         """Publish a list of Posterior (the ``push`` and ``flush`` paths)."""
-        n = len(posts)
-        if n > 1:   # (one is cheaper through the Python encoder than through a compiled call)
-            batch = PosteriorBatch(np.array([p.t for p in posts], np.int64),
-                                   np.array([p.theta for p in posts]), np.array([p.rho for p in posts]),
-                                   np.array([p.mean for p in posts]),
-                                   np.array([p.version for p in posts], np.int64),
-                                   np.array([p.flags for p in posts], np.int64))
-            self._publish_batch(st, batch)
-            return
-        p = posts[0]
-        seq, ts = st.pending.pop(p.t)
-        self.sink.send(st.topic, seq, ts, p)
-        self._published(st, 1)
+        if len(posts) > 1:   # (one is cheaper through the Python encoder than a compiled call)
+            self._publish_batch(st, PosteriorBatch.from_posteriors(posts))
+        else:
+            self._send_each(st, posts)
+
+    def _send_each(self, st: _Stream, posts):
+        for p in posts:
+            seq, ts = st.pending.pop(p.t)
+            self.sink.send(st.topic, seq, ts, p)
+        self._published(st, len(posts))
 
     def _publish_batch(self, st: _Stream, batch):
         n = len(batch.t)
         t0 = int(batch.t[0])
         if int(batch.t[-1]) - t0 != n - 1:   # not consecutive (an engine that skips positions)
-            sink = self.sink
-            for p in batch:
-                seq, ts = st.pending.pop(p.t)
-                sink.send(st.topic, seq, ts, p)
-            self._published(st, n)
+            self._send_each(st, batch)
             return
         seq, text, tlen = st.pending.take(t0, n)
         self.sink.send_block(st.topic, seq, text, tlen, batch)

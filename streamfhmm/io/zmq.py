@@ -308,14 +308,9 @@ class ZmqSource:
             self._log(exc.kind, "skipped a malformed message (%s): %s", exc.kind, exc)
             return None
         topic = item.topic
-        st = self.streams.get(topic)
+        st = self._stream(topic, 1)
         if st is None:
-            if len(self.streams) >= self.max_streams:
-                self.untracked += 1
-                self._log("streams", "skipped a message of a new topic %r: already %d topics "
-                          "(max_streams)", topic[:40], len(self.streams))
-                return None
-            st = self.streams[topic] = StreamSeq()
+            return None
         seq = item.seq
         last = st.last_seq
         if type(item) is Heartbeat:
@@ -329,6 +324,19 @@ class ZmqSource:
         if self._accept(topic, st, seq, 1):
             return None
         return item
+
+    def _stream(self, topic: bytes, n: int) -> StreamSeq | None:
+        """The bookkeeping of ``topic`` (new if there is room), or None: its n messages
+        are then counted as untracked."""
+        st = self.streams.get(topic)
+        if st is None:
+            if len(self.streams) >= self.max_streams:
+                self.untracked += n
+                self._log("streams", "skipped a message of a new topic %r: already %d topics "
+                          "(max_streams)", topic[:40], len(self.streams))
+                return None
+            st = self.streams[topic] = StreamSeq()
+        return st
 
     def _accept(self, topic: bytes, st: StreamSeq, seq: int, n: int) -> int:
         """Sequence-check n samples with consecutive numbers from ``seq``: count a gap
@@ -509,14 +517,9 @@ class ZmqSource:
         sequence numbers); returns the run of those accepted, or None."""
         topic = b["topic"][a, :b["topic_len"][a]].tobytes()
         n = e - a
-        st = self.streams.get(topic)
+        st = self._stream(topic, n)
         if st is None:
-            if len(self.streams) >= self.max_streams:
-                self.untracked += n
-                self._log("streams", "skipped a message of a new topic %r: already %d topics "
-                          "(max_streams)", topic[:40], len(self.streams))
-                return None
-            st = self.streams[topic] = StreamSeq()
+            return None
         skip = self._accept(topic, st, int(b["seq"][a]), n)
         if skip == n:
             return None
@@ -593,7 +596,10 @@ class ZmqSink:
         self.sent = 0
         self.dropped = 0
         self._lib = _libzmq.functions() if fast else None
-        self._scratch = None
+        # the compiled send's scratch: header text, one payload, [errno, dropped]
+        self._header = np.zeros(256 + TS_TEXT_BYTES, np.uint8)
+        self._payload = np.zeros(0)
+        self._status = np.zeros(2, np.int64)
 
     def send_frames(self, frames) -> bool:
         """Send one message; False if it was dropped (``nodrop`` send timed out)."""
@@ -656,29 +662,26 @@ class ZmqSink:
             if lib is None:
                 return self.send_batch(topic, seq.tolist(), tss, batch)
             msgs = [m[0] for m in encode_posterior_batch(topic, seq.tolist(), tss, batch, "json")]
-            status = np.zeros(2, np.int64)
             sent = send_frames(lib.send, lib.errno, self.socket.underlying,
                                np.frombuffer(b"".join(msgs), np.uint8),
-                               np.cumsum([len(m) for m in msgs], dtype=np.int64), status)
-            self.sent += sent
-            self.dropped += int(status[1])
-            if status[0]:
-                raise zmq.ZMQError(int(status[0]))
-            return sent
-        sc = self._scratch
+                               np.cumsum([len(m) for m in msgs], dtype=np.int64), self._status)
+            return self._count(sent)
         M, D = batch.theta.shape[1], batch.mean.shape[1]
-        if sc is None or sc[1].shape[0] != 2 * M + D:
-            sc = self._scratch = (np.zeros(256 + TS_TEXT_BYTES, np.uint8), np.zeros(2 * M + D),
-                                  np.zeros(2, np.int64))
-        f8 = np.float64
+        if self._payload.shape[0] != 2 * M + D:
+            self._payload = np.zeros(2 * M + D)
+        i8, f8 = np.int64, np.float64
         sent = send_posteriors(lib.send, lib.errno, self.socket.underlying,
-                               np.frombuffer(topic, np.uint8), np.ascontiguousarray(seq, np.int64),
-                               np.ascontiguousarray(batch.t, np.int64), ts_text, np.ascontiguousarray(ts_len, np.int64),
-                               np.ascontiguousarray(batch.version, np.int64),
-                               np.ascontiguousarray(batch.flags, np.int64),
+                               np.frombuffer(topic, np.uint8), np.ascontiguousarray(seq, i8),
+                               np.ascontiguousarray(batch.t, i8), ts_text, np.ascontiguousarray(ts_len, i8),
+                               np.ascontiguousarray(batch.version, i8), np.ascontiguousarray(batch.flags, i8),
                                np.ascontiguousarray(batch.theta, f8), np.ascontiguousarray(batch.rho, f8),
-                               np.ascontiguousarray(batch.mean, f8), sc[0], sc[1], sc[2])
-        err, dropped = sc[2].tolist()
+                               np.ascontiguousarray(batch.mean, f8), self._header, self._payload,
+                               self._status)
+        return self._count(sent)
+
+    def _count(self, sent: int) -> int:
+        """Account for a compiled send (``self._status`` = [errno, dropped])."""
+        err, dropped = self._status.tolist()
         self.sent += sent
         self.dropped += dropped
         if err:

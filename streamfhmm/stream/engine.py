@@ -90,6 +90,14 @@ class PosteriorBatch:
                    np.empty(0, np.int64), np.empty(0, np.int64))
 
     @classmethod
+    def from_posteriors(cls, posts) -> "PosteriorBatch":
+        """The batch of a sequence of :class:`Posterior` (non-empty)."""
+        return cls(np.array([p.t for p in posts], np.int64), np.array([p.theta for p in posts]),
+                   np.array([p.rho for p in posts]), np.array([p.mean for p in posts]),
+                   np.array([p.version for p in posts], np.int64),
+                   np.array([p.flags for p in posts], np.int64))
+
+    @classmethod
     def concat(cls, parts) -> "PosteriorBatch":
         parts = list(parts)
         if len(parts) == 1:
