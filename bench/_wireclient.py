@@ -28,8 +28,8 @@ from numba import types
 from numba.extending import intrinsic
 
 from streamfhmm.io import _libzmq
-from streamfhmm.io._libzmq import EAGAIN, EINTR, ZMQ_DONTWAIT, ZMQ_RCVMORE, ZMQ_SNDMORE, call_errno, call_getsockopt, call_io
-from streamfhmm.io.fastwire import _put, _put_int
+from streamfhmm.io._libzmq import ZMQ_SNDMORE, call_io
+from streamfhmm.io.fastwire import _digits, _put, _put_int, recv_message
 from streamfhmm.kernels._jit import jit
 
 CLOCK_REALTIME = 0    # Linux
@@ -187,29 +187,14 @@ def receive(fn_recv, fn_getsockopt, fn_errno, fn_clock, sock, frames, times, max
     Heartbeats are skipped. Returns the messages taken (0 on timeout)."""
     n_seq = times.shape[0] - 1
     cap = frames.shape[1]
-    more = np.zeros(1, np.int32)
-    size = np.zeros(1, np.int64)
+    more = np.zeros(2, np.int64)
     ts = np.zeros(2, np.int64)
     lens = np.zeros(4, np.int64)
     got = 0
     while got < max_messages:
-        n_frames = 0
-        while True:
-            r = call_io(fn_recv, sock, frames[min(n_frames, 3)].ctypes.data, cap,
-                        np.int32(0 if n_frames == 0 else ZMQ_DONTWAIT))
-            if r < 0:
-                err = call_errno(fn_errno)
-                if n_frames == 0:
-                    return got      # timeout (EAGAIN) or interrupted
-                if err == EINTR or err == EAGAIN:
-                    continue
-                return got
-            lens[min(n_frames, 3)] = r
-            n_frames += 1
-            size[0] = 4
-            call_getsockopt(fn_getsockopt, sock, np.int32(ZMQ_RCVMORE), more.ctypes.data, size.ctypes.data)
-            if more[0] == 0:
-                break
+        n_frames, _ = recv_message(fn_recv, fn_getsockopt, fn_errno, sock, frames, lens, 0, more)
+        if n_frames <= 0:
+            return got          # timeout (EAGAIN), interrupted or failed
         t = _now(fn_clock, ts)
         got += 1
         h = 1 if n_frames == 3 else 0
@@ -221,13 +206,7 @@ def receive(fn_recv, fn_getsockopt, fn_errno, fn_clock, sock, frames, times, max
         i = _find(frames[h], hn, _KEY, 0)
         if i < 0:
             continue
-        i += _KEY.shape[0]
-        s = 0
-        nd = 0
-        while i < hn and 48 <= frames[h, i] <= 57:
-            s = s * 10 + (frames[h, i] - 48)
-            i += 1
-            nd += 1
+        s, _, nd = _digits(frames[h], i + _KEY.shape[0], hn)
         if nd == 0 or s >= n_seq:
             continue
         if times[s] != times[s]:

@@ -33,7 +33,7 @@ from ._libzmq import (EAGAIN, EINTR, ZMQ_DONTWAIT, ZMQ_RCVMORE, ZMQ_SNDMORE, cal
 from .wire import TS_TEXT_BYTES
 
 __all__ = ["STOP_FULL", "STOP_EMPTY", "STOP_SLOW", "STOP_ERROR",
-           "recv_samples", "send_posteriors", "send_frames"]
+           "recv_message", "recv_samples", "send_posteriors", "send_frames"]
 
 #: why :func:`recv_samples` returned: ``max_messages`` received, queue empty, a message
 #: for the Python decoder waits in the scratch frames, libzmq error (errno in status[2])
@@ -51,8 +51,27 @@ _MAX_EXP = 276   # 10**(31 + 276) < DBL_MAX: a ts text within TS_TEXT_BYTES is f
 
 # -- receive ---------------------------------------------------------------------------
 @jit
-def _digit(c):
-    return 48 <= c <= 57
+def _digits(h, p, n):
+    """The run of decimal digits at ``h[p:n]``: (the value of its first 18, its end, its
+    length)."""
+    v = 0
+    q = p
+    while q < n and 48 <= h[q] <= 57:
+        if q - p < 18:
+            v = v * 10 + (h[q] - 48)
+        q += 1
+    return v, q, q - p
+
+
+@jit
+def _starts(h, p, n, key):
+    """Whether ``h[p:n]`` begins with ``key``."""
+    if p + key.shape[0] > n:
+        return False
+    for i in range(key.shape[0]):
+        if h[p + i] != key[i]:
+            return False
+    return True
 
 
 @jit
@@ -63,76 +82,80 @@ def _parse_header(h, n, out):
     is a JSON number of at most TS_TEXT_BYTES characters whose exponent keeps it finite.
     On a match returns True with ``out = (seq, ts_start, ts_len)``.
     """
-    if n < 15:
+    if not _starts(h, 0, n, _SEQ_KEY):
         return False
-    for i in range(7):
-        if h[i] != _SEQ_KEY[i]:
+    p = _SEQ_KEY.shape[0]
+    seq, q, nd = _digits(h, p, n)
+    if nd == 0 or nd > 18 or (nd > 1 and h[p] == 48):        # no leading zero
+        return False
+    if not _starts(h, q, n, _TS_KEY):
+        return False
+    start = p = q + _TS_KEY.shape[0]
+    if p < n and h[p] == 45:                                  # -
+        p += 1
+    _, q, nd = _digits(h, p, n)
+    if nd == 0 or (nd > 1 and h[p] == 48):
+        return False
+    p = q
+    if p < n and h[p] == 46:                                  # .
+        _, p, nd = _digits(h, p + 1, n)
+        if nd == 0:
             return False
-    p = 7
-    c = h[p]
-    if c == 48:
-        seq = 0
+    if p < n and (h[p] == 101 or h[p] == 69):                # e E
         p += 1
-    elif 49 <= c <= 57:
-        seq = 0
-        nd = 0
-        while p < n and _digit(h[p]):
-            if nd == 18:
-                return False
-            seq = seq * 10 + (h[p] - 48)
-            nd += 1
-            p += 1
-    else:
-        return False
-    if p + 6 > n:
-        return False
-    for i in range(6):
-        if h[p + i] != _TS_KEY[i]:
-            return False
-    p += 6
-    start = p
-    if p < n and h[p] == 45:           # -
-        p += 1
-    if p >= n:
-        return False
-    if h[p] == 48:
-        p += 1
-    elif 49 <= h[p] <= 57:
-        while p < n and _digit(h[p]):
-            p += 1
-    else:
-        return False
-    if p < n and h[p] == 46:           # .
-        p += 1
-        if p >= n or not _digit(h[p]):
-            return False
-        while p < n and _digit(h[p]):
-            p += 1
-    if p < n and (h[p] == 101 or h[p] == 69):   # e E
-        p += 1
-        negative = False
+        negative = p < n and h[p] == 45
         if p < n and (h[p] == 43 or h[p] == 45):
-            negative = h[p] == 45
             p += 1
-        if p >= n or not _digit(h[p]):
-            return False
-        e = 0
-        nd = 0
-        while p < n and _digit(h[p]):
-            if nd == 3:
-                return False
-            e = e * 10 + (h[p] - 48)
-            nd += 1
-            p += 1
-        if not negative and e > _MAX_EXP:
+        e, p, nd = _digits(h, p, n)
+        if nd == 0 or nd > 3 or (not negative and e > _MAX_EXP):
             return False
     length = p - start
-    if length > TS_TEXT_BYTES or p + 1 != n or h[p] != 125:   # }
+    if length > TS_TEXT_BYTES or p + 1 != n or h[p] != 125:  # }
         return False
     out[0] = seq
     out[1] = start
     out[2] = length
     return True
+
+
+@jit
+def recv_message(fn_recv, fn_getsockopt, fn_errno, sock, frames, frame_len, first_flags, more):
+    """Receive one message frame by frame: frame i into ``frames[min(i, 3)]`` (truncated
+    to the row; its whole size in ``frame_len``), so a fourth row absorbs the frames
+    past the third.
+
+    ``first_flags`` are the ``zmq_recv`` flags of the first frame (``ZMQ_DONTWAIT``, or 0
+    to block); the rest of a message is there at once. ``more`` (int64, (2,)) is scratch
+    for ``ZMQ_RCVMORE`` and its size.
+
+    Returns
+    -------
+    (int, int)
+        ``(n_frames, 0)``; ``(0, errno)`` when no first frame came (``EAGAIN``: none
+        queued); ``(-1, errno)`` when libzmq failed inside a message.
+    """
+    cap = frames.shape[1]
+    n_frames = 0
+    while True:
+        row = min(n_frames, 3)
+        r = call_recv(fn_recv, sock, frames[row].ctypes.data, cap,
+                      np.int32(first_flags if n_frames == 0 else ZMQ_DONTWAIT))
+        if r < 0:
+            err = call_errno(fn_errno)
+            if n_frames == 0:
+                return 0, err
+            if err == EINTR or err == EAGAIN:
+                continue
+            return -1, err
+        frame_len[row] = r
+        n_frames += 1
+        more[0] = 0
+        more[1] = 4            # RCVMORE is an int: 4 bytes, read into the low half
+        if call_getsockopt(fn_getsockopt, sock, np.int32(ZMQ_RCVMORE), more.ctypes.data,
+                           more[1:].ctypes.data) != 0:
+            return -1, call_errno(fn_errno)
+        if more[0] == 0:
+            return n_frames, 0
 
 
 @jit
@@ -175,8 +198,7 @@ def recv_samples(fn_recv, fn_getsockopt, fn_errno, sock, max_messages, n_feature
     """
     cap = frames.shape[1]
     nbytes = 8 * n_features
-    more = np.zeros(1, np.int32)
-    more_size = np.zeros(1, np.int64)
+    more = np.zeros(2, np.int64)
     parsed = np.zeros(3, np.int64)
     k = 0
     n_runs = 0
@@ -184,38 +206,12 @@ def recv_samples(fn_recv, fn_getsockopt, fn_errno, sock, max_messages, n_feature
     status[1] = 0
     status[2] = 0
     while k < max_messages:
-        # -- one message, frame by frame
-        n_frames = 0
-        failed = False
-        while True:
-            row = min(n_frames, 3)
-            r = call_recv(fn_recv, sock, frames[row].ctypes.data, cap, np.int32(ZMQ_DONTWAIT))
-            if r < 0:
-                err = call_errno(fn_errno)
-                if n_frames == 0:
-                    status[0] = STOP_EMPTY if err == EAGAIN or err == EINTR else STOP_ERROR
-                    status[2] = 0 if err == EAGAIN or err == EINTR else err
-                    failed = True
-                    break
-                if err == EINTR or err == EAGAIN:   # the rest of a message is there at once
-                    continue
-                status[0] = STOP_ERROR
-                status[2] = err
-                failed = True
-                break
-            frame_len[row] = r
-            n_frames += 1
-            more_size[0] = 4
-            more[0] = 0
-            if call_getsockopt(fn_getsockopt, sock, np.int32(ZMQ_RCVMORE), more.ctypes.data,
-                               more_size.ctypes.data) != 0:
-                status[0] = STOP_ERROR
-                status[2] = call_errno(fn_errno)
-                failed = True
-                break
-            if more[0] == 0:
-                break
-        if failed:
+        n_frames, err = recv_message(fn_recv, fn_getsockopt, fn_errno, sock, frames, frame_len,
+                                     ZMQ_DONTWAIT, more)
+        if n_frames <= 0:
+            idle = n_frames == 0 and (err == EAGAIN or err == EINTR)
+            status[0] = STOP_EMPTY if idle else STOP_ERROR
+            status[2] = 0 if idle else err
             break
         # -- canonical?
         # (a frame longer than cap was truncated: MAXMSGSIZE keeps that from happening, and
