@@ -26,22 +26,14 @@ __all__ = ["tanh", "sigmoid", "tanh_inplace", "tanh_bias_inplace"]
 
 
 @intrinsic
-def _float_bits(typingctx, x):
-    """The IEEE-754 bit pattern of a float64 as an int64 (a bit cast, no conversion)."""
-    sig = types.int64(types.float64)
+def _bitcast(typingctx, x, to):
+    """The 64-bit scalar ``x`` reinterpreted as type ``to`` (``np.int64`` or
+    ``np.float64``): its IEEE-754 bit pattern, no conversion."""
+    target = to.instance_type
+    sig = target(x, to)
 
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.int64))
-    return sig, codegen
-
-
-@intrinsic
-def _bits_float(typingctx, i):
-    """The float64 whose IEEE-754 bit pattern is the int64 ``i`` (a bit cast)."""
-    sig = types.float64(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
+        return builder.bitcast(args[0], context.get_value_type(target))
     return sig, codegen
 
 
@@ -101,7 +93,7 @@ def _exp_parts(y):
     p = _fmadd(r4, _fmadd(r2, _P4, _P3), _fmadd(r2, _P2, _P1)) + r4 * r4 * _P5
     c = _fmadd(-r2, p, r)
     # 2**n: the low bits of t hold n (two's complement); the shift drops all the rest
-    s = _bits_float((_float_bits(t) + 1023) << 52)
+    s = _bitcast((_bitcast(t, np.int64) + 1023) << 52, np.float64)
     return s, 2.0 - c, r
 
 

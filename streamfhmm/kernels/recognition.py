@@ -135,6 +135,33 @@ def _drho_db(rho):
     return (1.0 - _EPS_RHO) - rho * rho / (1.0 - _EPS_RHO)
 
 
+@jit(inline="always")
+def _heads(pre, E, out_theta, out_rho):
+    """θ_m = clip(pre_{2m} + E_{2m}), ρ_m = clip(pre_{2m+1} + E_{2m+1}) for one window
+    (MATH.md §3: the output layer's pre-activations, interleaved θ, ρ)."""
+    for m in range(out_theta.shape[0]):
+        out_theta[m] = clip_theta(pre[2 * m] + E[2 * m])
+        out_rho[m] = clip_rho(pre[2 * m + 1] + E[2 * m + 1])
+
+
+@jit(inline="always")
+def _group_heads(weights, oV, oE, G, P, Hg, z, out_theta, out_rho):
+    """The heads of one window when each of the G groups has its own hidden units
+    (``z``: the G·Hg activations): output j = g·P + p reads group g's units only."""
+    for g in range(G):
+        for p in range(P):
+            j = g * P + p
+            vo = oV + j * Hg
+            acc = weights[oE + j]
+            for h in range(Hg):
+                acc += weights[vo + h] * z[g * Hg + h]
+            m = j // 2
+            if j % 2 == 0:
+                out_theta[m] = clip_theta(acc)
+            else:
+                out_rho[m] = clip_rho(acc)
+
+
 @jit
 def consecutive_windows(Z, window, mean, scale, zs, out):
     """The standardised windows of consecutive rows: ``out[i]`` stacks rows
@@ -244,7 +271,6 @@ def forward_batch(Xw, weights, layout, out_theta, out_rho, hidden):
     block's activations are still in the L2 cache.
     """
     n = Xw.shape[0]
-    M = layout[LAYOUT_N_CHAINS]
     G = layout[LAYOUT_N_GROUPS]
     Hg = layout[LAYOUT_N_HIDDEN]
     P = layout[LAYOUT_N_HEADS]
@@ -267,23 +293,10 @@ def forward_batch(Xw, weights, layout, out_theta, out_rho, hidden):
             pb = pre[:b1 - b0]
             np.dot(z, V.T, pb)
             for i in range(b1 - b0):
-                for m in range(M):
-                    out_theta[b0 + i, m] = clip_theta(pb[i, 2 * m] + E[2 * m])
-                    out_rho[b0 + i, m] = clip_rho(pb[i, 2 * m + 1] + E[2 * m + 1])
+                _heads(pb[i], E, out_theta[b0 + i], out_rho[b0 + i])
         else:
             for i in range(b0, b1):
-                for g in range(G):
-                    for p in range(P):
-                        j = g * P + p
-                        vo = oV + j * Hg
-                        acc = weights[oE + j]
-                        for h in range(Hg):
-                            acc += weights[vo + h] * hidden[i, g * Hg + h]
-                        m = j // 2
-                        if j % 2 == 0:
-                            out_theta[i, m] = clip_theta(acc)
-                        else:
-                            out_rho[i, m] = clip_rho(acc)
+                _group_heads(weights, oV, oE, G, P, Hg, hidden[i], out_theta[i], out_rho[i])
 
 
 @jit
@@ -387,7 +400,6 @@ def forward_one(window_buf, start, weights, layout, mean, scale, scratch, out_th
     -----
     MATH.md §3. Allocates nothing; agrees with :func:`forward_batch` to rounding.
     """
-    M = layout[LAYOUT_N_CHAINS]
     D = layout[LAYOUT_N_FEATURES]
     G = layout[LAYOUT_N_GROUPS]
     Hg = layout[LAYOUT_N_HIDDEN]
@@ -416,19 +428,6 @@ def forward_one(window_buf, start, weights, layout, mean, scale, scratch, out_th
         pre = scratch[K + GH:K + GH + P]
         V = weights[oV:oV + P * Hg].reshape((P, Hg))
         np.dot(V, z, pre)
-        for m in range(M):
-            out_theta[m] = clip_theta(pre[2 * m] + weights[oE + 2 * m])
-            out_rho[m] = clip_rho(pre[2 * m + 1] + weights[oE + 2 * m + 1])
+        _heads(pre, weights[oE:oE + P], out_theta, out_rho)
     else:
-        for g in range(G):
-            for p in range(P):
-                j = g * P + p
-                vo = oV + j * Hg
-                acc = weights[oE + j]
-                for h in range(Hg):
-                    acc += weights[vo + h] * z[g * Hg + h]
-                m = j // 2
-                if j % 2 == 0:
-                    out_theta[m] = clip_theta(acc)
-                else:
-                    out_rho[m] = clip_rho(acc)
+        _group_heads(weights, oV, oE, G, P, Hg, z, out_theta, out_rho)

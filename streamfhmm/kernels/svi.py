@@ -121,6 +121,13 @@ def assemble_model_grad(vec, M, D, gW, gL, g_alpha, g_beta, g_logpi, out):
         out[k + M + m] = g_beta[m] + g0 * (1.0 - b) - (g0 + g1) * b * (1.0 - b) / s
 
 
+@jit(inline="always")
+def _l_diag(k0, i):
+    """Index of ``log L_ii`` in a flat vector whose packed lower triangle (row by row)
+    starts at ``k0``: row i starts at ``k0 + i (i + 1) / 2``, its diagonal is its last."""
+    return k0 + i * (i + 1) // 2 + i
+
+
 @jit
 def constrain_model_grad(grad, M, D, cov_mode):
     """Map a full model gradient to the coordinates of a constrained covariance, in place.
@@ -161,11 +168,8 @@ def constrain_model_grad(grad, M, D, cov_mode):
                 grad[k] = 0.0
             k += 1
     if cov_mode == COV_SPHERICAL:
-        k = k0
         for i in range(D):
-            k += i  # skip the row's off-diagonal entries
-            grad[k] = total
-            k += 1
+            grad[_l_diag(k0, i)] = total
 
 
 @jit
@@ -209,11 +213,8 @@ def constrain_model(vec, sq, M, D, cov_mode):
         lam = 0.5 * math.log(trace / D)
         s = 0.0
         if sq.shape[0] > 0:
-            k = k0
             for i in range(D):
-                k += i
-                s += sq[k]
-                k += 1
+                s += sq[_l_diag(k0, i)]
             s /= D
         k = k0
         for i in range(D):
