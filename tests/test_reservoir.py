@@ -8,21 +8,30 @@ import pytest
 from streamfhmm.stream.reservoir import Reservoir
 
 
-def _run(capacity, n, half_life=None, stride=1, seed=0):
+def _run(capacity, n, half_life=None, stride=1, seed=0, batch=None):
+    """Offer segments 0 … n-1 (segment t holds t): one by one, or ``batch`` at a time
+    through ``offer_many``."""
     r = Reservoir(capacity, 1, 1, half_life=half_life, stride=stride, random_state=seed)
-    for t in range(n):
-        r.offer(np.full((1, 1), float(t)), t)
+    if batch is None:
+        for t in range(n):
+            r.offer(np.full((1, 1), float(t)), t)
+        return r
+    for t0 in range(0, n, batch):
+        ts = list(range(t0, min(n, t0 + batch)))
+        r.offer_many([np.full((1, 1), float(t)) for t in ts], ts)
     return r
 
 
-def test_algorithm_r_inclusion_is_uniform():
-    seed, trials, C, n = 1, 4000, 5, 40
+@pytest.mark.parametrize("seed,batched", [(1, False), (3, True)])
+def test_algorithm_r_inclusion_is_uniform(seed, batched):
+    trials, C, n = 4000, 5, 40
     print(f"seed={seed}")
     rng = np.random.default_rng(seed)
     counts = np.zeros(n)
     for _ in range(trials):
-        r = _run(C, n, seed=rng)
+        r = _run(C, n, seed=rng, batch=int(rng.integers(1, 15)) if batched else None)
         assert r.size == C and r.n_seen == n
+        np.testing.assert_array_equal(r.data[:C, 0, 0], r.end[:C])   # segment and end together
         counts[r.end[:r.size]] += 1
     p = counts / trials
     # every item is kept with probability C / n = 0.125; binomial sd ≈ 0.0052
@@ -31,28 +40,41 @@ def test_algorithm_r_inclusion_is_uniform():
     assert abs(p[:10].mean() - p[-10:].mean()) < 0.015
 
 
-def test_reservoir_fills_in_order():
-    r = _run(4, 3)
+@pytest.mark.parametrize("batch", [None, 37])
+def test_reservoir_fills_in_order(batch):
+    r = _run(4, 3, batch=batch)
     assert r.size == 3
     np.testing.assert_array_equal(r.end[:3], [0, 1, 2])
     np.testing.assert_array_equal(r.data[:3, 0, 0], [0, 1, 2])
 
 
-@pytest.mark.parametrize("half_life,stride", [(200.0, 1), (600.0, 5)])
-def test_recency_survival_halves_every_half_life(half_life, stride):
-    seed, C = 2, 50
+def test_offer_many_counts_what_it_stored():
+    r = Reservoir(4, 1, 1, random_state=0)
+    assert r.offer_many([np.full((1, 1), float(t)) for t in range(6)], list(range(6))) >= 4
+    assert r.size == 4 and r.n_seen == 6
+
+
+@pytest.mark.parametrize("seed,half_life,stride,batch", [(2, 200.0, 1, 1), (2, 600.0, 5, 1), (4, 200.0, 1, 5)])
+def test_recency_survival_halves_every_half_life(seed, half_life, stride, batch):
+    C = 50
     print(f"seed={seed}")
     r = Reservoir(C, 1, 1, half_life=half_life, stride=stride, random_state=seed)
     survivors = []
     n_offers = 4000
-    for i in range(n_offers):
-        r.offer(np.zeros((1, 1)), i * stride)
-        if i >= 1000 and i % 5 == 0:
-            survivors.append((i * stride - r.end[:r.size]).copy())
+    for i0 in range(0, n_offers, batch):
+        ts = [i * stride for i in range(i0, i0 + batch)]
+        if batch == 1:
+            r.offer(np.zeros((1, 1)), ts[0])
+        else:
+            r.offer_many([np.zeros((1, 1))] * batch, ts)
+        i = i0 + batch - 1
+        if i >= 1000 and (i + 1) % 5 == 0:
+            survivors.append((ts[-1] - r.end[:r.size]).copy())
     ages = np.concatenate(survivors)
     # a full reservoir keeps each stored segment with probability 2^(-stride/half_life)
     # per offer: the ages (in samples) of the stored segments are geometric with that
-    # survival, so their median is about one half-life
+    # survival, so their median is about one half-life (sampled after a batch of 5: plus
+    # up to 4 samples)
     q = 2.0 ** (-stride / half_life)
     mean_age = stride * q / (1 - q)
     assert abs(ages.mean() - mean_age) / mean_age < 0.1
@@ -97,52 +119,3 @@ def test_errors():
     arrays["data"] = arrays["data"][:2]
     with pytest.raises(ValueError, match="do not match"):
         Reservoir.from_arrays(arrays)
-
-
-def _run_many(capacity, n, half_life=None, stride=1, seed=0, batch=37):
-    r = Reservoir(capacity, 1, 1, half_life=half_life, stride=stride, random_state=seed)
-    for t0 in range(0, n, batch):
-        ts = list(range(t0, min(n, t0 + batch)))
-        r.offer_many([np.full((1, 1), float(t)) for t in ts], ts)
-    return r
-
-
-def test_offer_many_keeps_algorithm_r_uniform():
-    seed, trials, C, n = 3, 4000, 5, 40
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
-    counts = np.zeros(n)
-    for _ in range(trials):
-        r = _run_many(C, n, seed=rng, batch=int(rng.integers(1, 15)))
-        assert r.size == C and r.n_seen == n
-        np.testing.assert_array_equal(r.data[:C, 0, 0], r.end[:C])   # segment and end together
-        counts[r.end[:r.size]] += 1
-    p = counts / trials
-    np.testing.assert_allclose(p, C / n, atol=0.025)
-    assert abs(p[:10].mean() - p[-10:].mean()) < 0.015
-
-
-def test_offer_many_fills_in_order_then_samples():
-    r = _run_many(4, 3)
-    np.testing.assert_array_equal(r.end[:3], [0, 1, 2])
-    r = Reservoir(4, 1, 1, random_state=0)
-    assert r.offer_many([np.full((1, 1), float(t)) for t in range(6)], list(range(6))) >= 4
-    assert r.size == 4 and r.n_seen == 6
-
-
-def test_offer_many_recency_survival_halves_every_half_life():
-    seed, C, half_life, stride = 4, 50, 200.0, 1
-    print(f"seed={seed}")
-    r = Reservoir(C, 1, 1, half_life=half_life, stride=stride, random_state=seed)
-    survivors = []
-    for b in range(800):
-        ts = [5 * b + i for i in range(5)]
-        r.offer_many([np.zeros((1, 1))] * 5, ts)
-        if b >= 200:
-            survivors.append((ts[-1] - r.end[:r.size]).copy())
-    ages = np.concatenate(survivors)
-    q = 2.0 ** (-stride / half_life)
-    mean_age = stride * q / (1 - q)
-    # sampled just after a batch: the ages are those of offer() plus up to 4 samples
-    assert abs(ages.mean() - mean_age) / mean_age < 0.1
-    assert abs(np.median(ages) - half_life) / half_life < 0.15
