@@ -483,7 +483,7 @@ class StreamService:
             tick = min(tick, self.heartbeat_interval / 2)
         last_tick = time.monotonic()
         last_read = 0.0
-        last_count = 0   # messages of the last read (roughly: > 1 means they queue up)
+        last_count = 0   # messages of the last read (> 1: they queue up)
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(int(tick * 1000)))
@@ -496,7 +496,7 @@ class StreamService:
                             time.sleep(wait)
                     last_read = time.perf_counter()
                     items = self.source.recv_runs(self.batch_size, copy=False)
-                    last_count = len(items[0]) if len(items) == 1 and type(items[0]) is SampleRun else len(items)
+                    last_count = sum(len(it) if type(it) is SampleRun else 1 for it in items)
                     self.process(items)
                 now = time.monotonic()
                 if now - last_tick >= tick:
