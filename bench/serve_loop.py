@@ -1,17 +1,22 @@
-"""CPU cost per message of the serve loop, in one process: the compiled wire path
-against the pure pyzmq path measured in the same run.
+"""CPU cost per message of the serve loop, in one process: the serving lane, the
+compiled wire path and the pure pyzmq path, measured in the same run.
 
     python bench/serve_loop.py [--messages 40000] [--batches 1 10 256] [--format binary]
 
 A publisher queues ``--messages`` samples on a real loopback TCP socket; once they are
 all queued, a :class:`~streamfhmm.service.StreamService` (learning off) reads them
-``batch`` at a time — what one wake-up of ``serve`` handles — pushes them through its
-engine and publishes the posteriors to a connected subscriber. Printed: microseconds of
-CPU per message for each read size, with the compiled path (``ZmqSource.recv_runs`` /
-``ZmqSink.send_block`` through :mod:`streamfhmm.io.fastwire`) and with the pure pyzmq
-path (``fast=False``: ``recv_ready`` and ``send_batch``), and their ratio. No network
-peer and no load generator share the processor: this is the service's own cost, the
-end-to-end figures are bench/zmq.py's.
+``batch`` at a time (``StreamService.read``, what one wake-up of ``serve`` does), pushes
+them through its engine and publishes the posteriors to a connected subscriber. Printed:
+microseconds of CPU per message for each read size, for
+
+* the serving lane (:mod:`streamfhmm.io.lane`: receive, recognition and publication in
+  one compiled call per read; binary output only),
+* the compiled wire path with the lane off (``ZmqSource.recv_runs``, the engine's
+  ``push_many``, ``ZmqSink.send_block``: three compiled calls and the Python between),
+* the pure pyzmq path (``fast=False``: ``recv_ready`` and ``send_batch``),
+
+and the ratios. No network peer and no load generator share the processor: this is the
+service's own cost, the end-to-end figures are bench/zmq.py's.
 """
 from __future__ import annotations
 
@@ -43,7 +48,10 @@ def _queue(pub, X, lo, hi):
     time.sleep(0.5)   # let the I/O threads move the queue before the timed reads
 
 
-def measure(model, X, fmt, fast, batch, n):
+def measure(model, X, fmt, path, batch, n):
+    """CPU µs per message of ``StreamService.read`` on ``path``: "lane", "compiled" or
+    "pyzmq"."""
+    fast = path != "pyzmq"
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.SNDHWM, 0)
@@ -54,8 +62,8 @@ def measure(model, X, fmt, fast, batch, n):
     out.connect(sink.endpoint)
     out.subscribe(b"")
     source = ZmqSource(f"tcp://127.0.0.1:{port}", X.shape[1], hwm=0, context=ctx, fast=fast)
-    svc = StreamService(source, sink, lambda t: StreamEngine(model, learn=False), heartbeat_interval=0)
-    read = (lambda: source.recv_runs(batch, copy=False)) if fast else (lambda: source.recv_ready(batch))
+    svc = StreamService(source, sink, lambda t: StreamEngine(model, learn=False), heartbeat_interval=0,
+                        batch_size=batch, lane=path == "lane")
     try:
         assert sink.wait_for_subscribers(1, timeout=30)
         time.sleep(0.2)
@@ -63,14 +71,14 @@ def measure(model, X, fmt, fast, batch, n):
         _queue(pub, X, 0, warm)                      # compile / load, open the stream
         while svc.counters["samples"] < warm:
             if source.socket.poll(100):
-                svc.process(read())
+                svc.read()
         _queue(pub, X, warm, warm + n)
         cpu = 0.0
         while svc.counters["samples"] < warm + n:
             if not source.socket.poll(100):          # (not counted: serve blocks there)
                 continue
             c0 = time.thread_time()
-            svc.process(read())
+            svc.read()
             cpu += time.thread_time() - c0
     finally:
         svc.shutdown()
@@ -100,13 +108,19 @@ def main(argv=None):
     rows = []
     for b in args.batches:
         n = min(args.messages, max(2000, 400 * b))   # one-message reads are slow: fewer of them
-        py = measure(model, X, args.format, False, b, n)
-        c = measure(model, X, args.format, True, b, n)
-        rows.append({"messages per read": b, "pyzmq path us/msg": py, "compiled path us/msg": c,
-                     "speed-up": py / c, "compiled msg/s per core": 1e6 / c})
-    table(rows, ["messages per read", "pyzmq path us/msg", "compiled path us/msg", "speed-up",
-                 "compiled msg/s per core"])
-
+        py = measure(model, X, args.format, "pyzmq", b, n)
+        c = measure(model, X, args.format, "compiled", b, n)
+        row = {"messages per read": b, "pyzmq path us/msg": py, "compiled path us/msg": c,
+               "compiled / pyzmq": py / c}
+        if args.format == "binary":
+            lane = measure(model, X, args.format, "lane", b, n)
+            row.update({"lane us/msg": lane, "lane / compiled": c / lane, "lane msg/s per core": 1e6 / lane})
+        rows.append(row)
+    cols = ["messages per read", "pyzmq path us/msg", "compiled path us/msg", "compiled / pyzmq"]
+    if args.format == "binary":
+        cols += ["lane us/msg", "lane / compiled", "lane msg/s per core"]
+    print("# x / y: speed-up of x over y (their CPU per message, same run)")
+    table(rows, cols)
 
 if __name__ == "__main__":
     main()

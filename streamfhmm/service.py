@@ -54,8 +54,11 @@ import time
 import numpy as np
 import zmq
 
+from .io.fastwire import STOP_ERROR, STOP_SLOW
+from .io.lane import LANE_STATUS, serve_lane
 from .io.wire import TS_TEXT_BYTES, Heartbeat, SampleRun, ts_from_text, ts_text
 from .io.zmq import RateLimitedLog, ZmqSink, ZmqSource
+from .stream.engine import _CHUNK as _ENGINE_CHUNK
 from .stream.engine import PosteriorBatch
 
 __all__ = ["StreamService", "CheckpointError", "start_metrics_server", "MetricsServer",
@@ -66,6 +69,11 @@ logger = logging.getLogger(__name__)
 _RECORD_TAG = "streamfhmm.service-stream"
 _RECORD_VERSION = 1
 _RECORD_RE = re.compile(r"^stream-([0-9a-f]*|h[0-9a-f]{40})\.json$")
+
+
+#: messages per general-path read of a lane service waiting for its lane to apply again
+#: (after the end of a sequence, before its first sample opens the next one)
+_GENERAL_READ = 8
 
 
 class CheckpointError(ValueError):
@@ -144,11 +152,15 @@ class _Pending:
             self.append(t, seq, ts)
 
     def append_run(self, t: int, run: SampleRun):
-        k = len(run)
+        self.append_arrays(t, run.seq, run.ts_text, run.ts_len)
+
+    def append_arrays(self, t: int, seq, text, tlen):
+        """Positions t … t+k-1: sequence numbers, time-stamp texts and their lengths."""
+        k = seq.shape[0]
         i = self._room(int(t), k)
-        self.seq[i:i + k] = run.seq
-        self.text[i:i + k] = run.ts_text
-        self.tlen[i:i + k] = run.ts_len
+        self.seq[i:i + k] = seq
+        self.text[i:i + k] = text
+        self.tlen[i:i + k] = tlen
 
     def _drop_before(self, t: int):
         k = min(self.n, max(0, t - self.t0))
@@ -193,7 +205,7 @@ class _Pending:
 class _Stream:
     __slots__ = ("topic", "name", "engine", "pending", "t_next", "last_seq", "last_out",
                  "since_checkpoint", "generation", "resumed_seq", "samples", "posteriors",
-                 "lost_on_resume", "ended")
+                 "lost_on_resume", "ended", "lane")
 
     def __init__(self, topic: bytes, engine):
         self.topic = topic
@@ -210,6 +222,7 @@ class _Stream:
         self.posteriors = 0
         self.lost_on_resume = 0
         self.ended = False
+        self.lane = None            # the serving lane's output arrays, made at its first use
 
 
 def _stream_stem(topic: bytes) -> str:
@@ -330,13 +343,20 @@ class StreamService:
         waiting at most ``batch_wait``, and the per-wake-up cost (system calls, a compiled
         call each way, the stream bookkeeping) is divided among them. A message that finds
         the service idle is handled at once. 0 reads on every wake-up.
+    lane : bool
+        Serve a single stream through the compiled serving lane
+        (:mod:`streamfhmm.io.lane`) when the wire path allows it (compiled receive and
+        send, binary output, an engine with the block path): one compiled call per read
+        for receive, recognition and publication. False: always the general path (same
+        messages, more interpreter work per read).
     """
 
     def __init__(self, source: ZmqSource, sink: ZmqSink, engine_factory, *, resume_engine=None,
                  checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
                  heartbeat_interval: float = 1.0, status_interval: float = 0.0, status=None,
                  max_streams: int = 1024, wait_subscribers: int = 0, batch_size: int = 256,
-                 batch_threshold: int = 4, log_interval: float = 10.0, batch_wait: float = 500e-6):
+                 batch_threshold: int = 4, log_interval: float = 10.0, batch_wait: float = 500e-6,
+                 lane: bool = True):
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1 sample, got {checkpoint_every}")
         if checkpoint_every is not None and checkpoint_dir is None:
@@ -360,6 +380,8 @@ class StreamService:
             raise ValueError(f"batch_wait must be in [0, 1] seconds, got {batch_wait}")
         self.batch_wait = float(batch_wait)
         self._block = None  # whether the engines have push_many (known at the first stream)
+        self._lane = bool(lane) and source.fast and sink.fast and sink.format == "binary"
+        self._lane_status = np.zeros(len(LANE_STATUS), np.int64)
         self._log = RateLimitedLog(logger, log_interval)
         self._stop = threading.Event()
         self.streams: dict[bytes, _Stream] = {}
@@ -495,9 +517,7 @@ class StreamService:
                         if wait > 0:
                             time.sleep(wait)
                     last_read = time.perf_counter()
-                    items = self.source.recv_runs(self.batch_size, copy=False)
-                    last_count = sum(len(it) if type(it) is SampleRun else 1 for it in items)
-                    self.process(items)
+                    last_count = self.read()
                 now = time.monotonic()
                 if now - last_tick >= tick:
                     last_tick = now
@@ -509,6 +529,93 @@ class StreamService:
         finally:
             self.shutdown()
         return self.metrics()
+
+    def read(self) -> int:
+        """Handle the messages waiting (up to ``batch_size``), without blocking; returns
+        how many were read.
+
+        A service of one stream on the compiled wire path reads through the serving lane;
+        a message the lane does not take (another topic, a break in the sequence, a
+        heartbeat, anything for the Python decoder) is handled on the general path
+        (``recv_runs`` then :meth:`process`), and the lane goes on after it.
+        """
+        left = self.batch_size
+        n = 0
+        while left > 0:
+            lane = self._lane and len(self.streams) == 1
+            if lane:
+                k, done = self._lane_read(next(iter(self.streams.values())), left)
+                n += k
+                left -= k
+                if done:
+                    break
+                if k:
+                    continue
+            # the general path: a few messages at a time while the lane may take over again
+            items = self.source.recv_runs(min(left, _GENERAL_READ) if lane else left, copy=False)
+            if not items:
+                break
+            self.process(items)
+            m = sum(len(it) if type(it) is SampleRun else 1 for it in items)
+            n += m
+            left -= m
+            if not lane:
+                break
+        return n
+
+    def _lane_read(self, st: _Stream, max_messages: int):
+        """The serving lane on stream ``st``: ``(messages read, done)``; ``done`` when
+        the queue was emptied or ``max_messages`` read (nothing for the general path)."""
+        engine = st.engine
+        state = engine._lane_state() if self._block and hasattr(engine, "_lane_state") else None
+        if state is None or st.resumed_seq is not None or st.ended or st.last_seq < 0:
+            return 0, False
+        source, sink = self.source, self.sink
+        sst = source.streams.get(st.topic)
+        pend = st.pending
+        t = state[2]
+        if sst is None or sst.last_seq != st.last_seq or st.t_next != t or (pend.n and pend.t0 + pend.n != t):
+            return 0, False   # (the general path's bookkeeping disagrees: let it handle this)
+        K = min(max_messages, _ENGINE_CHUNK)
+        lane = st.lane
+        if lane is None or lane[0].shape[0] < K:
+            M, D = state[11].shape[0] - 1, source.n_features   # (W is (M + 1, D))
+            lane = st.lane = (np.empty(K, np.int64), np.empty((K, M)), np.empty((K, M)), np.empty((K, D)),
+                              np.empty(K, np.int64), np.empty(K, np.int64), np.frombuffer(st.topic, np.uint8))
+        tau, theta, rho, mean, version, flags, topic = lane
+        payload = sink.payload_scratch(theta.shape[1], mean.shape[1])
+        b = source.buffers(K)
+        lib = source._lib
+        status = self._lane_status
+        k = serve_lane(lib.recv, lib.getsockopt, lib.errno, lib.send, source.socket.underlying,
+                       sink.socket.underlying, K, source.n_features, topic, st.last_seq + 1,
+                       b["frames"], b["frame_len"], b["seq"], b["ts_text"], b["ts_len"], b["values"],
+                       b["value_bytes"], pend.seq, pend.text, pend.tlen, pend.head, pend.t0, pend.n,
+                       *state, tau, theta, rho, mean, version, flags, sink._header, payload,
+                       sink._status, status)
+        why, n_frames, err, ne, sent = status.tolist()
+        if k:
+            last = st.last_seq + k
+            sst.last_seq = last
+            sst.samples += k
+            sst.ended = False
+            engine._lane_commit(b["values"][:k], t, ne)
+            pend.append_arrays(t, b["seq"][:k], b["ts_text"][:k], b["ts_len"][:k])
+            if ne:
+                pend._drop_before(int(tau[ne - 1]) + 1)
+            self._accepted(st, last, k)
+            if ne:
+                sink._count(sent)   # (raises on a send error, like send_block)
+                self._published(st, ne)
+            self._maybe_checkpoint(st, k)
+        if why == STOP_ERROR:
+            raise zmq.ZMQError(err)
+        if why == STOP_SLOW:
+            item = source.feed_scratch(n_frames)
+            if item is not None:
+                self.process([item])
+            return k + 1, False
+        return k, True
 
     def process(self, items):
         """Handle decoded messages (samples, runs of samples and heartbeats) from the

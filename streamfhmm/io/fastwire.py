@@ -196,8 +196,6 @@ def recv_samples(fn_recv, fn_getsockopt, fn_errno, sock, max_messages, n_feature
     int
         k, the canonical samples decoded into rows ``0 .. k-1``.
     """
-    cap = frames.shape[1]
-    nbytes = 8 * n_features
     more = np.zeros(2, np.int64)
     parsed = np.zeros(3, np.int64)
     k = 0
@@ -209,34 +207,9 @@ def recv_samples(fn_recv, fn_getsockopt, fn_errno, sock, max_messages, n_feature
         n_frames, err = recv_message(fn_recv, fn_getsockopt, fn_errno, sock, frames, frame_len,
                                      ZMQ_DONTWAIT, more)
         if n_frames <= 0:
-            idle = n_frames == 0 and (err == EAGAIN or err == EINTR)
-            status[0] = STOP_EMPTY if idle else STOP_ERROR
-            status[2] = 0 if idle else err
+            _stop_no_message(n_frames, err, status)
             break
-        # -- canonical?
-        # (a frame longer than cap was truncated: MAXMSGSIZE keeps that from happening, and
-        # the compiled path never reads past cap whatever the lengths say)
-        fast = n_frames == 3 and frame_len[0] <= 255 and frame_len[1] < cap and frame_len[2] == nbytes
-        if fast:
-            for i in range(frame_len[0]):
-                if frames[0, i] >= 128:      # non-ASCII topics: UTF-8 checked in Python
-                    fast = False
-                    break
-        if fast:
-            fast = _parse_header(frames[1], frame_len[1], parsed)
-        if fast:
-            for i in range(nbytes):
-                value_bytes[k, i] = frames[2, i]
-            n_missing = 0
-            for j in range(n_features):
-                v = values[k, j]
-                if v != v:
-                    n_missing += 1
-                elif v - v != 0.0:           # an infinity
-                    fast = False
-            if n_missing == n_features:
-                fast = False
-        if not fast:
+        if not _decode_canonical(frames, frame_len, n_frames, n_features, values[k], value_bytes[k], parsed):
             status[0] = STOP_SLOW
             status[1] = n_frames
             break
@@ -244,11 +217,7 @@ def recv_samples(fn_recv, fn_getsockopt, fn_errno, sock, max_messages, n_feature
         topic_len[k] = tl
         for i in range(tl):
             topic[k, i] = frames[0, i]
-        seq[k] = parsed[0]
-        start = parsed[1]
-        ts_len[k] = parsed[2]
-        for i in range(parsed[2]):
-            ts_text[k, i] = frames[1, start + i]
+        _keep_seq_ts(frames, parsed, k, seq, ts_text, ts_len)
         new_run = k == 0 or seq[k] != seq[k - 1] + 1 or topic_len[k] != topic_len[k - 1]
         if not new_run:
             for i in range(tl):
@@ -262,6 +231,55 @@ def recv_samples(fn_recv, fn_getsockopt, fn_errno, sock, max_messages, n_feature
     run_start[n_runs] = k
     status[3] = n_runs
     return k
+
+
+@jit
+def _stop_no_message(n_frames, err, status):
+    """``status[0]``, ``status[2]`` after :func:`recv_message` returned no message:
+    STOP_EMPTY (nothing queued, or a signal) or STOP_ERROR with the errno."""
+    idle = n_frames == 0 and (err == EAGAIN or err == EINTR)
+    status[0] = STOP_EMPTY if idle else STOP_ERROR
+    status[2] = 0 if idle else err
+
+
+@jit
+def _decode_canonical(frames, frame_len, n_frames, n_features, values_row, bytes_row, parsed):
+    """Whether the message in the scratch ``frames`` is the canonical input: three frames,
+    an ASCII topic of at most 255 bytes, the header :func:`_parse_header` matches
+    (``parsed`` receives seq, ts start, ts length) and D = ``n_features`` values, finite
+    or NaN and not all NaN, which are copied into ``values_row`` (through its bytes,
+    ``bytes_row``)."""
+    nbytes = 8 * n_features
+    # (a frame longer than the scratch was truncated: MAXMSGSIZE keeps that from
+    # happening, and nothing here reads past the scratch whatever the lengths say)
+    if not (n_frames == 3 and frame_len[0] <= 255 and frame_len[1] < frames.shape[1]
+            and frame_len[2] == nbytes):
+        return False
+    for i in range(frame_len[0]):
+        if frames[0, i] >= 128:      # non-ASCII topics: UTF-8 checked in Python
+            return False
+    if not _parse_header(frames[1], frame_len[1], parsed):
+        return False
+    for i in range(nbytes):
+        bytes_row[i] = frames[2, i]
+    n_missing = 0
+    for j in range(n_features):
+        v = values_row[j]
+        if v != v:
+            n_missing += 1
+        elif v - v != 0.0:           # an infinity
+            return False
+    return n_missing < n_features
+
+
+@jit
+def _keep_seq_ts(frames, parsed, k, seq, ts_text, ts_len):
+    """Row k of ``seq``, ``ts_text``, ``ts_len`` from a decoded canonical header."""
+    seq[k] = parsed[0]
+    start = parsed[1]
+    ts_len[k] = parsed[2]
+    for i in range(parsed[2]):
+        ts_text[k, i] = frames[1, start + i]
 
 
 # -- send ------------------------------------------------------------------------------
@@ -338,48 +356,60 @@ def send_posteriors(fn_send, fn_errno, sock, topic, seq, t, ts_text, ts_len, ver
     int
         Messages sent.
     """
-    n = seq.shape[0]
-    M = theta.shape[1]
-    D = mean.shape[1]
     status[0] = 0
     status[1] = 0
     sent = 0
-    flags_more = np.int32(ZMQ_SNDMORE)
-    for k in range(n):
-        p = _put(header, 0, _SEQ_KEY)
-        p = _put_int(header, p, seq[k])
-        p = _put(header, p, _OUT_T)
-        p = _put_int(header, p, t[k])
-        p = _put(header, p, _OUT_TS)
-        for i in range(ts_len[k]):
-            header[p + i] = ts_text[k, i]
-        p += ts_len[k]
-        p = _put(header, p, _OUT_VERSION)
-        p = _put_int(header, p, version[k])
-        p = _put(header, p, _OUT_FLAGS)
-        p = _put_int(header, p, flags[k])
-        p = _put(header, p, _OUT_CHAINS)
-        p = _put_int(header, p, M)
-        header[p] = 125
-        p += 1
-        for j in range(M):
-            payload[j] = theta[k, j]
-            payload[M + j] = rho[k, j]
-        for j in range(D):
-            payload[2 * M + j] = mean[k, j]
-        r = _send_frame(fn_send, fn_errno, sock, topic.ctypes.data, topic.shape[0], flags_more, True, status)
+    for k in range(seq.shape[0]):
+        r = _send_posterior(fn_send, fn_errno, sock, topic, seq[k], t[k], ts_text[k], ts_len[k],
+                            version[k], flags[k], theta[k], rho[k], mean[k], header, payload, status)
         if r < 0:
             return sent
         if r == 0:
             status[1] += 1
-            continue
-        if _send_frame(fn_send, fn_errno, sock, header.ctypes.data, p, flags_more, False, status) < 0:
-            return sent
-        if _send_frame(fn_send, fn_errno, sock, payload.ctypes.data, 8 * (2 * M + D), np.int32(0),
-                       False, status) < 0:
-            return sent
-        sent += 1
+        else:
+            sent += 1
     return sent
+
+
+@jit
+def _send_posterior(fn_send, fn_errno, sock, topic, seq, t, ts_text, ts_len, version, flags,
+                    theta, rho, mean, header, payload, status):
+    """Format and send one binary output message (see :func:`send_posteriors`; ``theta``,
+    ``rho``, ``mean`` and ``ts_text`` are its rows). Returns 1 sent, 0 dropped (a full
+    queue with ``ZMQ_DONTWAIT``), -1 libzmq failed (errno in ``status[0]``)."""
+    M = theta.shape[0]
+    D = mean.shape[0]
+    p = _put(header, 0, _SEQ_KEY)
+    p = _put_int(header, p, seq)
+    p = _put(header, p, _OUT_T)
+    p = _put_int(header, p, t)
+    p = _put(header, p, _OUT_TS)
+    for i in range(ts_len):
+        header[p + i] = ts_text[i]
+    p += ts_len
+    p = _put(header, p, _OUT_VERSION)
+    p = _put_int(header, p, version)
+    p = _put(header, p, _OUT_FLAGS)
+    p = _put_int(header, p, flags)
+    p = _put(header, p, _OUT_CHAINS)
+    p = _put_int(header, p, M)
+    header[p] = 125
+    p += 1
+    for j in range(M):
+        payload[j] = theta[j]
+        payload[M + j] = rho[j]
+    for j in range(D):
+        payload[2 * M + j] = mean[j]
+    more = np.int32(ZMQ_SNDMORE)
+    r = _send_frame(fn_send, fn_errno, sock, topic.ctypes.data, topic.shape[0], more, True, status)
+    if r <= 0:
+        return r
+    if _send_frame(fn_send, fn_errno, sock, header.ctypes.data, p, more, False, status) < 0:
+        return -1
+    if _send_frame(fn_send, fn_errno, sock, payload.ctypes.data, 8 * (2 * M + D), np.int32(0),
+                   False, status) < 0:
+        return -1
+    return 1
 
 
 @jit

@@ -464,9 +464,7 @@ class ZmqSource:
         lib = self._lib
         if lib is None:
             return self.recv_ready(max_messages)
-        b = self._bufs
-        if b is None or b["seq"].shape[0] < max_messages:
-            b = self._bufs = self._alloc(max(int(max_messages), 1))
+        b = self.buffers(max_messages)
         out = []
         left = int(max_messages)
         sock = self.socket.underlying
@@ -489,10 +487,7 @@ class ZmqSource:
                 used += k
             if why == STOP_SLOW:
                 left -= 1
-                lens = b["frame_len"].tolist()
-                frames = [b["frames"][i, :lens[i]].tobytes() for i in range(min(n_frames, 3))]
-                frames += [b""] * (n_frames - len(frames))   # only their number matters then
-                item = self.feed(frames)
+                item = self.feed_scratch(n_frames)
                 if item is not None:
                     out.append(item)
             elif why == STOP_ERROR:
@@ -500,6 +495,25 @@ class ZmqSource:
             else:
                 break
         return out
+
+    def buffers(self, max_messages: int) -> dict:
+        """The compiled receive path's arrays, for reads of up to ``max_messages``
+        (``frames``, ``frame_len``: one message's frames; per message ``topic``,
+        ``topic_len``, ``seq``, ``ts_text``, ``ts_len``, ``values``, ``value_bytes``;
+        ``run_start``, ``status``)."""
+        b = self._bufs
+        if b is None or b["seq"].shape[0] < max_messages:
+            b = self._bufs = self._alloc(max(int(max_messages), 1))
+        return b
+
+    def feed_scratch(self, n_frames: int):
+        """:meth:`feed` for the message of ``n_frames`` frames a compiled receive left in
+        the scratch frames of :meth:`buffers` (it stopped there for the Python decoder)."""
+        b = self._bufs
+        lens = b["frame_len"].tolist()
+        frames = [b["frames"][i, :lens[i]].tobytes() for i in range(min(n_frames, 3))]
+        frames += [b""] * (n_frames - len(frames))   # only their number matters then
+        return self.feed(frames)
 
     def _alloc(self, K: int) -> dict:
         D = self.n_features
@@ -666,18 +680,23 @@ class ZmqSink:
                                np.frombuffer(b"".join(msgs), np.uint8),
                                np.cumsum([len(m) for m in msgs], dtype=np.int64), self._status)
             return self._count(sent)
-        M, D = batch.theta.shape[1], batch.mean.shape[1]
-        if self._payload.shape[0] != 2 * M + D:
-            self._payload = np.zeros(2 * M + D)
+        payload = self.payload_scratch(batch.theta.shape[1], batch.mean.shape[1])
         i8, f8 = np.int64, np.float64
         sent = send_posteriors(lib.send, lib.errno, self.socket.underlying,
                                np.frombuffer(topic, np.uint8), np.ascontiguousarray(seq, i8),
                                np.ascontiguousarray(batch.t, i8), ts_text, np.ascontiguousarray(ts_len, i8),
                                np.ascontiguousarray(batch.version, i8), np.ascontiguousarray(batch.flags, i8),
                                np.ascontiguousarray(batch.theta, f8), np.ascontiguousarray(batch.rho, f8),
-                               np.ascontiguousarray(batch.mean, f8), self._header, self._payload,
+                               np.ascontiguousarray(batch.mean, f8), self._header, payload,
                                self._status)
         return self._count(sent)
+
+    def payload_scratch(self, n_chains: int, n_features: int) -> np.ndarray:
+        """The compiled send's payload scratch, float64 of shape (2 M + D,)."""
+        size = 2 * n_chains + n_features
+        if self._payload.shape[0] != size:
+            self._payload = np.zeros(size)
+        return self._payload
 
     def _count(self, sent: int) -> int:
         """Account for a compiled send (``self._status`` = [errno, dropped])."""

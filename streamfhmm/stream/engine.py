@@ -854,13 +854,16 @@ class StreamEngine:
             m = min(_CHUNK, n - pos)
             self._process_chunk(X[pos:pos + m], out, extra_flags, feed)
             pos += m
-            if self._next_ckpt_t is not None and (self._t - 1 >= self._next_ckpt_t
-                                                  or time.perf_counter_ns() >= self._next_ckpt_ns):
-                self._periodic_checkpoint()
+            self._periodic_checkpoint_due()
         batch = out.finish()
         if extra_flags & FLAG_WARMUP:
             self._last_init_batch = batch
         return batch
+
+    def _periodic_checkpoint_due(self):
+        if self._next_ckpt_t is not None and (self._t - 1 >= self._next_ckpt_t
+                                              or time.perf_counter_ns() >= self._next_ckpt_ns):
+            self._periodic_checkpoint()
 
     def _process_chunk(self, Xc, out, extra_flags, feed):
         if self._exact_mode:
@@ -877,16 +880,45 @@ class StreamEngine:
                                        extra_flags, self._Z, self._cs, self._Zs, self._Xw, self._hidden,
                                        tau, theta, rho, mean, version, flags, info)
             out.commit(ne)
-            n_nan, last_nan = info.tolist()
-            if n_nan:
-                self._last_nan = t + last_nan
-                self._n_imputed += n_nan
-            self._t = t + m
-            self._n_samples += m
-            self._n_emitted += ne
+            self._recognised(t, m, ne)
         learner = self._learner
         if feed and learner is not None:
             self._feed_learner(Xc, self._t - Xc.shape[0])
+
+    def _recognised(self, t, m, ne):
+        """Account for m samples at positions t … that the recognition block kernel
+        handled (ne posteriors emitted, its ``info`` in ``self._info``)."""
+        n_nan, last_nan = self._info.tolist()
+        if n_nan:
+            self._last_nan = t + last_nan
+            self._n_imputed += n_nan
+        self._t = t + m
+        self._n_samples += m
+        self._n_emitted += ne
+
+    # -- the serving lane (streamfhmm.io.lane) -----------------------------------------
+    def _lane_state(self):
+        """The block kernel's state for a compiled caller that runs it on samples it
+        received itself (:func:`streamfhmm.io.lane.serve_lane`): ``(ring, capacity, t,
+        seq_start, window, lag, hist, mean, scale, weights, layout, W, version, Z, cs, zs,
+        xw, hidden, info)``; None when a block cannot go straight to that kernel (closed,
+        warming up, exact posteriors, no open sequence). At most ``_CHUNK`` samples."""
+        if self._closed or self._phase != "running" or self._exact_mode or not self._seq_open:
+            return None
+        snap = self._snapshot
+        return (self._ring.buf, self._ring.capacity, self._t, self._seq_start, self._window,
+                self._lag, self._hist, self._nmean, self._nscale, snap.weights, self._layout,
+                snap.params.W, snap.version, self._Z, self._cs, self._Zs, self._Xw, self._hidden,
+                self._info)
+
+    def _lane_commit(self, Xc, t, ne):
+        """After the lane ran the block kernel on ``Xc`` at position ``t`` (the ``t`` of
+        :meth:`_lane_state`) and emitted ne posteriors: what :meth:`push_many` does after
+        that kernel (counters, the learner's subchains, a periodic checkpoint)."""
+        self._recognised(t, Xc.shape[0], ne)
+        if self._learner is not None:
+            self._feed_learner(Xc, t)
+        self._periodic_checkpoint_due()
 
     def _feed_learner(self, Xc, t):
         """Hand the learner the subchains (S samples) ending in the block at t … t+m-1:

@@ -1,0 +1,284 @@
+"""The serving lane (streamfhmm.io.lane) against the service's general path.
+
+Two services with the same model read the same published traffic over real sockets on
+127.0.0.1, one with the lane and one without (``lane=False``: ``recv_runs``, the
+engine's ``push_many``/``push``, ``send_block``); every output message must be the same
+bytes, and the counters, the sequence bookkeeping, the learner's subchains and the
+checkpoint records must agree.
+"""
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+import streamfhmm.service as service_module
+from streamfhmm import FHMM
+from streamfhmm.io import _libzmq
+from streamfhmm.io.wire import encode_heartbeat, encode_sample
+from streamfhmm.io.zmq import ZmqSink, ZmqSource
+from streamfhmm.model import FHMMParams
+from streamfhmm.network import RecognitionNet
+from streamfhmm.service import StreamService
+from streamfhmm.stream.engine import StreamEngine
+
+pytestmark = pytest.mark.skipif(_libzmq.functions() is None,
+                                reason="libzmq's functions are not reachable from this pyzmq")
+
+D = 3
+
+
+@pytest.fixture(autouse=True)
+def watchdog():
+    import faulthandler
+    faulthandler.dump_traceback_later(240, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _model_and_net(seed):
+    print(f"model/net seed={seed}")
+    p = FHMMParams.random(3, D, random_state=seed, noise=0.5, switch=(0.05, 0.3))
+    model = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, window=5, n_hidden=6)
+    X, _ = model.sample(500, random_state=seed)
+    net = RecognitionNet(3, D, window=5, n_hidden=6).init(random_state=seed)
+    net.weights = 0.6 * np.random.default_rng(seed).standard_normal(net.n_weights)
+    return model, net.fit_scaler(X)
+
+
+def _traffic(rng, n, topics=(b"s",)):
+    """Frames of n messages, mostly the next canonical sample of a topic, with NaN
+    values, gaps, repeats, restarts, heartbeats, end heartbeats, JSON samples and
+    malformed messages of several kinds."""
+    seqs = dict.fromkeys(topics, 0)
+    out = []
+    for _ in range(n):
+        topic = topics[int(rng.integers(len(topics)))]
+        x = rng.normal(size=D)
+        u = rng.random()
+        if u < 0.90:
+            if rng.random() < 0.05:
+                x[int(rng.integers(D))] = np.nan
+            r = rng.random()
+            if r < 0.01:
+                seqs[topic] += int(rng.integers(2, 5))       # a gap
+            elif r < 0.015:
+                seqs[topic] = max(0, seqs[topic] - 3)        # repeats (stale)
+            elif r < 0.017:
+                seqs[topic] = 0                              # a restart
+            ts = float(np.round(rng.normal() * 1e9, int(rng.integers(0, 7))))
+            out.append(encode_sample(topic, seqs[topic], ts, x))
+            seqs[topic] += 1
+        elif u < 0.92:
+            out.append(encode_heartbeat(topic, seqs[topic] - 1, 1.0))
+        elif u < 0.925:
+            out.append(encode_heartbeat(topic, seqs[topic] - 1, 1.0, end=True))
+        elif u < 0.95:
+            out.append(encode_sample(topic, seqs[topic], 2.5, x, format="json"))
+            seqs[topic] += 1
+        else:
+            bad = [[topic, b'{"seq":1,"ts":0}'],
+                   [topic, b"not json", x.tobytes()],
+                   [topic, b'{"seq":1,"ts":0}', x.tobytes()[:-8]],
+                   [topic, b'{"seq":1,"ts":0}', np.array([1.0, np.inf, 0.0]).tobytes()],
+                   [topic, b'{"seq":1,"ts":0}', np.full(D, np.nan).tobytes()]]
+            out.append(bad[int(rng.integers(len(bad)))])
+    return out
+
+
+class _Side:
+    """A source, a sink, a service and a consumer of its output."""
+
+    def __init__(self, ctx, port, model, net, lane, batch, ckpt_dir):
+        self.source = ZmqSource(f"tcp://127.0.0.1:{port}", D, hwm=0, context=ctx)
+        self.sink = ZmqSink("tcp://127.0.0.1:*", format="binary", hwm=0, context=ctx)
+        self.out = ctx.socket(zmq.SUB)
+        self.out.setsockopt(zmq.RCVHWM, 0)
+        self.out.connect(self.sink.endpoint)
+        self.out.subscribe(b"")
+        self.fed = {}
+
+        def factory(topic):
+            eng = StreamEngine(model, learn=True, net=net, learner_duty=1e-3)
+            got = self.fed.setdefault(topic, [])
+            eng._learner.feed = lambda seg, t: got.append((t, seg.copy()))
+            return eng
+
+        self.svc = StreamService(self.source, self.sink, factory, heartbeat_interval=0, batch_size=batch,
+                                 lane=lane, batch_wait=0, checkpoint_dir=ckpt_dir, checkpoint_every=97,
+                                 resume_engine=StreamEngine.resume)
+        self.messages = []
+
+    def collect(self):
+        while self.out.poll(0):
+            self.messages.append(self.out.recv_multipart())
+
+    def close(self):
+        self.svc.shutdown()
+        self.source.close(0)
+        self.sink.close(0)
+        self.out.close(0)
+
+
+@pytest.fixture
+def sides(tmp_path):
+    made = []
+
+    def make(model, net, batch, topics=(b"s",)):
+        ctx = zmq.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, 0)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        a = _Side(ctx, port, model, net, True, batch, str(tmp_path / "lane"))
+        b = _Side(ctx, port, model, net, False, batch, str(tmp_path / "general"))
+        made.append((ctx, pub, a, b))
+        for s in (a, b):
+            assert s.sink.wait_for_subscribers(1, timeout=30)
+        # handshake: probes on an unrelated topic until both sources have one
+        deadline = time.monotonic() + 20
+        got = [False, False]
+        while not all(got):
+            assert time.monotonic() < deadline, "subscribers did not connect"
+            pub.send_multipart(encode_heartbeat(b"probe", 0, 0.0))
+            for i, s in enumerate((a, b)):
+                if s.source.socket.poll(10):
+                    s.svc.read()
+                    got[i] = True
+        return pub, a, b
+
+    yield make
+    for ctx, pub, a, b in made:
+        a.close()
+        b.close()
+        pub.close(0)
+        ctx.term()
+
+
+def _run(pub, sides, frames):
+    for f in frames:
+        pub.send_multipart(f)
+    pub.send_multipart(encode_heartbeat(b"zz-end", 0, 0.0, end=True))
+    deadline = time.monotonic() + 60
+    for s in sides:
+        while not (b"zz-end" in s.source.streams and s.source.streams[b"zz-end"].ended):
+            assert time.monotonic() < deadline, "the traffic did not arrive"
+            if s.source.socket.poll(20):
+                s.svc.read()
+        while len(s.messages) < s.sink.sent:
+            assert time.monotonic() < deadline, "the output did not arrive"
+            if s.out.poll(20):
+                s.collect()
+
+
+def _same_output(a, b):
+    """Same topics and headers (sequence numbers, positions, time-stamp texts, versions,
+    flags) byte for byte; the same posteriors up to rounding: the general path sends a
+    lone sample through ``push``, whose scalar network kernel may differ from the block
+    kernel's in the last bit."""
+    assert len(a) == len(b)
+    exact = 0
+    for i, (ma, mb) in enumerate(zip(a, b)):
+        assert ma[:2] == mb[:2], f"output message {i} differs"
+        exact += ma[2] == mb[2]
+        np.testing.assert_allclose(np.frombuffer(ma[2], "<f8"), np.frombuffer(mb[2], "<f8"),
+                                   rtol=1e-12, atol=1e-14, err_msg=f"output message {i}")
+    print(f"{exact} of {len(a)} payloads bit-identical")
+
+
+def _records_agree_with_output(records, messages):
+    """Every checkpoint record's last sequence number and pending (t, seq, ts) are those
+    the output headers give for the same positions (those published: the stream's last
+    samples wait for more)."""
+    at = {}
+    for m in messages:
+        h = json.loads(m[1])
+        at[h["t"]] = (h["seq"], h["ts"])
+    assert len(records) > 2
+    for rec in records:
+        t_next, pending = rec["t_next"], rec["pending"]
+        if t_next - 1 in at:
+            assert at[t_next - 1][0] == rec["seq"]
+        assert [p[0] for p in pending] == list(range(t_next - len(pending), t_next))
+        for t, seq, ts in pending:
+            assert at.get(t, (seq, ts)) == (seq, ts), f"pending position {t} of record {rec}"
+    assert sum(rec["t_next"] - 1 in at for rec in records) > 2
+
+
+@pytest.mark.parametrize("seed,batch", [(1, 1), (2, 7), (3, 64), (4, 256)])
+def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, monkeypatch):
+    print("seed", seed, "batch", batch)
+    lane_samples = []
+    real = service_module.serve_lane
+    monkeypatch.setattr(service_module, "serve_lane", lambda *a: lane_samples.append(real(*a)) or lane_samples[-1])
+    records = {}
+    write = service_module._atomic_write_text
+
+    def keep(path, text):   # every checkpoint record, without its wall-clock time
+        rec = json.loads(text)
+        rec.pop("time")
+        records.setdefault(os.path.dirname(path), []).append(rec)
+        write(path, text)
+
+    monkeypatch.setattr(service_module, "_atomic_write_text", keep)
+    model, net = _model_and_net(seed)
+    pub, a, b = sides(model, net, batch)
+    _run(pub, (a, b), _traffic(np.random.default_rng(seed), 3000))
+    assert a.sink.dropped == b.sink.dropped == 0
+    assert len(a.messages) == len(b.messages) > 2000
+    _same_output(a.messages, b.messages)
+    assert a.svc.counters == b.svc.counters
+    assert a.source.errors == b.source.errors and sum(a.source.errors.values()) > 0
+    assert a.source.streams == b.source.streams
+    assert a.source.streams[b"s"].gaps > 0 and a.svc.counters["ends"] > 0
+    assert a.fed.keys() == b.fed.keys()
+    for topic in a.fed:
+        assert [t for t, _ in a.fed[topic]] == [t for t, _ in b.fed[topic]]
+        for (_, x), (_, y) in zip(a.fed[topic], b.fed[topic]):
+            np.testing.assert_array_equal(x, y)
+    ea, eb = a.svc.streams[b"s"].engine, b.svc.streams[b"s"].engine
+    assert ea._t == eb._t and ea._n_samples == eb._n_samples and ea._n_emitted == eb._n_emitted
+    assert ea._n_imputed == eb._n_imputed > 0
+    np.testing.assert_array_equal(ea._ring.buf, eb._ring.buf)
+    assert a.svc.counters["checkpoints"] > 0
+    # checkpoints fall after the block that crosses every 97th sample, and blocks differ
+    # between the paths: each record must name its pending samples as the output does
+    for side in (a, b):
+        _records_agree_with_output(records[side.svc.checkpoint_dir], side.messages)
+    # the lane took part (it stops at every message that breaks the stream, and the
+    # general path reads the rest of that wake-up: here one message in ten)
+    assert sum(lane_samples) > 0.05 * a.svc.counters["samples"]
+
+
+@pytest.mark.parametrize("batch", [1, 50])
+def test_the_lane_takes_an_unbroken_stream(sides, batch, monkeypatch):
+    lane_samples = []
+    real = service_module.serve_lane
+    monkeypatch.setattr(service_module, "serve_lane", lambda *a: lane_samples.append(real(*a)) or lane_samples[-1])
+    model, net = _model_and_net(6)
+    pub, a, b = sides(model, net, batch)
+    X = np.random.default_rng(6).normal(size=(2000, D))
+    _run(pub, (a, b), [encode_sample(b"s", i, 1e9 + i / 8, x) for i, x in enumerate(X)])
+    _same_output(a.messages, b.messages)
+    assert a.svc.counters == b.svc.counters and a.svc.counters["samples"] == 2000
+    # all but the first read's samples (the stream is opened by the general path)
+    assert sum(lane_samples) >= 2000 - batch
+
+
+def test_a_second_topic_moves_the_service_to_the_general_path(sides, monkeypatch):
+    """The lane serves one stream; with two, every read goes the general way (and the
+    output is still the general path's)."""
+    lane_samples = []
+    real = service_module.serve_lane
+    monkeypatch.setattr(service_module, "serve_lane", lambda *a: lane_samples.append(real(*a)) or lane_samples[-1])
+    model, net = _model_and_net(5)
+    pub, a, b = sides(model, net, 32)
+    rng = np.random.default_rng(5)
+    _run(pub, (a, b), _traffic(rng, 800))
+    before = sum(lane_samples)
+    assert before > 0
+    _run(pub, (a, b), _traffic(rng, 800, topics=(b"s", b"t")))
+    assert sum(lane_samples) == before
+    _same_output(a.messages, b.messages)
+    assert a.svc.counters == b.svc.counters
