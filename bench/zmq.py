@@ -17,6 +17,10 @@ sockets and message sizes, no decoding, no inference), so the ratio shows what t
 service costs over the transport. Targets (issue: ZeroMQ service): >= 20,000
 messages/s with learning on, p99 <= 2 ms.
 
+With binary output a one-stream service reads through its serving lane (one compiled
+call per read: receive, recognition, publication); the row ``--no-lane`` is the same
+service on its general path, measured in the same run.
+
 The learning-on rows run the service with its default learner duty (the fraction of one
 core the background learner may use; ``--learner-duty`` here overrides it) and show the
 learner's steps/s during the throughput phase and over the whole run, read from the
@@ -375,6 +379,8 @@ def main(argv=None):
     ap.add_argument("--learner-duty", type=float, default=None,
                     help="learner duty of the learning-on rows (default: the service's default)")
     ap.add_argument("--no-learn-off", action="store_true", help="skip the learning-off rows")
+    ap.add_argument("--lane-only", action="store_true",
+                    help="skip the row of the general path (serve --no-lane) beside the serving lane")
     ap.add_argument("--python-client", action="store_true",
                     help="send and receive with pyzmq calls per frame instead of the compiled client")
     ap.add_argument("--serve-args", default="", metavar="ARGS",
@@ -403,12 +409,16 @@ def main(argv=None):
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
             X, args, 0, "reference: plain ZeroMQ relay"))
         rows[-1]["gaps"] = "-"
-        for fmt in args.formats:
-            for learn in ((True,) if args.no_learn_off else (False, True)):
-                label = f"serve --format {fmt}" + (" --learn" if learn else "")
-                rows.append(measure(lambda a, b: serve(path, a, b, fmt, learn, args.learner_duty,
-                                                          args.serve_args.split()),
-                                    X, args, lag, label))
+        configs = [(fmt, learn, ()) for fmt in args.formats
+                   for learn in ((True,) if args.no_learn_off else (False, True))]
+        if "binary" in args.formats and not args.lane_only:
+            # the general path beside the serving lane, same run (the lane: binary output)
+            configs.insert(configs.index(("binary", True, ())) + 1, ("binary", True, ("--no-lane",)))
+        for fmt, learn, extra in configs:
+            label = " ".join([f"serve --format {fmt}"] + (["--learn"] if learn else []) + list(extra))
+            rows.append(measure(lambda a, b: serve(path, a, b, fmt, learn, args.learner_duty,
+                                                      args.serve_args.split() + list(extra)),
+                                X, args, lag, label))
     ref = rows[0]["messages/s"]
     for r in rows:
         r["/ relay"] = r["messages/s"] / ref

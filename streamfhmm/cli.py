@@ -573,7 +573,7 @@ def _serve(args, state) -> int:
                                     heartbeat_interval=args.heartbeat, status_interval=args.status_interval,
                                     status=lambda line: print(line, file=sys.stderr, flush=True),
                                     max_streams=args.max_streams, wait_subscribers=args.wait_subscribers,
-                                    batch_wait=min(args.batch_wait * 1e-6, 1.0))
+                                    batch_wait=min(args.batch_wait * 1e-6, 1.0), lane=not args.no_lane)
         except CheckpointError as exc:
             raise CliError(str(exc)) from None
         if args.metrics_port:
@@ -880,6 +880,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "this many microseconds, so that they are handled in batches (each waiting at "
                          "most this long); a message that finds the service idle is handled at once; "
                          "0: read on every wake-up (default 500)")
+    sv.add_argument("--no-lane", action="store_true",
+                    help="never use the serving lane (one compiled call per read for a single stream with "
+                         "binary output): the general path, for comparison")
     sv.add_argument("--verbose", "-v", action="store_true", help="log stream events (new, ended, resumed)")
     _zmq_args(sv, linger=2000)
     sv.set_defaults(func=_cmd_serve)
