@@ -9,8 +9,9 @@ all queued, a :class:`~streamfhmm.service.StreamService` (learning off) reads th
 them through its engine and publishes the posteriors to a connected subscriber. Printed:
 microseconds of CPU per message for each read size, for
 
-* the serving lane (:mod:`streamfhmm.io.lane`: receive, recognition and publication in
-  one compiled call per read; binary output only),
+* the serving lane (:mod:`streamfhmm.io.lane`: receive, recognition and, for binary
+  output, publication in one compiled call per read; JSON output is encoded in Python
+  from its arrays),
 * the compiled wire path with the lane off (``ZmqSource.recv_runs``, the engine's
   ``push_many``, ``ZmqSink.send_block``: three compiled calls and the Python between),
 * the pure pyzmq path (``fast=False``: ``recv_ready`` and ``send_batch``),
@@ -112,13 +113,11 @@ def main(argv=None):
         c = measure(model, X, args.format, "compiled", b, n)
         row = {"messages per read": b, "pyzmq path us/msg": py, "compiled path us/msg": c,
                "compiled / pyzmq": py / c}
-        if args.format == "binary":
-            lane = measure(model, X, args.format, "lane", b, n)
-            row.update({"lane us/msg": lane, "lane / compiled": c / lane, "lane msg/s per core": 1e6 / lane})
+        lane = measure(model, X, args.format, "lane", b, n)
+        row.update({"lane us/msg": lane, "lane / compiled": c / lane, "lane msg/s per core": 1e6 / lane})
         rows.append(row)
-    cols = ["messages per read", "pyzmq path us/msg", "compiled path us/msg", "compiled / pyzmq"]
-    if args.format == "binary":
-        cols += ["lane us/msg", "lane / compiled", "lane msg/s per core"]
+    cols = ["messages per read", "pyzmq path us/msg", "compiled path us/msg", "compiled / pyzmq",
+            "lane us/msg", "lane / compiled", "lane msg/s per core"]
     print("# x / y: speed-up of x over y (their CPU per message, same run)")
     table(rows, cols)
 

@@ -346,9 +346,9 @@ class StreamService:
     lane : bool
         Serve a single stream through the compiled serving lane
         (:mod:`streamfhmm.io.lane`) when the wire path allows it (compiled receive and
-        send, binary output, an engine with the block path): one compiled call per read
-        for receive, recognition and publication. False: always the general path (same
-        messages, more interpreter work per read).
+        send, an engine with the block path): one compiled call per read for receive,
+        recognition and (binary output) publication. False: always the general path
+        (same messages, more interpreter work per read).
     """
 
     def __init__(self, source: ZmqSource, sink: ZmqSink, engine_factory, *, resume_engine=None,
@@ -380,7 +380,7 @@ class StreamService:
             raise ValueError(f"batch_wait must be in [0, 1] seconds, got {batch_wait}")
         self.batch_wait = float(batch_wait)
         self._block = None  # whether the engines have push_many (known at the first stream)
-        self._lane = bool(lane) and source.fast and sink.fast and sink.format == "binary"
+        self._lane = bool(lane) and source.fast and sink.fast
         self._lane_status = np.zeros(len(LANE_STATUS), np.int64)
         self._log = RateLimitedLog(logger, log_interval)
         self._stop = threading.Event()
@@ -587,12 +587,13 @@ class StreamService:
         b = source.buffers(K)
         lib = source._lib
         status = self._lane_status
+        binary = sink.format == "binary"   # (JSON: encoded in Python from the lane's arrays)
         k = serve_lane(lib.recv, lib.getsockopt, lib.errno, lib.send, source.socket.underlying,
                        sink.socket.underlying, K, source.n_features, topic, st.last_seq + 1,
                        b["frames"], b["frame_len"], b["seq"], b["ts_text"], b["ts_len"], b["values"],
                        b["value_bytes"], pend.seq, pend.text, pend.tlen, pend.head, pend.t0, pend.n,
                        *state, tau, theta, rho, mean, version, flags, sink._header, payload,
-                       sink._status, status)
+                       sink._status, status, binary)
         why, n_frames, err, ne, sent = status.tolist()
         if k:
             last = st.last_seq + k
@@ -601,12 +602,14 @@ class StreamService:
             sst.ended = False
             engine._lane_commit(b["values"][:k], t, ne)
             pend.append_arrays(t, b["seq"][:k], b["ts_text"][:k], b["ts_len"][:k])
-            if ne:
-                pend._drop_before(int(tau[ne - 1]) + 1)
             self._accepted(st, last, k)
-            if ne:
+            if ne and binary:
+                pend._drop_before(int(tau[ne - 1]) + 1)
                 sink._count(sent)   # (raises on a send error, like send_block)
                 self._published(st, ne)
+            elif ne:
+                self._publish_batch(st, PosteriorBatch(tau[:ne], theta[:ne], rho[:ne], mean[:ne],
+                                                       version[:ne], flags[:ne]))
             self._maybe_checkpoint(st, k)
         if why == STOP_ERROR:
             raise zmq.ZMQError(err)

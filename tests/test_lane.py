@@ -91,9 +91,9 @@ def _traffic(rng, n, topics=(b"s",)):
 class _Side:
     """A source, a sink, a service and a consumer of its output."""
 
-    def __init__(self, ctx, port, model, net, lane, batch, ckpt_dir):
+    def __init__(self, ctx, port, model, net, lane, batch, ckpt_dir, fmt):
         self.source = ZmqSource(f"tcp://127.0.0.1:{port}", D, hwm=0, context=ctx)
-        self.sink = ZmqSink("tcp://127.0.0.1:*", format="binary", hwm=0, context=ctx)
+        self.sink = ZmqSink("tcp://127.0.0.1:*", format=fmt, hwm=0, context=ctx)
         self.out = ctx.socket(zmq.SUB)
         self.out.setsockopt(zmq.RCVHWM, 0)
         self.out.connect(self.sink.endpoint)
@@ -126,13 +126,13 @@ class _Side:
 def sides(tmp_path):
     made = []
 
-    def make(model, net, batch, topics=(b"s",)):
+    def make(model, net, batch, fmt="binary"):
         ctx = zmq.Context()
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.SNDHWM, 0)
         port = pub.bind_to_random_port("tcp://127.0.0.1")
-        a = _Side(ctx, port, model, net, True, batch, str(tmp_path / "lane"))
-        b = _Side(ctx, port, model, net, False, batch, str(tmp_path / "general"))
+        a = _Side(ctx, port, model, net, True, batch, str(tmp_path / "lane"), fmt)
+        b = _Side(ctx, port, model, net, False, batch, str(tmp_path / "general"), fmt)
         made.append((ctx, pub, a, b))
         for s in (a, b):
             assert s.sink.wait_for_subscribers(1, timeout=30)
@@ -172,19 +172,31 @@ def _run(pub, sides, frames):
                 s.collect()
 
 
+def _parts(m):
+    """(header fields, posterior values) of an output message of either format."""
+    if len(m) == 3:
+        return m[0], json.loads(m[1]), np.frombuffer(m[2], "<f8")
+    obj = json.loads(m[0])
+    values = np.array(obj.pop("theta") + obj.pop("rho") + obj.pop("mean"))
+    return obj.pop("topic").encode(), obj, values
+
+
 def _same_output(a, b):
-    """Same topics and headers (sequence numbers, positions, time-stamp texts, versions,
-    flags) byte for byte; the same posteriors up to rounding: the general path sends a
-    lone sample through ``push``, whose scalar network kernel may differ from the block
+    """Same topics and headers (sequence numbers, positions, time stamps, versions,
+    flags) exactly; the same posteriors up to rounding: the general path sends a lone
+    sample through ``push``, whose scalar network kernel may differ from the block
     kernel's in the last bit."""
     assert len(a) == len(b)
     exact = 0
     for i, (ma, mb) in enumerate(zip(a, b)):
-        assert ma[:2] == mb[:2], f"output message {i} differs"
-        exact += ma[2] == mb[2]
-        np.testing.assert_allclose(np.frombuffer(ma[2], "<f8"), np.frombuffer(mb[2], "<f8"),
-                                   rtol=1e-12, atol=1e-14, err_msg=f"output message {i}")
-    print(f"{exact} of {len(a)} payloads bit-identical")
+        ta, ha, va = _parts(ma)
+        tb, hb, vb = _parts(mb)
+        assert (ta, ha) == (tb, hb), f"output message {i} differs"
+        if len(ma) == 3:
+            assert ma[1] == mb[1], f"output message {i} differs"
+        exact += ma == mb
+        np.testing.assert_allclose(va, vb, rtol=1e-12, atol=1e-14, err_msg=f"output message {i}")
+    print(f"{exact} of {len(a)} messages bit-identical")
 
 
 def _records_agree_with_output(records, messages):
@@ -193,7 +205,7 @@ def _records_agree_with_output(records, messages):
     samples wait for more)."""
     at = {}
     for m in messages:
-        h = json.loads(m[1])
+        h = _parts(m)[1]
         at[h["t"]] = (h["seq"], h["ts"])
     assert len(records) > 2
     for rec in records:
@@ -206,9 +218,10 @@ def _records_agree_with_output(records, messages):
     assert sum(rec["t_next"] - 1 in at for rec in records) > 2
 
 
-@pytest.mark.parametrize("seed,batch", [(1, 1), (2, 7), (3, 64), (4, 256)])
-def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, monkeypatch):
-    print("seed", seed, "batch", batch)
+@pytest.mark.parametrize("seed,batch,fmt", [(1, 1, "binary"), (2, 7, "binary"), (3, 64, "binary"),
+                                            (4, 256, "binary"), (7, 7, "json"), (8, 256, "json")])
+def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, fmt, monkeypatch):
+    print("seed", seed, "batch", batch, "format", fmt)
     lane_samples = []
     real = service_module.serve_lane
     monkeypatch.setattr(service_module, "serve_lane", lambda *a: lane_samples.append(real(*a)) or lane_samples[-1])
@@ -223,7 +236,7 @@ def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, monk
 
     monkeypatch.setattr(service_module, "_atomic_write_text", keep)
     model, net = _model_and_net(seed)
-    pub, a, b = sides(model, net, batch)
+    pub, a, b = sides(model, net, batch, fmt)
     _run(pub, (a, b), _traffic(np.random.default_rng(seed), 3000))
     assert a.sink.dropped == b.sink.dropped == 0
     assert len(a.messages) == len(b.messages) > 2000
@@ -251,13 +264,13 @@ def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, monk
     assert sum(lane_samples) > 0.05 * a.svc.counters["samples"]
 
 
-@pytest.mark.parametrize("batch", [1, 50])
-def test_the_lane_takes_an_unbroken_stream(sides, batch, monkeypatch):
+@pytest.mark.parametrize("batch,fmt", [(1, "binary"), (50, "binary"), (50, "json")])
+def test_the_lane_takes_an_unbroken_stream(sides, batch, fmt, monkeypatch):
     lane_samples = []
     real = service_module.serve_lane
     monkeypatch.setattr(service_module, "serve_lane", lambda *a: lane_samples.append(real(*a)) or lane_samples[-1])
     model, net = _model_and_net(6)
-    pub, a, b = sides(model, net, batch)
+    pub, a, b = sides(model, net, batch, fmt)
     X = np.random.default_rng(6).normal(size=(2000, D))
     _run(pub, (a, b), [encode_sample(b"s", i, 1e9 + i / 8, x) for i, x in enumerate(X)])
     _same_output(a.messages, b.messages)

@@ -1,11 +1,12 @@
 """The serving lane: one compiled call per wake-up of ``serve`` for its common case.
 
-When a service serves one stream on the compiled wire path with binary output, the
-work of a wake-up — receive the queued samples, run them through the recognition
-network, publish their posteriors — is :func:`serve_lane`: libzmq's receive, the
-canonical input decoder of :mod:`.fastwire`, the engine's block kernel
-(:func:`streamfhmm.kernels.online.recognition_block`) and the binary output encoder, in
-one Numba call without the GIL. Python then does the bookkeeping of the block (sequence
+When a service serves one stream on the compiled wire path, the work of a wake-up —
+receive the queued samples, run them through the recognition network, publish their
+posteriors — is :func:`serve_lane`: libzmq's receive, the canonical input decoder of
+:mod:`.fastwire`, the engine's block kernel
+(:func:`streamfhmm.kernels.online.recognition_block`) and, for binary output, the
+output encoder, in one Numba call without the GIL (JSON output is encoded in Python
+from the call's output arrays, then sent by one compiled call). Python then does the bookkeeping of the block (sequence
 numbers, counters, the learner's subchains, checkpoints) once.
 
 Before, the same wake-up made three compiled calls (``recv_samples``,
@@ -40,7 +41,7 @@ def serve_lane(fn_recv, fn_getsockopt, fn_errno, fn_send, in_sock, out_sock, max
                value_bytes, pend_seq, pend_text, pend_len, pend_head, pend_t0, pend_n,
                ring, capacity, t, seq_start, window, lag, hist, mean, scale, weights, layout, W,
                version, Z, cs, zs, xw, hidden, info, tau, theta, rho, out_mean, out_version,
-               out_flags, header, payload, send_status, status):
+               out_flags, header, payload, send_status, status, publish=True):
     """Receive the next samples of one stream, recognise them, publish their posteriors.
 
     Parameters
@@ -77,6 +78,9 @@ def serve_lane(fn_recv, fn_getsockopt, fn_errno, fn_send, in_sock, out_sock, max
         STOP_EMPTY, STOP_SLOW with the message's ``n_frames`` in the scratch,
         STOP_ERROR with ``errno``), the posteriors emitted and those sent (a send error
         leaves its errno in ``send_status[0]`` and stops the sending).
+    publish : bool
+        Send the posteriors as binary output messages; False leaves them in the output
+        arrays for the caller to publish (the JSON output, encoded in Python).
 
     Returns
     -------
@@ -123,6 +127,8 @@ def serve_lane(fn_recv, fn_getsockopt, fn_errno, fn_send, in_sock, out_sock, max
                            weights, layout, W, version, 0, Z, cs, zs, xw, hidden, tau, theta, rho,
                            out_mean, out_version, out_flags, info)
     status[3] = ne
+    if not publish:
+        return k
     absent = np.zeros(1, np.uint8)
     absent[0] = 48                         # "0"
     sent = 0
