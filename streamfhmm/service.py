@@ -347,7 +347,7 @@ class StreamService:
         Serve a single stream through the compiled serving lane
         (:mod:`streamfhmm.io.lane`) when the wire path allows it (compiled receive and
         send, an engine with the block path): one compiled call per read for receive,
-        recognition and (binary output) publication. False: always the general path
+        recognition and publication. False: always the general path
         (same messages, more interpreter work per read).
     """
 
@@ -583,17 +583,16 @@ class StreamService:
             lane = st.lane = (np.empty(K, np.int64), np.empty((K, M)), np.empty((K, M)), np.empty((K, D)),
                               np.empty(K, np.int64), np.empty(K, np.int64), np.frombuffer(st.topic, np.uint8))
         tau, theta, rho, mean, version, flags, topic = lane
-        payload = sink.payload_scratch(theta.shape[1], mean.shape[1])
+        header, payload, json_prefix = sink.send_scratch(st.topic, theta.shape[1], mean.shape[1])
         b = source.buffers(K)
         lib = source._lib
         status = self._lane_status
-        binary = sink.format == "binary"   # (JSON: encoded in Python from the lane's arrays)
         k = serve_lane(lib.recv, lib.getsockopt, lib.errno, lib.send, source.socket.underlying,
                        sink.socket.underlying, K, source.n_features, topic, st.last_seq + 1,
                        b["frames"], b["frame_len"], b["seq"], b["ts_text"], b["ts_len"], b["values"],
                        b["value_bytes"], pend.seq, pend.text, pend.tlen, pend.head, pend.t0, pend.n,
-                       *state, tau, theta, rho, mean, version, flags, sink._header, payload,
-                       sink._status, status, binary)
+                       *state, tau, theta, rho, mean, version, flags, header, payload,
+                       sink._status, status, json_prefix)
         why, n_frames, err, ne, sent = status.tolist()
         if k:
             last = st.last_seq + k
@@ -603,13 +602,10 @@ class StreamService:
             engine._lane_commit(b["values"][:k], t, ne)
             pend.append_arrays(t, b["seq"][:k], b["ts_text"][:k], b["ts_len"][:k])
             self._accepted(st, last, k)
-            if ne and binary:
+            if ne:
                 pend._drop_before(int(tau[ne - 1]) + 1)
                 sink._count(sent)   # (raises on a send error, like send_block)
                 self._published(st, ne)
-            elif ne:
-                self._publish_batch(st, PosteriorBatch(tau[:ne], theta[:ne], rho[:ne], mean[:ne],
-                                                       version[:ne], flags[:ne]))
             self._maybe_checkpoint(st, k)
         if why == STOP_ERROR:
             raise zmq.ZMQError(err)

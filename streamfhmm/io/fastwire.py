@@ -30,10 +30,11 @@ import numpy as np
 from ..kernels._jit import jit
 from ._libzmq import (EAGAIN, EINTR, ZMQ_DONTWAIT, ZMQ_RCVMORE, ZMQ_SNDMORE, call_errno, call_getsockopt,
                       call_recv, call_send)
+from .floatrepr import REPR_MAX_BYTES, put_repr
 from .wire import TS_TEXT_BYTES
 
 __all__ = ["STOP_FULL", "STOP_EMPTY", "STOP_SLOW", "STOP_ERROR",
-           "recv_message", "recv_samples", "send_posteriors", "send_frames"]
+           "recv_message", "recv_samples", "send_posteriors", "json_message_bytes"]
 
 #: why :func:`recv_samples` returned: ``max_messages`` received, queue empty, a message
 #: for the Python decoder waits in the scratch frames, libzmq error (errno in status[2])
@@ -46,6 +47,10 @@ _OUT_TS = np.frombuffer(b',"ts":', dtype=np.uint8).copy()
 _OUT_VERSION = np.frombuffer(b',"version":', dtype=np.uint8).copy()
 _OUT_FLAGS = np.frombuffer(b',"flags":', dtype=np.uint8).copy()
 _OUT_CHAINS = np.frombuffer(b',"n_chains":', dtype=np.uint8).copy()
+_OUT_THETA = np.frombuffer(b',"theta":[', dtype=np.uint8).copy()
+_OUT_RHO = np.frombuffer(b'],"rho":[', dtype=np.uint8).copy()
+_OUT_MEAN = np.frombuffer(b'],"mean":[', dtype=np.uint8).copy()
+_NULL = np.frombuffer(b"null", dtype=np.uint8).copy()
 _MAX_EXP = 276   # 10**(31 + 276) < DBL_MAX: a ts text within TS_TEXT_BYTES is finite
 
 
@@ -328,11 +333,14 @@ def _send_frame(fn_send, fn_errno, sock, address, size, flags, first, status):
 
 @jit
 def send_posteriors(fn_send, fn_errno, sock, topic, seq, t, ts_text, ts_len, version, flags,
-                    theta, rho, mean, header, payload, status):
-    """Format and send n binary output messages of one stream.
+                    theta, rho, mean, header, payload, status, json_prefix):
+    """Format and send n output messages of one stream.
 
-    Message k is ``[topic, {"seq":s,"t":t,"ts":<ts text>,"version":v,"flags":f,
-    "n_chains":M}, θ_k ‖ ρ_k ‖ mean_k as little-endian float64]``
+    Binary (``json_prefix`` empty): message k is ``[topic, {"seq":s,"t":t,"ts":<ts
+    text>,"version":v,"flags":f,"n_chains":M}, θ_k ‖ ρ_k ‖ mean_k as little-endian
+    float64]``; JSON: one frame ``{"topic":<name>,"seq":s,"t":t,"ts":<ts text>,
+    "version":v,"flags":f,"theta":[…],"rho":[…],"mean":[…]}``, numbers as ``json.dumps``
+    writes them (:mod:`.floatrepr`; a non-finite value as ``null``)
     (:mod:`streamfhmm.io.wire`).
 
     Parameters
@@ -344,12 +352,15 @@ def send_posteriors(fn_send, fn_errno, sock, topic, seq, t, ts_text, ts_len, ver
     ts_text : ndarray of uint8, shape (n, TS_TEXT_BYTES); ts_len : ndarray of int64, shape (n,)
     theta, rho : ndarray of float64, shape (n, M)
     mean : ndarray of float64, shape (n, D)
-    header : ndarray of uint8, shape (>= 160 + TS_TEXT_BYTES,)
-        Scratch.
+    header : ndarray of uint8
+        Scratch for a header (at least 160 + TS_TEXT_BYTES bytes) or a JSON message
+        (:func:`json_message_bytes`).
     payload : ndarray of float64, shape (2 M + D,)
         Scratch.
     status : ndarray of int64, shape (2,)
         Out: ``[errno, dropped]``; errno 0 unless libzmq failed (the call then stops).
+    json_prefix : ndarray of uint8
+        Empty for binary output; for JSON ``{"topic":<the topic as a JSON string>,"seq":``.
 
     Returns
     -------
@@ -361,7 +372,8 @@ def send_posteriors(fn_send, fn_errno, sock, topic, seq, t, ts_text, ts_len, ver
     sent = 0
     for k in range(seq.shape[0]):
         r = _send_posterior(fn_send, fn_errno, sock, topic, seq[k], t[k], ts_text[k], ts_len[k],
-                            version[k], flags[k], theta[k], rho[k], mean[k], header, payload, status)
+                            version[k], flags[k], theta[k], rho[k], mean[k], header, payload, status,
+                            json_prefix)
         if r < 0:
             return sent
         if r == 0:
@@ -373,24 +385,23 @@ def send_posteriors(fn_send, fn_errno, sock, topic, seq, t, ts_text, ts_len, ver
 
 @jit
 def _send_posterior(fn_send, fn_errno, sock, topic, seq, t, ts_text, ts_len, version, flags,
-                    theta, rho, mean, header, payload, status):
-    """Format and send one binary output message (see :func:`send_posteriors`; ``theta``,
+                    theta, rho, mean, header, payload, status, json_prefix):
+    """Format and send one output message (see :func:`send_posteriors`; ``theta``,
     ``rho``, ``mean`` and ``ts_text`` are its rows). Returns 1 sent, 0 dropped (a full
     queue with ``ZMQ_DONTWAIT``), -1 libzmq failed (errno in ``status[0]``)."""
     M = theta.shape[0]
     D = mean.shape[0]
+    if json_prefix.shape[0]:
+        p = _put(header, 0, json_prefix)
+        p = _common_fields(header, p, seq, t, ts_text, ts_len, version, flags)
+        p = _put_floats(header, _put(header, p, _OUT_THETA), theta)
+        p = _put_floats(header, _put(header, p, _OUT_RHO), rho)
+        p = _put_floats(header, _put(header, p, _OUT_MEAN), mean)
+        header[p] = 93                     # ]
+        header[p + 1] = 125                # }
+        return _send_frame(fn_send, fn_errno, sock, header.ctypes.data, p + 2, np.int32(0), True, status)
     p = _put(header, 0, _SEQ_KEY)
-    p = _put_int(header, p, seq)
-    p = _put(header, p, _OUT_T)
-    p = _put_int(header, p, t)
-    p = _put(header, p, _OUT_TS)
-    for i in range(ts_len):
-        header[p + i] = ts_text[i]
-    p += ts_len
-    p = _put(header, p, _OUT_VERSION)
-    p = _put_int(header, p, version)
-    p = _put(header, p, _OUT_FLAGS)
-    p = _put_int(header, p, flags)
+    p = _common_fields(header, p, seq, t, ts_text, ts_len, version, flags)
     p = _put(header, p, _OUT_CHAINS)
     p = _put_int(header, p, M)
     header[p] = 125
@@ -413,25 +424,36 @@ def _send_posterior(fn_send, fn_errno, sock, topic, seq, t, ts_text, ts_len, ver
 
 
 @jit
-def send_frames(fn_send, fn_errno, sock, buf, ends, status):
-    """Send n one-frame messages, message k being ``buf[ends[k-1]:ends[k]]`` (``ends[-1]``
-    read as 0 for k = 0): the JSON output of a batch, encoded in Python, sent in one call.
+def _common_fields(buf, p, seq, t, ts_text, ts_len, version, flags):
+    """``<seq>,"t":<t>,"ts":<ts text>,"version":<v>,"flags":<f>`` at ``buf[p:]``."""
+    p = _put_int(buf, p, seq)
+    p = _put(buf, p, _OUT_T)
+    p = _put_int(buf, p, t)
+    p = _put(buf, p, _OUT_TS)
+    for i in range(ts_len):
+        buf[p + i] = ts_text[i]
+    p += ts_len
+    p = _put(buf, p, _OUT_VERSION)
+    p = _put_int(buf, p, version)
+    p = _put(buf, p, _OUT_FLAGS)
+    return _put_int(buf, p, flags)
 
-    ``status`` (int64, (2,)) receives ``[errno, dropped]`` as in :func:`send_posteriors`;
-    returns the messages sent.
-    """
-    status[0] = 0
-    status[1] = 0
-    sent = 0
-    start = 0
-    for k in range(ends.shape[0]):
-        r = _send_frame(fn_send, fn_errno, sock, buf.ctypes.data + start, ends[k] - start, np.int32(0),
-                        True, status)
-        if r < 0:
-            return sent
-        if r == 0:
-            status[1] += 1
+
+@jit
+def _put_floats(buf, p, x):
+    """The JSON numbers of x, comma-separated (``null`` for a non-finite value)."""
+    for j in range(x.shape[0]):
+        if j:
+            buf[p] = 44                    # ,
+            p += 1
+        v = x[j]
+        if v - v == 0.0:
+            p = put_repr(buf, p, v)
         else:
-            sent += 1
-        start = ends[k]
-    return sent
+            p = _put(buf, p, _NULL)
+    return p
+
+
+def json_message_bytes(prefix_len: int, n_chains: int, n_features: int) -> int:
+    """An upper bound on the bytes of a JSON output message (its scratch size)."""
+    return prefix_len + 160 + TS_TEXT_BYTES + (REPR_MAX_BYTES + 1) * (2 * n_chains + n_features)

@@ -4,9 +4,8 @@ When a service serves one stream on the compiled wire path, the work of a wake-u
 receive the queued samples, run them through the recognition network, publish their
 posteriors — is :func:`serve_lane`: libzmq's receive, the canonical input decoder of
 :mod:`.fastwire`, the engine's block kernel
-(:func:`streamfhmm.kernels.online.recognition_block`) and, for binary output, the
-output encoder, in one Numba call without the GIL (JSON output is encoded in Python
-from the call's output arrays, then sent by one compiled call). Python then does the bookkeeping of the block (sequence
+(:func:`streamfhmm.kernels.online.recognition_block`) and the output encoder (binary,
+or JSON with :mod:`.floatrepr`'s numbers), in one Numba call without the GIL. Python then does the bookkeeping of the block (sequence
 numbers, counters, the learner's subchains, checkpoints) once.
 
 Before, the same wake-up made three compiled calls (``recv_samples``,
@@ -41,7 +40,7 @@ def serve_lane(fn_recv, fn_getsockopt, fn_errno, fn_send, in_sock, out_sock, max
                value_bytes, pend_seq, pend_text, pend_len, pend_head, pend_t0, pend_n,
                ring, capacity, t, seq_start, window, lag, hist, mean, scale, weights, layout, W,
                version, Z, cs, zs, xw, hidden, info, tau, theta, rho, out_mean, out_version,
-               out_flags, header, payload, send_status, status, publish=True):
+               out_flags, header, payload, send_status, status, json_prefix):
     """Receive the next samples of one stream, recognise them, publish their posteriors.
 
     Parameters
@@ -72,15 +71,15 @@ def serve_lane(fn_recv, fn_getsockopt, fn_errno, fn_send, in_sock, out_sock, max
         Out: the posteriors emitted (rows ``0 .. ne-1``), shapes ``(K,)``, ``(K, M)``,
         ``(K, D)``.
     header, payload, send_status :
-        Send scratch and ``[errno, dropped]`` (:func:`.fastwire.send_posteriors`).
+        Send scratch and ``[errno, dropped]`` (:meth:`.zmq.ZmqSink.send_scratch`).
     status : ndarray of int64, shape (5,)
         Out: ``[why, n_frames, errno, ne, sent]`` — why the receive stopped (STOP_FULL,
         STOP_EMPTY, STOP_SLOW with the message's ``n_frames`` in the scratch,
         STOP_ERROR with ``errno``), the posteriors emitted and those sent (a send error
         leaves its errno in ``send_status[0]`` and stops the sending).
-    publish : bool
-        Send the posteriors as binary output messages; False leaves them in the output
-        arrays for the caller to publish (the JSON output, encoded in Python).
+    json_prefix : ndarray of uint8
+        Empty: binary output; else JSON output, each message beginning so
+        (:func:`.fastwire.send_posteriors`).
 
     Returns
     -------
@@ -127,8 +126,6 @@ def serve_lane(fn_recv, fn_getsockopt, fn_errno, fn_send, in_sock, out_sock, max
                            weights, layout, W, version, 0, Z, cs, zs, xw, hidden, tau, theta, rho,
                            out_mean, out_version, out_flags, info)
     status[3] = ne
-    if not publish:
-        return k
     absent = np.zeros(1, np.uint8)
     absent[0] = 48                         # "0"
     sent = 0
@@ -138,16 +135,16 @@ def serve_lane(fn_recv, fn_getsockopt, fn_errno, fn_send, in_sock, out_sock, max
             j = p - t
             r = _send_posterior(fn_send, fn_errno, out_sock, topic, seq[j], p, ts_text[j], ts_len[j],
                                 out_version[i], out_flags[i], theta[i], rho[i], out_mean[i], header,
-                                payload, send_status)
+                                payload, send_status, json_prefix)
         elif pend_t0 <= p < pend_t0 + pend_n:
             j = pend_head + p - pend_t0
             r = _send_posterior(fn_send, fn_errno, out_sock, topic, pend_seq[j], p, pend_text[j],
                                 pend_len[j], out_version[i], out_flags[i], theta[i], rho[i],
-                                out_mean[i], header, payload, send_status)
+                                out_mean[i], header, payload, send_status, json_prefix)
         else:
             r = _send_posterior(fn_send, fn_errno, out_sock, topic, -1, p, absent, 1, out_version[i],
                                 out_flags[i], theta[i], rho[i], out_mean[i], header, payload,
-                                send_status)
+                                send_status, json_prefix)
         if r < 0:
             break
         if r == 0:

@@ -42,6 +42,7 @@ per kind and interval, and skipped.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -51,7 +52,7 @@ import numpy as np
 import zmq
 
 from . import _libzmq
-from .fastwire import STOP_ERROR, STOP_SLOW, recv_samples, send_frames, send_posteriors
+from .fastwire import STOP_ERROR, STOP_SLOW, json_message_bytes, recv_samples, send_posteriors
 from .wire import (ERROR_KINDS, TS_TEXT_BYTES, Heartbeat, Sample, SampleRun, WireError, decode_input,
                    encode_heartbeat, ts_from_text,
                    encode_posterior, encode_posterior_batch, encode_sample, encode_service_heartbeat,
@@ -613,6 +614,8 @@ class ZmqSink:
         # the compiled send's scratch: header text, one payload, [errno, dropped]
         self._header = np.zeros(256 + TS_TEXT_BYTES, np.uint8)
         self._payload = np.zeros(0)
+        self._json_prefix = {}                 # topic -> the JSON message's beginning
+        self._no_prefix = np.zeros(0, np.uint8)
         self._status = np.zeros(2, np.int64)
 
     def send_frames(self, frames) -> bool:
@@ -671,25 +674,36 @@ class ZmqSink:
             How many were sent (the rest were dropped, see ``nodrop``).
         """
         lib = self._lib
-        if lib is None or self.format != "binary":
+        if lib is None:
             tss = [ts_from_text(r, m) for r, m in zip(ts_text, ts_len.tolist())]
-            if lib is None:
-                return self.send_batch(topic, seq.tolist(), tss, batch)
-            msgs = [m[0] for m in encode_posterior_batch(topic, seq.tolist(), tss, batch, "json")]
-            sent = send_frames(lib.send, lib.errno, self.socket.underlying,
-                               np.frombuffer(b"".join(msgs), np.uint8),
-                               np.cumsum([len(m) for m in msgs], dtype=np.int64), self._status)
-            return self._count(sent)
-        payload = self.payload_scratch(batch.theta.shape[1], batch.mean.shape[1])
+            return self.send_batch(topic, seq.tolist(), tss, batch)
+        M, D = batch.theta.shape[1], batch.mean.shape[1]
+        header, payload, prefix = self.send_scratch(topic, M, D)
         i8, f8 = np.int64, np.float64
         sent = send_posteriors(lib.send, lib.errno, self.socket.underlying,
                                np.frombuffer(topic, np.uint8), np.ascontiguousarray(seq, i8),
                                np.ascontiguousarray(batch.t, i8), ts_text, np.ascontiguousarray(ts_len, i8),
                                np.ascontiguousarray(batch.version, i8), np.ascontiguousarray(batch.flags, i8),
                                np.ascontiguousarray(batch.theta, f8), np.ascontiguousarray(batch.rho, f8),
-                               np.ascontiguousarray(batch.mean, f8), self._header, payload,
-                               self._status)
+                               np.ascontiguousarray(batch.mean, f8), header, payload, self._status, prefix)
         return self._count(sent)
+
+    def send_scratch(self, topic: bytes, n_chains: int, n_features: int):
+        """``(header, payload, json_prefix)`` for a compiled send of posteriors of
+        ``topic`` (:func:`~streamfhmm.io.fastwire.send_posteriors`): scratch arrays of
+        the right sizes, and the JSON message's beginning (empty for binary output)."""
+        prefix = self._no_prefix
+        if self.format == "json":
+            prefix = self._json_prefix.get(topic)
+            if prefix is None:
+                if len(self._json_prefix) >= 4096:
+                    self._json_prefix.clear()
+                text = b'{"topic":%s,"seq":' % json.dumps(topic.decode("utf-8")).encode()
+                prefix = self._json_prefix[topic] = np.frombuffer(text, np.uint8)
+            need = json_message_bytes(prefix.shape[0], n_chains, n_features)
+            if self._header.shape[0] < need:
+                self._header = np.zeros(need, np.uint8)
+        return self._header, self.payload_scratch(n_chains, n_features), prefix
 
     def payload_scratch(self, n_chains: int, n_features: int) -> np.ndarray:
         """The compiled send's payload scratch, float64 of shape (2 M + D,)."""
