@@ -37,7 +37,12 @@ Output (one posterior per input sample, in order), ``--format binary``:
   then ρ (M), then the reconstructed mean (D).
 
 ``--format json``: one frame ``{"topic": "name", "seq": s, "t": t, "ts": ts,
-"version": v, "flags": f, "theta": [...], "rho": [...], "mean": [...]}``.
+"version": v, "flags": f, "theta": [...], "rho": [...], "mean": [...]}`` (written as
+``json.dumps(..., separators=(",", ":"))`` does; a non-finite value is ``null``).
+
+In both formats ``ts`` is the input's time-stamp number; the compiled paths repeat the
+text it arrived as, the Python encoders write ``repr`` of its float (the same text for
+the canonical input every streamfhmm producer writes).
 
 Output heartbeat (when a stream, or the whole service, is idle):
 ``[topic, {"heartbeat": true, "seq": last_seq_received, "t": next_t, "ts": now}, b""]``
