@@ -875,11 +875,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--switch-interval", type=_positive_float, default=1e-4, metavar="SECONDS",
                     help="Python's thread switch interval: the longest the learner thread keeps the "
                          "interpreter from the inference path (default 0.0001; Python's is 0.005)")
-    sv.add_argument("--batch-wait", type=_nonneg_float, default=500.0, metavar="MICROSECONDS",
+    sv.add_argument("--batch-wait", type=_nonneg_float, default=250.0, metavar="MICROSECONDS",
                     help="adaptive batching: when messages queue up, read the input at most once per "
                          "this many microseconds, so that they are handled in batches (each waiting at "
                          "most this long); a message that finds the service idle is handled at once; "
-                         "0: read on every wake-up (default 500)")
+                         "0: read on every wake-up (default 250)")
     sv.add_argument("--no-lane", action="store_true",
                     help="never use the serving lane (one compiled call per read for a single stream with "
                          "binary output): the general path, for comparison")

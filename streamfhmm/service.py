@@ -355,7 +355,7 @@ class StreamService:
                  checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
                  heartbeat_interval: float = 1.0, status_interval: float = 0.0, status=None,
                  max_streams: int = 1024, wait_subscribers: int = 0, batch_size: int = 256,
-                 batch_threshold: int = 4, log_interval: float = 10.0, batch_wait: float = 500e-6,
+                 batch_threshold: int = 4, log_interval: float = 10.0, batch_wait: float = 250e-6,
                  lane: bool = True):
         if checkpoint_every is not None and int(checkpoint_every) < 1:
             raise ValueError(f"checkpoint_every must be >= 1 sample, got {checkpoint_every}")
