@@ -38,12 +38,13 @@ def watchdog():
     faulthandler.cancel_dump_traceback_later()
 
 
-def _model_and_net(seed):
+def _model_and_net(seed, mode="smooth"):
     print(f"model/net seed={seed}")
     p = FHMMParams.random(3, D, random_state=seed, noise=0.5, switch=(0.05, 0.3))
     model = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, window=5, n_hidden=6)
     X, _ = model.sample(500, random_state=seed)
-    net = RecognitionNet(3, D, window=5, n_hidden=6).init(random_state=seed)
+    net = RecognitionNet(3, D, window=5, n_hidden=6,
+                         mode="centred" if mode == "smooth" else "causal").init(random_state=seed)
     net.weights = 0.6 * np.random.default_rng(seed).standard_normal(net.n_weights)
     return model, net.fit_scaler(X)
 
@@ -91,7 +92,7 @@ def _traffic(rng, n, topics=(b"s",)):
 class _Side:
     """A source, a sink, a service and a consumer of its output."""
 
-    def __init__(self, ctx, port, model, net, lane, batch, ckpt_dir, fmt):
+    def __init__(self, ctx, port, model, net, lane, batch, ckpt_dir, fmt, mode):
         self.source = ZmqSource(f"tcp://127.0.0.1:{port}", D, hwm=0, context=ctx)
         self.sink = ZmqSink("tcp://127.0.0.1:*", format=fmt, hwm=0, context=ctx)
         self.out = ctx.socket(zmq.SUB)
@@ -101,7 +102,7 @@ class _Side:
         self.fed = {}
 
         def factory(topic):
-            eng = StreamEngine(model, learn=True, net=net, learner_duty=1e-3)
+            eng = StreamEngine(model, mode=mode, learn=True, net=net, learner_duty=1e-3)
             got = self.fed.setdefault(topic, [])
             eng._learner.feed = lambda seg, t: got.append((t, seg.copy()))
             return eng
@@ -126,13 +127,13 @@ class _Side:
 def sides(tmp_path):
     made = []
 
-    def make(model, net, batch, fmt="binary"):
+    def make(model, net, batch, fmt="binary", mode="smooth"):
         ctx = zmq.Context()
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.SNDHWM, 0)
         port = pub.bind_to_random_port("tcp://127.0.0.1")
-        a = _Side(ctx, port, model, net, True, batch, str(tmp_path / "lane"), fmt)
-        b = _Side(ctx, port, model, net, False, batch, str(tmp_path / "general"), fmt)
+        a = _Side(ctx, port, model, net, True, batch, str(tmp_path / "lane"), fmt, mode)
+        b = _Side(ctx, port, model, net, False, batch, str(tmp_path / "general"), fmt, mode)
         made.append((ctx, pub, a, b))
         for s in (a, b):
             assert s.sink.wait_for_subscribers(1, timeout=30)
@@ -218,10 +219,12 @@ def _records_agree_with_output(records, messages):
     assert sum(rec["t_next"] - 1 in at for rec in records) > 2
 
 
-@pytest.mark.parametrize("seed,batch,fmt", [(1, 1, "binary"), (2, 7, "binary"), (3, 64, "binary"),
-                                            (4, 256, "binary"), (7, 7, "json"), (8, 256, "json")])
-def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, fmt, monkeypatch):
-    print("seed", seed, "batch", batch, "format", fmt)
+@pytest.mark.parametrize("seed,batch,fmt,mode", [(1, 1, "binary", "smooth"), (2, 7, "binary", "smooth"),
+                                                 (3, 64, "binary", "smooth"), (4, 256, "binary", "smooth"),
+                                                 (7, 7, "json", "smooth"), (8, 256, "json", "smooth"),
+                                                 (9, 7, "binary", "filter"), (10, 64, "json", "filter")])
+def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, fmt, mode, monkeypatch):
+    print("seed", seed, "batch", batch, "format", fmt, "mode", mode)
     lane_samples = []
     real = service_module.serve_lane
     monkeypatch.setattr(service_module, "serve_lane", lambda *a: lane_samples.append(real(*a)) or lane_samples[-1])
@@ -235,8 +238,8 @@ def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, fmt,
         write(path, text)
 
     monkeypatch.setattr(service_module, "_atomic_write_text", keep)
-    model, net = _model_and_net(seed)
-    pub, a, b = sides(model, net, batch, fmt)
+    model, net = _model_and_net(seed, mode)
+    pub, a, b = sides(model, net, batch, fmt, mode)
     _run(pub, (a, b), _traffic(np.random.default_rng(seed), 3000))
     assert a.sink.dropped == b.sink.dropped == 0
     assert len(a.messages) == len(b.messages) > 2000
