@@ -5,18 +5,20 @@ receive the queued samples, run them through the recognition network, publish th
 posteriors — is :func:`serve_lane`: libzmq's receive, the canonical input decoder of
 :mod:`.fastwire`, the engine's block kernel
 (:func:`streamfhmm.kernels.online.recognition_block`) and the output encoder (binary,
-or JSON with :mod:`.floatrepr`'s numbers), in one Numba call without the GIL. Python then does the bookkeeping of the block (sequence
-numbers, counters, the learner's subchains, checkpoints) once.
+or JSON with :mod:`.floatrepr`'s numbers), in one Numba call without the GIL. Python
+then does the bookkeeping of the block (sequence numbers, counters, the learner's
+subchains, checkpoints) once (``StreamService._lane_read``).
 
 Before, the same wake-up made three compiled calls (``recv_samples``,
 ``recognition_block``, ``send_posteriors``) glued by some 90 µs of interpreter work
 (runs, batches, the pending FIFO, argument checks), as much as the three calls
-themselves for ten samples.
+themselves for ten samples (bench/serve_loop.py prints both).
 
 The lane stops at the first message that is not the next canonical sample of its
 stream (another topic, a gap, a heartbeat, anything for the Python decoder): that
-message waits in the scratch frames and the service handles it, and what follows, on
-the general path. Same messages out, byte for byte: tests/test_lane.py.
+message waits in the scratch frames, the service handles it on the general path, and
+the lane goes on after it. tests/test_lane.py runs the same traffic with and without
+the lane: the same output headers byte for byte and the same posteriors.
 """
 from __future__ import annotations
 
