@@ -103,6 +103,14 @@ def _pow5bits(e):
     return ((e * 1217359) >> 19) + 1
 
 
+@jit(inline="always")
+def _drop_digit(vr, vp, vm, last, vr_trailing_zeros):
+    """Remove the last digit of vr, vp and vm; ``last`` becomes vr's, and
+    ``vr_trailing_zeros`` whether every digit removed before it was 0."""
+    return (vr // _U10, vp // _U10, vm // _U10, int(vr % _U10),
+            vr_trailing_zeros and last == 0)
+
+
 @jit
 def shortest(bits):
     """The shortest decimal that reads back as the positive finite double of IEEE bit
@@ -155,37 +163,22 @@ def shortest(bits):
                 vp -= _U1
         elif q < 63:
             vr_trailing_zeros = (mv & ((_U1 << np.uint64(q)) - _U1)) == _U0
+    # remove digits while the interval still holds a shorter decimal; the trailing-zero
+    # flags (false but in ~1 % of doubles) track whether the bounds and the removed
+    # digits are exact, which decides the bounds' inclusion and the tie to even
     removed = 0
     last = 0
-    if vm_trailing_zeros or vr_trailing_zeros:
-        while vp // _U10 > vm // _U10:
-            vm_trailing_zeros = vm_trailing_zeros and vm % _U10 == _U0
-            vr_trailing_zeros = vr_trailing_zeros and last == 0
-            last = int(vr % _U10)
-            vr //= _U10
-            vp //= _U10
-            vm //= _U10
+    while vp // _U10 > vm // _U10:
+        vm_trailing_zeros = vm_trailing_zeros and vm % _U10 == _U0
+        vr, vp, vm, last, vr_trailing_zeros = _drop_digit(vr, vp, vm, last, vr_trailing_zeros)
+        removed += 1
+    if vm_trailing_zeros:                                       # an exact lower bound may
+        while vm % _U10 == _U0:                                 # lose more zeros
+            vr, vp, vm, last, vr_trailing_zeros = _drop_digit(vr, vp, vm, last, vr_trailing_zeros)
             removed += 1
-        if vm_trailing_zeros:
-            while vm % _U10 == _U0:
-                vr_trailing_zeros = vr_trailing_zeros and last == 0
-                last = int(vr % _U10)
-                vr //= _U10
-                vp //= _U10
-                vm //= _U10
-                removed += 1
-        if vr_trailing_zeros and last == 5 and vr % _U2 == _U0:
-            last = 4                                            # exactly half: to even
-        up = (vr == vm and (not accept_bounds or not vm_trailing_zeros)) or last >= 5
-    else:
-        up = False
-        while vp // _U10 > vm // _U10:
-            up = vr % _U10 >= _U5
-            vr //= _U10
-            vp //= _U10
-            vm //= _U10
-            removed += 1
-        up = up or vr == vm
+    if vr_trailing_zeros and last == 5 and vr % _U2 == _U0:
+        last = 4                                                # exactly half: to even
+    up = (vr == vm and (not accept_bounds or not vm_trailing_zeros)) or last >= 5
     out = vr + (_U1 if up else _U0)
     exp = e10 + removed
     while out % _U10 == _U0:
