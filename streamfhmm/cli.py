@@ -537,7 +537,7 @@ def _serve(args, state) -> int:
         return StreamEngine.resume(path, learn=learn, **duty)
 
     # fail now, not at the first sample, on a configuration the engine refuses; and load
-    # the compiled kernels before subscribing
+    # the compiled kernels (the serving lane's too) before subscribing
     _warm_engine(StreamEngine, factory, new_model, args, n_features)
     if state["stop"]:
         return 0
@@ -609,6 +609,8 @@ def _serve(args, state) -> int:
 
 
 def _warm_engine(StreamEngine, factory, new_model, args, n_features):
+    """Run the kernels a stream will need once: the engine's, then the serving lane's
+    (:func:`_warm_lane`)."""
     try:
         probe = factory(b"")
     except ValueError as exc:
@@ -622,14 +624,24 @@ def _warm_engine(StreamEngine, factory, new_model, args, n_features):
         eng = StreamEngine(model, mode=args.mode, learn=False, posterior=args.posterior)
     except ValueError:
         return  # e.g. a filter-mode network only the learner can make: nothing to warm
+    X, _ = model.sample(4 * model.window + 16, random_state=0)
     try:
-        X, _ = model.sample(4 * model.window + 16, random_state=0)
         for x in X:
             eng.push(x)
         eng.push_many(X)
         eng.flush()
     finally:
         eng.close()
+    _warm_lane(lambda topic: StreamEngine(model, mode=args.mode, learn=False, posterior=args.posterior),
+               X, args)
+
+
+def _warm_lane(factory, X, args):
+    """The serving lane's kernel too (see :func:`streamfhmm.service.warm_lane`)."""
+    if args.no_lane:
+        return
+    from .service import warm_lane
+    warm_lane(factory, X, args.format)
 
 
 def _warm_cold_engine(StreamEngine, args, n_features):
@@ -648,14 +660,17 @@ def _warm_cold_engine(StreamEngine, args, n_features):
                            n_features=n_features, warmup=n_warm, warmup_steps=2, learner_duty=0.05)
     except ValueError:
         return
+    X, _ = params.sample(n_warm + 8 * args.window + 64, random_state=1)
     try:
-        X, _ = params.sample(n_warm + 8 * args.window + 64, random_state=1)
         for x in X[:n_warm + 2 * args.window]:
             eng.push(x)
         eng.push_many(X[n_warm + 2 * args.window:])
         eng.flush()
     finally:
         eng.close()
+    _warm_lane(lambda topic: StreamEngine(model, mode=args.mode, learn=True, posterior=args.posterior,
+                                          n_features=n_features, warmup=n_warm, warmup_steps=2,
+                                          learner_duty=0.05), X, args)
 
 
 def _cmd_replay(args) -> int:

@@ -56,7 +56,7 @@ import zmq
 
 from .io.fastwire import STOP_ERROR, STOP_SLOW
 from .io.lane import LANE_STATUS, serve_lane
-from .io.wire import TS_TEXT_BYTES, Heartbeat, SampleRun, ts_from_text, ts_text
+from .io.wire import TS_TEXT_BYTES, Heartbeat, SampleRun, encode_heartbeat, encode_sample, ts_from_text, ts_text
 from .io.zmq import RateLimitedLog, ZmqSink, ZmqSource
 from .stream.engine import _CHUNK as _ENGINE_CHUNK
 from .stream.engine import PosteriorBatch
@@ -225,6 +225,50 @@ class _Stream:
         self.lane = None            # the serving lane's output arrays, made at its first use
 
 
+def warm_lane(engine_factory, X, format: str = "binary", timeout: float = 120.0) -> int:
+    """Compile (or load from the kernel cache) what a one-stream service runs, the
+    serving lane included, before a real service subscribes: ``X`` (n, D) goes through
+    a throwaway :class:`StreamService` over inproc sockets.
+
+    A first run after installing otherwise compiles the lane kernel (about 13 s) at
+    its first read, with the publisher streaming ahead. Returns the samples the lane
+    handled (0 where it does not apply, e.g. exact posteriors).
+    """
+    X = np.ascontiguousarray(X, dtype="<f8")
+    ctx = zmq.Context()
+    name = f"inproc://streamfhmm-warm-{os.getpid()}-{id(X)}"
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    pub.bind(name + "-in")
+    source = ZmqSource(name + "-in", X.shape[1], hwm=0, context=ctx)
+    sink = ZmqSink(name + "-out", format=format, hwm=0, context=ctx)
+    svc = StreamService(source, sink, engine_factory, heartbeat_interval=0, batch_size=64, batch_wait=0)
+    deadline = time.monotonic() + timeout
+    try:
+        while not source.socket.poll(1):        # the subscription reaches the PUB: a probe
+            if time.monotonic() > deadline:
+                return 0
+            pub.send_multipart(encode_heartbeat(b"warm-probe", 0, 0.0))
+        while source.socket.poll(0):
+            svc.read()
+        # the first sample opens the stream on the general path, the rest goes through
+        # the lane (a cold engine's warm-up samples through the general path as well)
+        read = 0
+        for lo, hi in ((0, 1), (1, X.shape[0])):
+            for i in range(lo, hi):
+                pub.send_multipart(encode_sample(b"warm", i, float(i), X[i]))
+            while read < hi and time.monotonic() < deadline:
+                if source.socket.poll(10):
+                    read += svc.read()
+    finally:
+        svc.shutdown()
+        source.close(0)
+        sink.close(0)
+        pub.close(0)
+        ctx.term()
+    return svc.lane_samples
+
+
 def _stream_stem(topic: bytes) -> str:
     h = topic.hex()
     if len(h) > 200:
@@ -382,6 +426,7 @@ class StreamService:
         self._block = None  # whether the engines have push_many (known at the first stream)
         self._lane = bool(lane) and source.fast and sink.fast
         self._lane_status = np.zeros(len(LANE_STATUS), np.int64)
+        self.lane_samples = 0   # samples the serving lane handled
         self._log = RateLimitedLog(logger, log_interval)
         self._stop = threading.Event()
         self.streams: dict[bytes, _Stream] = {}
@@ -595,6 +640,7 @@ class StreamService:
                        sink._status, status, json_prefix)
         why, n_frames, err, ne, sent = status.tolist()
         if k:
+            self.lane_samples += k
             last = st.last_seq + k
             sst.last_seq = last
             sst.samples += k

@@ -21,7 +21,7 @@ from streamfhmm.io.wire import encode_heartbeat, encode_sample
 from streamfhmm.io.zmq import ZmqSink, ZmqSource
 from streamfhmm.model import FHMMParams
 from streamfhmm.network import RecognitionNet
-from streamfhmm.service import StreamService
+from streamfhmm.service import StreamService, warm_lane
 from streamfhmm.stream.engine import StreamEngine
 
 pytestmark = pytest.mark.skipif(_libzmq.functions() is None,
@@ -298,3 +298,16 @@ def test_a_second_topic_moves_the_service_to_the_general_path(sides, monkeypatch
     assert sum(lane_samples) == before
     _same_output(a.messages, b.messages)
     assert a.svc.counters == b.svc.counters
+
+
+def test_warm_lane_runs_the_lane_before_any_service_subscribes():
+    """serve compiles the lane at start-up through a throwaway service on inproc sockets."""
+    model, net = _model_and_net(11)
+    X = np.random.default_rng(11).normal(size=(40, D))
+    for fmt in ("binary", "json"):
+        n = warm_lane(lambda topic: StreamEngine(model, learn=False, net=net), X, fmt, timeout=60)
+        assert n == 39, fmt   # all but the sample that opens the stream
+
+    def refuse(topic):
+        raise ValueError("no engine for this configuration")
+    assert warm_lane(refuse, X, "binary", timeout=60) == 0
