@@ -618,13 +618,13 @@ class StreamService:
         source, sink = self.source, self.sink
         sst = source.streams.get(st.topic)
         pend = st.pending
-        t = state[2]
+        t = state.t
         if sst is None or sst.last_seq != st.last_seq or st.t_next != t or (pend.n and pend.t0 + pend.n != t):
             return 0, False   # (the general path's bookkeeping disagrees: let it handle this)
         K = min(max_messages, _ENGINE_CHUNK)
         lane = st.lane
         if lane is None or lane[0].shape[0] < K:
-            M, D = state[11].shape[0] - 1, source.n_features   # (W is (M + 1, D))
+            M, D = state.W.shape[0] - 1, source.n_features   # (W is (M + 1, D))
             lane = st.lane = (np.empty(K, np.int64), np.empty((K, M)), np.empty((K, M)), np.empty((K, D)),
                               np.empty(K, np.int64), np.empty(K, np.int64), np.frombuffer(st.topic, np.uint8))
         tau, theta, rho, mean, version, flags, topic = lane
@@ -642,9 +642,7 @@ class StreamService:
         if k:
             self.lane_samples += k
             last = st.last_seq + k
-            sst.last_seq = last
-            sst.samples += k
-            sst.ended = False
+            source._accept(st.topic, sst, st.last_seq + 1, k)   # (consecutive: no gap, nothing stale)
             engine._lane_commit(b["values"][:k], t, ne)
             pend.append_arrays(t, b["seq"][:k], b["ts_text"][:k], b["ts_len"][:k])
             self._accepted(st, last, k)

@@ -225,9 +225,6 @@ def _records_agree_with_output(records, messages):
                                                  (9, 7, "binary", "filter"), (10, 64, "json", "filter")])
 def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, fmt, mode, monkeypatch):
     print("seed", seed, "batch", batch, "format", fmt, "mode", mode)
-    lane_samples = []
-    real = service_module.serve_lane
-    monkeypatch.setattr(service_module, "serve_lane", lambda *a: lane_samples.append(real(*a)) or lane_samples[-1])
     records = {}
     write = service_module._atomic_write_text
 
@@ -264,14 +261,11 @@ def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, fmt,
         _records_agree_with_output(records[side.svc.checkpoint_dir], side.messages)
     # the lane took part (it stops at every message that breaks the stream, and the
     # general path reads the rest of that wake-up: here one message in ten)
-    assert sum(lane_samples) > 0.05 * a.svc.counters["samples"]
+    assert a.svc.lane_samples > 0.05 * a.svc.counters["samples"] and b.svc.lane_samples == 0
 
 
 @pytest.mark.parametrize("batch,fmt", [(1, "binary"), (50, "binary"), (50, "json")])
-def test_the_lane_takes_an_unbroken_stream(sides, batch, fmt, monkeypatch):
-    lane_samples = []
-    real = service_module.serve_lane
-    monkeypatch.setattr(service_module, "serve_lane", lambda *a: lane_samples.append(real(*a)) or lane_samples[-1])
+def test_the_lane_takes_an_unbroken_stream(sides, batch, fmt):
     model, net = _model_and_net(6)
     pub, a, b = sides(model, net, batch, fmt)
     X = np.random.default_rng(6).normal(size=(2000, D))
@@ -279,23 +273,20 @@ def test_the_lane_takes_an_unbroken_stream(sides, batch, fmt, monkeypatch):
     _same_output(a.messages, b.messages)
     assert a.svc.counters == b.svc.counters and a.svc.counters["samples"] == 2000
     # all but the first read's samples (the stream is opened by the general path)
-    assert sum(lane_samples) >= 2000 - batch
+    assert a.svc.lane_samples >= 2000 - batch and b.svc.lane_samples == 0
 
 
-def test_a_second_topic_moves_the_service_to_the_general_path(sides, monkeypatch):
+def test_a_second_topic_moves_the_service_to_the_general_path(sides):
     """The lane serves one stream; with two, every read goes the general way (and the
     output is still the general path's)."""
-    lane_samples = []
-    real = service_module.serve_lane
-    monkeypatch.setattr(service_module, "serve_lane", lambda *a: lane_samples.append(real(*a)) or lane_samples[-1])
     model, net = _model_and_net(5)
     pub, a, b = sides(model, net, 32)
     rng = np.random.default_rng(5)
     _run(pub, (a, b), _traffic(rng, 800))
-    before = sum(lane_samples)
+    before = a.svc.lane_samples
     assert before > 0
     _run(pub, (a, b), _traffic(rng, 800, topics=(b"s", b"t")))
-    assert sum(lane_samples) == before
+    assert a.svc.lane_samples == before
     _same_output(a.messages, b.messages)
     assert a.svc.counters == b.svc.counters
 

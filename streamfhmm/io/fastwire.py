@@ -41,9 +41,8 @@ __all__ = ["STOP_FULL", "STOP_EMPTY", "STOP_SLOW", "STOP_ERROR",
 STOP_FULL, STOP_EMPTY, STOP_SLOW, STOP_ERROR = 0, 1, 2, 3
 
 _SEQ_KEY = np.frombuffer(b'{"seq":', dtype=np.uint8).copy()
-_TS_KEY = np.frombuffer(b',"ts":', dtype=np.uint8).copy()
+_TS_KEY = np.frombuffer(b',"ts":', dtype=np.uint8).copy()   # (input and output headers)
 _OUT_T = np.frombuffer(b',"t":', dtype=np.uint8).copy()
-_OUT_TS = np.frombuffer(b',"ts":', dtype=np.uint8).copy()
 _OUT_VERSION = np.frombuffer(b',"version":', dtype=np.uint8).copy()
 _OUT_FLAGS = np.frombuffer(b',"flags":', dtype=np.uint8).copy()
 _OUT_CHAINS = np.frombuffer(b',"n_chains":', dtype=np.uint8).copy()
@@ -429,7 +428,7 @@ def _common_fields(buf, p, seq, t, ts_text, ts_len, version, flags):
     p = _put_int(buf, p, seq)
     p = _put(buf, p, _OUT_T)
     p = _put_int(buf, p, t)
-    p = _put(buf, p, _OUT_TS)
+    p = _put(buf, p, _TS_KEY)
     for i in range(ts_len):
         buf[p + i] = ts_text[i]
     p += ts_len

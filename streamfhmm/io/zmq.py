@@ -588,8 +588,8 @@ class ZmqSink:
         With ``nodrop``: how long a send may block before the message is dropped.
     fast : bool
         Let :meth:`send_block` use the compiled send path where libzmq is reachable
-        (binary messages are formatted and sent in one call; JSON ones are encoded in
-        Python and sent in one call); False forces the pure pyzmq path.
+        (the messages of a batch, binary or JSON, formatted and sent in one call); False
+        forces the pure pyzmq path.
     """
 
     def __init__(self, endpoint: str, *, bind: bool = True, format: str = "binary",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import time
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 
@@ -120,6 +121,31 @@ class PosteriorBatch:
     def __repr__(self) -> str:
         span = f"t={self.t[0]}..{self.t[-1]}" if len(self) else "empty"
         return f"PosteriorBatch({len(self)} posteriors, {span})"
+
+
+class LaneState(NamedTuple):
+    """The arguments of :func:`~streamfhmm.kernels.online.recognition_block` that are
+    engine state (see there), in :func:`streamfhmm.io.lane.serve_lane`'s order."""
+
+    ring: np.ndarray
+    capacity: int
+    t: int
+    seq_start: int
+    window: int
+    lag: int
+    hist: int
+    mean: np.ndarray
+    scale: np.ndarray
+    weights: np.ndarray
+    layout: np.ndarray
+    W: np.ndarray
+    version: int
+    Z: np.ndarray
+    cs: np.ndarray
+    zs: np.ndarray
+    xw: np.ndarray
+    hidden: np.ndarray
+    info: np.ndarray
 
 
 class _Builder:
@@ -897,19 +923,18 @@ class StreamEngine:
         self._n_emitted += ne
 
     # -- the serving lane (streamfhmm.io.lane) -----------------------------------------
-    def _lane_state(self):
+    def _lane_state(self) -> "LaneState | None":
         """The block kernel's state for a compiled caller that runs it on samples it
-        received itself (:func:`streamfhmm.io.lane.serve_lane`): ``(ring, capacity, t,
-        seq_start, window, lag, hist, mean, scale, weights, layout, W, version, Z, cs, zs,
-        xw, hidden, info)``; None when a block cannot go straight to that kernel (closed,
-        warming up, exact posteriors, no open sequence). At most ``_CHUNK`` samples."""
+        received itself (:func:`streamfhmm.io.lane.serve_lane`, in this order); None
+        when a block cannot go straight to that kernel (closed, warming up, exact
+        posteriors, no open sequence). At most ``_CHUNK`` samples."""
         if self._closed or self._phase != "running" or self._exact_mode or not self._seq_open:
             return None
         snap = self._snapshot
-        return (self._ring.buf, self._ring.capacity, self._t, self._seq_start, self._window,
-                self._lag, self._hist, self._nmean, self._nscale, snap.weights, self._layout,
-                snap.params.W, snap.version, self._Z, self._cs, self._Zs, self._Xw, self._hidden,
-                self._info)
+        return LaneState(self._ring.buf, self._ring.capacity, self._t, self._seq_start, self._window,
+                         self._lag, self._hist, self._nmean, self._nscale, snap.weights, self._layout,
+                         snap.params.W, snap.version, self._Z, self._cs, self._Zs, self._Xw,
+                         self._hidden, self._info)
 
     def _lane_commit(self, Xc, t, ne):
         """After the lane ran the block kernel on ``Xc`` at position ``t`` (the ``t`` of
