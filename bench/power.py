@@ -11,14 +11,18 @@ Protocol (paper §4.2, :mod:`streamfhmm.power`): six standardised dimensions, th
 ``/work/shared/design/POWER.md``). Rows: the paper's SMF-EM and proposed columns, our
 SMF-EM trained on the last 5,000 training rows, our SMF-EM on the whole training set
 (within ``--smf-budget`` seconds), and our SVI (FHMM(n_chains=10, window=21,
-n_hidden=200, share_hidden="all"), ``--iters`` steps of ``--batch-size`` subchains),
-each with its fit's wall time. SMF models are scored with SMF posteriors on the test
+n_hidden=200, share_hidden="all"), ``--iters`` steps of ``--batch-size`` subchains,
+the first tenth (``--net-warmup``) training the networks only), each with its fit's
+wall time. SMF models are scored with SMF posteriors on the test
 rows, the SVI model with its recognition networks. A second table leaves out the
 test rows the data file filled by copying the previous day. ``--covariance-type`` (full, diag,
 spherical; default full) sets the noise covariance family of our SMF-EM and SVI models;
 the tables name it in our rows. ``--em-rows N`` adds exact EM (maximum likelihood, 10
 chains, 2^10 joint states) on the last N training rows within ``--em-budget`` seconds,
 scored with exact posteriors: what the model family reaches without approximations.
+A third table gives, per step on the last ``--bound-rows`` training rows, each model's
+exact log-likelihood, its structured mean-field bound and the SVI model's ELBO: the
+gaps are how far each posterior is from the exact one.
 
 ``--tune`` fits on training rows [0, 800,000) and scores the reconstruction of training
 rows [800,000, 1,000,000); the test rows are never touched.
@@ -36,14 +40,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
-from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL, SVI_SETTINGS,  # noqa: E402
-                              mse_per_dimension, power_split, protocol_mse, protocol_table)
+from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL,  # noqa: E402
+                              mse_per_dimension, power_split, protocol_mse, protocol_table,
+                              svi_settings)
 
 SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
 
 #: --tune: settings compared, each a change from streamfhmm.power.SVI_SETTINGS
 TUNE_VARIANTS = {
     "default": {},
+    "no net warm-up": dict(net_warmup=0),
     "lr 1e-2": dict(learning_rate=1e-2),
     "lr 1e-3": dict(learning_rate=1e-3),
     "lr 3e-2": dict(learning_rate=3e-2),
@@ -53,7 +59,7 @@ TUNE_VARIANTS = {
     "batch 30": dict(batch_size=30),
 }
 _SVI_OPTIONS = ("learning_rate", "final_lr_ratio", "batch_size", "subchain_length", "init",
-                "init_samples")
+                "init_samples", "net_warmup")
 
 
 def print_table(rows, title):
@@ -79,7 +85,7 @@ def run_protocol(args, split):
                            svi_kwargs=svi_overrides(args), smf_budget=args.smf_budget,
                            smf_full=not args.skip_smf_full, random_state=args.seed,
                            progress=args.progress, log=lambda s: print(s, flush=True),
-                           covariance_type=args.covariance_type)
+                           covariance_type=args.covariance_type, n_bound_rows=args.bound_rows)
     svi = table.rows[-1]
     print(f"covariance_type={args.covariance_type}")
     print(f"SVI: {svi.info['iterations']:,} steps of {svi.info['settings']['batch_size']} subchains, "
@@ -130,10 +136,9 @@ def run_tune(args, split):
           f"{args.iters:,} steps per fit (x the variant's factor)")
     rows, record = [], {}
     for name in names:
-        kw = dict(SVI_SETTINGS)
-        kw.update(svi_overrides(args))
-        kw.update(TUNE_VARIANTS[name])
-        kw["max_iter"] *= kw.pop("iter_factor", 1)
+        over = {**svi_overrides(args), **TUNE_VARIANTS[name]}
+        over["max_iter"] *= over.pop("iter_factor", 1)
+        kw = svi_settings(**over)
         m = FHMM(**PAPER_MODEL, random_state=args.seed, covariance_type=args.covariance_type)
         t0 = time.perf_counter()
         m.fit(train, method="svi", progress=args.progress, **kw)
@@ -164,6 +169,8 @@ def main(argv=None):
     ap.add_argument("--subchain-length", type=int)
     ap.add_argument("--init", choices=("smf", "kmeans"))
     ap.add_argument("--init-samples", type=int)
+    ap.add_argument("--net-warmup", type=int, help="SVI steps training the networks only "
+                    "(default a tenth of --iters)")
     ap.add_argument("--n-scored", type=int, help=f"test rows scored (default {N_SCORED:,}; --quick 20,000)")
     ap.add_argument("--train-rows", type=int, help="train on the last so many training rows "
                     "(default all; --quick 50,000)")
@@ -172,6 +179,9 @@ def main(argv=None):
     ap.add_argument("--em-budget", type=float, default=480.0, help="exact EM: seconds (default 480)")
     ap.add_argument("--covariance-type", choices=("full", "diag", "spherical"), default="full",
                     help="noise covariance family of our SMF-EM and SVI models (default full)")
+    ap.add_argument("--bound-rows", type=int, help="last training rows on which the exact "
+                    "log-likelihood, the SMF bound and the ELBO of each model are printed "
+                    "(default 100,000; --quick 5,000; 0 leaves them out)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--progress", action="store_true", help="show progress bars")
     ap.add_argument("--save-model", help="save the SVI model (.npz)")
@@ -183,6 +193,8 @@ def main(argv=None):
         args.smf_budget = 20.0 if args.quick else 600.0
     if args.n_scored is None:
         args.n_scored = 20_000 if args.quick else N_SCORED
+    if args.bound_rows is None:
+        args.bound_rows = 5_000 if args.quick else 100_000
     if args.quick and args.train_rows is None:
         args.train_rows = 50_000
 

@@ -39,8 +39,8 @@ import numpy as np
 
 __all__ = [
     "PAPER_COLUMNS", "AGGREGATE_COLUMNS", "SUBMETER_COLUMNS", "N_TRAIN", "N_SCORED",
-    "PAPER_TABLE2", "PAPER_MODEL", "SVI_SETTINGS", "PowerSplit", "power_split",
-    "mse_per_dimension", "protocol_mse", "ProtocolRow", "ProtocolTable", "protocol_table",
+    "PAPER_TABLE2", "PAPER_MODEL", "SVI_SETTINGS", "NET_WARMUP_FRACTION", "svi_settings", "PowerSplit", "power_split",
+    "mse_per_dimension", "protocol_mse", "likelihood_per_step", "ProtocolRow", "ProtocolTable", "protocol_table",
     "submeter_features", "fit_submeter_map", "predict_submeters",
     "fit_aggregate_baseline", "predict_aggregate_baseline", "disaggregation_metrics",
     "DisaggregationReport", "disaggregate_report", "plot_reconstruction", "plot_submeters",
@@ -228,7 +228,19 @@ def protocol_mse(model, split: PowerSplit, n_scored: int | None = N_SCORED, meth
 
 #: SVI settings of :func:`protocol_table` (chosen on held-out training rows: ``bench/power.py --tune``)
 SVI_SETTINGS = dict(max_iter=150_000, batch_size=10, subchain_length=None, learning_rate=3e-3,
-                    final_lr_ratio=0.01, init="smf", init_samples=5000)
+                    final_lr_ratio=0.01, init="smf", init_samples=5000, net_warmup=15_000)
+#: the networks-only steps (``FHMM.fit(net_warmup=...)``) as a fraction of ``max_iter``
+NET_WARMUP_FRACTION = 0.1
+
+
+def svi_settings(**overrides) -> dict:
+    """:data:`SVI_SETTINGS` with ``overrides``; ``net_warmup`` follows ``max_iter``
+    (:data:`NET_WARMUP_FRACTION` of it) unless it is given."""
+    kw = dict(SVI_SETTINGS)
+    kw.update(overrides)
+    if "net_warmup" not in overrides:
+        kw["net_warmup"] = int(NET_WARMUP_FRACTION * kw["max_iter"])
+    return kw
 _SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
 
 
@@ -255,11 +267,15 @@ class ProtocolTable:
         Test rows scored.
     models : dict of str to FHMM
         Our fitted models, by row name.
+    n_bound_rows : int
+        Training rows (the last ones) of the likelihood figures in our rows'
+        ``info["per_step"]`` (0: not measured).
     """
 
     rows: list
     n_scored: int
     models: dict = field(default_factory=dict)
+    n_bound_rows: int = 0
 
     def format(self) -> str:
         """Two plain-text tables: all scored test rows; without the imputed test rows."""
@@ -276,6 +292,16 @@ class ProtocolTable:
         if ours:
             out += ["", "the same, leaving out the test rows the file filled from the previous day", head]
             out += [line(r.name, r.mse_excluding_imputed, r.fit_seconds) for r in ours]
+        steps = [r for r in ours if "per_step" in r.info]
+        if steps:
+            out += ["", f"per step, on the last {self.n_bound_rows:,} training rows: exact "
+                    f"log-likelihood, the structured mean-field bound, the recognition ELBO",
+                    f"{'':<{width}}{'exact':>10}{'SMF':>10}{'ELBO':>10}"]
+            for r in steps:
+                v = r.info["per_step"]
+                cells = "".join("         -" if v.get(k) is None else f"{v[k]:>10.3f}"
+                                for k in ("loglik", "smf_bound", "elbo"))
+                out.append(f"{r.name:<{width}}{cells}")
         svi = [r for r in ours if r.name.startswith("ours proposed")]
         if svi:
             paper = np.array(PAPER_TABLE2["paper proposed"])
@@ -288,8 +314,8 @@ class ProtocolTable:
 def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
                    train_rows: int | None = None, svi_kwargs: dict | None = None,
                    smf_budget: float | None = 600.0, smf_full: bool = True, random_state=0,
-                   progress: bool = False, log=None,
-                   covariance_type: str | None = None) -> ProtocolTable:
+                   progress: bool = False, log=None, covariance_type: str | None = None,
+                   n_bound_rows: int = 0) -> ProtocolTable:
     """Fit the protocol's models and score them: the paper's Table 2 beside ours.
 
     Parameters
@@ -317,6 +343,11 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
         Noise covariance family of our SMF-EM and SVI models
         (:class:`~streamfhmm.FHMM`); when given, our rows' names end with it, e.g.
         ``"ours proposed (SVI, diag)"``. Default: ``"full"``, names without it.
+    n_bound_rows : int
+        When positive, each of our rows' ``info["per_step"]`` holds, per step of the
+        last ``n_bound_rows`` training rows, the exact log-likelihood of the fitted
+        model, its structured mean-field bound and (SVI) the recognition networks'
+        ELBO: how far each posterior is from the exact one, on data the model learnt.
 
     Returns
     -------
@@ -337,6 +368,8 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
     tag = "" if covariance_type is None else f", {covariance_type}"
 
     def add(name, model, seconds, method, info):
+        if n_bound_rows > 0:
+            info["per_step"] = likelihood_per_step(model, train[-int(n_bound_rows):])
         mse = protocol_mse(model, split, n_scored, method=method)
         clean = protocol_mse(model, split, n_scored, method=method, exclude_imputed=True)
         rows.append(ProtocolRow(name, mse, clean, seconds, info))
@@ -356,8 +389,7 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
     if smf_full:
         m, sec, info = smf(train, smf_budget)
         add(f"ours SMF-EM (all {len(train):,}{tag})", m, sec, "smf", info)
-    kw = dict(SVI_SETTINGS)
-    kw.update(svi_kwargs or {})
+    kw = svi_settings(**(svi_kwargs or {}))
     model = FHMM(**PAPER_MODEL, random_state=random_state, covariance_type=ctype)
     t0 = time.perf_counter()
     model.fit(train, method="svi", progress=progress, **kw)
@@ -365,7 +397,33 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
     its = model.history_[-1]["iteration"] if model.history_ else 0
     add(f"ours proposed (SVI{tag})", model, seconds, None,
         {"iterations": its, "ms_per_step": 1e3 * seconds / max(its, 1), "settings": kw})
-    return ProtocolTable(rows=rows, n_scored=int(min(n_scored, split.test.shape[0])), models=models)
+    return ProtocolTable(rows=rows, n_scored=int(min(n_scored, split.test.shape[0])), models=models,
+                         n_bound_rows=int(min(max(n_bound_rows, 0), len(train))))
+
+
+def likelihood_per_step(model, X) -> dict:
+    """Exact log-likelihood, SMF bound and recognition ELBO of ``model`` on ``X``, per step.
+
+    Parameters
+    ----------
+    model : FHMM
+        Fitted (any method); ``"elbo"`` is None without recognition networks.
+    X : array_like, shape (T, D)
+        Complete rows.
+
+    Returns
+    -------
+    dict
+        ``{"loglik": log p(X)/T, "smf_bound": F_SMF/T, "elbo": ELBO/T or None}``:
+        ``elbo ≤ loglik`` and ``smf_bound ≤ loglik``; the gaps are the posteriors'
+        KL divergences from the exact one, per step.
+    """
+    from .learn.smf import smf_posterior
+    X = _check_2d(X, "X")
+    T = X.shape[0]
+    _, bound = smf_posterior(model.params_, X, tol=1e-4, max_sweeps=50)
+    elbo = model.elbo(X) / T if getattr(model, "net_", None) is not None else None
+    return {"loglik": model.score(X) / T, "smf_bound": bound / T, "elbo": elbo}
 
 
 def _interpolate_missing(X: np.ndarray) -> np.ndarray:

@@ -91,6 +91,19 @@ def test_matches_the_local_learner(problem, client):
     assert np.array_equal(net.weights, problem[3].weights)  # the caller's net is untouched
 
 
+def test_warmup_holds_the_model(problem, client):
+    X, chunks, params, net = problem
+    held = fit_svi_distributed(chunks, params, net, client, max_iter=20, net_warmup=20,
+                               random_state=SEED, progress=False, step_timeout=30.0)
+    np.testing.assert_allclose(held.params.W, params.W, rtol=0, atol=1e-12)
+    assert not np.array_equal(held.net.weights, net.weights)
+    joint = fit_svi_distributed(chunks, params, net, client, max_iter=20, net_warmup=10,
+                                random_state=SEED, progress=False, step_timeout=30.0)
+    assert np.abs(joint.params.W - params.W).max() > 1e-4
+    with pytest.raises(ValueError, match="net_warmup must be an integer >= 0"):
+        fit_svi_distributed(chunks, params, net, client, max_iter=2, net_warmup=-1, progress=False)
+
+
 def test_reproducible_for_a_fixed_seed(problem, client):
     _, chunks, params, net = problem
     kw = dict(max_iter=40, progress=False, batch_size=7, subchain_length=3)

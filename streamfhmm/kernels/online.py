@@ -567,7 +567,8 @@ def svi_run(Y, slots, seg_len, sub_len, window, off, mean, scale, x, n_model, la
     step0 : int
         Steps taken before (RMSprop bias correction).
     freeze_model : bool
-        Keep the model part ``x[:n_model]`` (and its ``sq``) fixed: train the network only.
+        Keep the model part ``x[:n_model]`` fixed (its ``sq`` still tracks its
+        gradients): train the network only, as ``FHMM.fit(net_warmup=...)``.
     rows, row_start, row_end, offsets, first, Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad
         Scratch for :func:`.svi.svi_step` (``B * (sub_len + 1)`` rows).
     x_prev, sq_prev : ndarray, like ``x``
@@ -609,7 +610,8 @@ def svi_run(Y, slots, seg_len, sub_len, window, off, mean, scale, x, n_model, la
             sq_prev[i] = sq[i]
         value = svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, scale,
                          x, n_model, layout, M, D, sq, decay, eps, lr[k], step0 + n_ok, Xw,
-                         hidden, theta, rho, g_theta, g_rho, Yb, grad, cov_mode)
+                         hidden, theta, rho, g_theta, g_rho, Yb, grad, cov_mode,
+                         0.0 if freeze_model else 1.0)
         ok = np.isfinite(value)
         if ok:
             for i in range(x.shape[0]):
@@ -622,10 +624,6 @@ def svi_run(Y, slots, seg_len, sub_len, window, off, mean, scale, x, n_model, la
                 sq[i] = sq_prev[i]
             values[k] = np.nan
             continue
-        if freeze_model:
-            for i in range(n_model):
-                x[i] = x_prev[i]
-                sq[i] = sq_prev[i]
         values[k] = value
         n_ok += 1
     return n_ok

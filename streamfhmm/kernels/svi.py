@@ -350,10 +350,12 @@ def batch_gradient(Y, rows, row_start, row_end, offsets, first, window, off, mea
 
 
 @jit
-def rmsprop_update(x, grad, sq, decay, eps, lr, step_count):
+def rmsprop_update(x, grad, sq, decay, eps, lr, step_count, n_head=0, head_scale=1.0):
     """RMSprop ascent in place: ``g² ← γ g² + (1-γ) ∇²``, ``x ← x + η ∇ / (√(g²/(1-γ^k)) + ε)``.
 
-    ``step_count`` is the number of earlier steps (bias correction of ``g²``).
+    ``step_count`` is the number of earlier steps (bias correction of ``g²``). The first
+    ``n_head`` entries of ``x`` take steps of ``head_scale · η`` (0 holds them; their
+    ``g²`` is tracked all the same).
     Returns False (and changes nothing) if ``grad`` holds a non-finite value.
     """
     for i in range(grad.shape[0]):
@@ -364,14 +366,15 @@ def rmsprop_update(x, grad, sq, decay, eps, lr, step_count):
         g = grad[i]
         s = decay * sq[i] + (1.0 - decay) * g * g
         sq[i] = s
-        x[i] += lr * g / (math.sqrt(s / corr) + eps)
+        eta = lr * head_scale if i < n_head else lr
+        x[i] += eta * g / (math.sqrt(s / corr) + eps)
     return True
 
 
 @jit
 def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, scale,
              x, n_model, layout, M, D, sq, decay, eps, lr, step_count,
-             Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad, cov_mode=COV_FULL):
+             Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad, cov_mode=COV_FULL, model_lr_scale=1.0):
     """Gradient of the per-position mean ELBO of one batch and an RMSprop ascent step.
 
     Parameters
@@ -401,6 +404,9 @@ def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, sca
     cov_mode : int
         Covariance family (``COV_FULL``, ``COV_DIAG``, ``COV_SPHERICAL``); ``x`` must lie
         on it (:func:`constrain_model`) and stays on it.
+    model_lr_scale : float
+        The model's steps are ``model_lr_scale`` times the networks' (0 holds the
+        model while the networks learn).
 
     Returns
     -------
@@ -421,6 +427,6 @@ def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, sca
         grad[i] *= inv
     if not np.isfinite(value):
         return np.nan
-    if not rmsprop_update(x, grad, sq, decay, eps, lr, step_count):
+    if not rmsprop_update(x, grad, sq, decay, eps, lr, step_count, n_model, model_lr_scale):
         return np.nan
     return value * inv

@@ -686,7 +686,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
                         state: SVIState | None = None, callback=None, workers=None,
                         step_timeout: float = 60.0, setup_timeout: float = 120.0,
                         max_recoveries: int = 3, direct_to_workers: bool | None = True,
-                        covariance_type: str | None = None) -> SVIState:
+                        covariance_type: str | None = None, net_warmup: int = 0) -> SVIState:
     """Run SVI with the data and the gradient work spread over a Dask cluster.
 
     Synchronous data parallelism: each step's ``batch_size`` subchains are drawn by the
@@ -739,6 +739,9 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         the driver maps their sum to the family
         (:func:`~streamfhmm.kernels.svi.constrain_model_grad`, linear, so this equals
         mapping each worker's part) before the RMSprop step.
+    net_warmup : int
+        The first ``net_warmup`` steps train the networks only, as in
+        :func:`~streamfhmm.learn.svi.fit_svi`.
 
     Returns
     -------
@@ -758,6 +761,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         raise ValueError(f"client must be a distributed.Client, got {type(client).__name__}")
     max_iter = check_positive_int(max_iter, "max_iter")
     batch_size = check_positive_int(batch_size, "batch_size")
+    net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
     max_recoveries = check_positive_int(max_recoveries, "max_recoveries", minimum=0)
     for name, v in (("step_timeout", step_timeout), ("setup_timeout", setup_timeout)):
         if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
@@ -856,8 +860,9 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
             lr = cosine_lr(learning_rate, final_lr_ratio, frac)
             grad /= counted
             _ks.constrain_model_grad(grad, packer.n_chains, D, cov_mode)
+            scale = 0.0 if i <= net_warmup else 1.0
             if not (math.isfinite(value) and _ks.rmsprop_update(x, grad, opt.sq, opt.decay,
-                                                               opt.eps, lr, opt.steps)):
+                                                               opt.eps, lr, opt.steps, nm, scale)):
                 raise FloatingPointError(f"non-finite ELBO gradient at iteration "
                                          f"{state.iteration + 1}; parameters left at the "
                                          f"previous step")

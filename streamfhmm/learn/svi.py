@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._blas import limit_blas_threads
+from .._validation import check_positive_int
 from ..kernels import svi as _ks
 from ..model import FHMMParams
 from ..network import RecognitionNet
@@ -95,7 +96,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             learning_rate: float = 1e-2, final_lr_ratio: float = 0.01, decay: float = 0.9,
             time_budget: float | None = None, rng: np.random.Generator,
             progress: bool = True, log_every: int | None = None, state: SVIState | None = None,
-            callback=None, covariance_type: str | None = None) -> SVIState:
+            callback=None, covariance_type: str | None = None, net_warmup: int = 0) -> SVIState:
     """Run SVI from ``params`` and ``net`` (or continue ``state``).
 
     Parameters
@@ -120,11 +121,15 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         Family of the noise covariance Σ (default: ``state``'s, else ``"full"``). The
         start is projected onto it (diag: ``L = diag(√Σ_dd)``; spherical:
         ``L = √(tr Σ / D) I``) and every step keeps it.
+    net_warmup : int
+        The first ``net_warmup`` steps of this call train the networks only, the model held
+        where it starts (see :meth:`streamfhmm.FHMM.fit`).
 
     Returns
     -------
     SVIState
     """
+    net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
     if state is None:
         ctype = check_covariance_type("full" if covariance_type is None else covariance_type)
         packer = ModelPacker(params.n_chains, params.n_features)
@@ -172,7 +177,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             value = _ks.svi_step(X, rows, row_start, row_end, offsets, first, net.window, net.offset,
                                  net.mean, net.scale, x, nm, net.layout, M, D, opt.sq, opt.decay,
                                  opt.eps, lr, opt.steps, Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad,
-                                 cov_mode)
+                                 cov_mode, 0.0 if i <= net_warmup else 1.0)
             if not np.isfinite(value):
                 raise FloatingPointError(f"non-finite ELBO gradient at iteration {state.iteration + 1}; "
                                          f"parameters left at the previous step")
