@@ -12,7 +12,7 @@ Protocol (paper §4.2, :mod:`streamfhmm.power`): six standardised dimensions, th
 SMF-EM trained on the last 5,000 training rows, our SMF-EM on the whole training set
 (within ``--smf-budget`` seconds), and our SVI (FHMM(n_chains=10, window=21,
 n_hidden=200, share_hidden="all"), ``--iters`` steps of ``--batch-size`` subchains,
-the first 30 % (``--net-warmup``) training the networks only), each with its fit's
+the first tenth (``--net-warmup``) training the networks only), each with its fit's
 wall time. SMF models are scored with SMF posteriors on the test
 rows, the SVI model with its recognition networks. A second table leaves out the
 test rows the data file filled by copying the previous day. ``--covariance-type`` (full, diag,
@@ -170,7 +170,7 @@ def main(argv=None):
     ap.add_argument("--init", choices=("smf", "kmeans"))
     ap.add_argument("--init-samples", type=int)
     ap.add_argument("--net-warmup", type=int, help="SVI steps training the networks only "
-                    "(default 30 %% of --iters)")
+                    "(default a tenth of --iters)")
     ap.add_argument("--n-scored", type=int, help=f"test rows scored (default {N_SCORED:,}; --quick 20,000)")
     ap.add_argument("--train-rows", type=int, help="train on the last so many training rows "
                     "(default all; --quick 50,000)")

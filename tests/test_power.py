@@ -243,7 +243,7 @@ def test_protocol_table_small():
         assert r.mse.shape == (6,) and np.isfinite(r.mse).all() and r.fit_seconds > 0
     svi = table.models["ours proposed (SVI)"]
     assert svi.history_[-1]["iteration"] == 30
-    assert table.rows[-1].info["settings"]["net_warmup"] == 9  # NET_WARMUP_FRACTION of max_iter
+    assert table.rows[-1].info["settings"]["net_warmup"] == 3  # NET_WARMUP_FRACTION of max_iter
     assert table.n_bound_rows == 300
     for r in table.rows[2:]:
         assert r.info["per_step"] == likelihood_per_step(table.models[r.name], split.train[-300:])
