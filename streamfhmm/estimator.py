@@ -190,9 +190,9 @@ class FHMM:
             SVI: the first ``net_warmup`` steps train the recognition networks only, the
             model held at its start (its RMSprop statistics are still gathered). Joint
             steps then start from networks that already encode the starting model's
-            posterior, instead of moving the model through an untrained one: on the
-            household power data (``bench/power.py``) this keeps a far better
-            likelihood. Default 0.
+            posterior, instead of moving the model through an untrained one (on the
+            household power data, ``bench/power.py``, a tenth of the steps lowers the
+            test error and keeps a higher likelihood). Default 0.
         progress : bool
             Show a progress bar.
         client : distributed.Client, optional

@@ -39,8 +39,9 @@ import numpy as np
 
 __all__ = [
     "PAPER_COLUMNS", "AGGREGATE_COLUMNS", "SUBMETER_COLUMNS", "N_TRAIN", "N_SCORED",
-    "PAPER_TABLE2", "PAPER_MODEL", "SVI_SETTINGS", "NET_WARMUP_FRACTION", "svi_settings", "PowerSplit", "power_split",
-    "mse_per_dimension", "protocol_mse", "likelihood_per_step", "ProtocolRow", "ProtocolTable", "protocol_table",
+    "PAPER_TABLE2", "PAPER_MODEL", "SVI_SETTINGS", "NET_WARMUP_FRACTION", "svi_settings",
+    "PowerSplit", "power_split", "mse_per_dimension", "protocol_mse", "likelihood_per_step",
+    "ProtocolRow", "ProtocolTable", "protocol_table",
     "submeter_features", "fit_submeter_map", "predict_submeters",
     "fit_aggregate_baseline", "predict_aggregate_baseline", "disaggregation_metrics",
     "DisaggregationReport", "disaggregate_report", "plot_reconstruction", "plot_submeters",
@@ -244,6 +245,8 @@ def svi_settings(**overrides) -> dict:
     if "net_warmup" not in overrides:
         kw["net_warmup"] = int(NET_WARMUP_FRACTION * kw["max_iter"])
     return kw
+
+
 _SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
 
 

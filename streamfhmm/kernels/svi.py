@@ -374,7 +374,8 @@ def rmsprop_update(x, grad, sq, decay, eps, lr, step_count, n_head=0, head_scale
 @jit
 def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, scale,
              x, n_model, layout, M, D, sq, decay, eps, lr, step_count,
-             Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad, cov_mode=COV_FULL, model_lr_scale=1.0):
+             Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad, cov_mode=COV_FULL,
+             model_lr_scale=1.0):
     """Gradient of the per-position mean ELBO of one batch and an RMSprop ascent step.
 
     Parameters
