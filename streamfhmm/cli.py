@@ -620,8 +620,11 @@ def _warm_engine(StreamEngine, factory, new_model, args, n_features):
         _warm_cold_engine(StreamEngine, args, n_features)
         return
     model = new_model()
+
+    def engine(topic=b""):
+        return StreamEngine(model, mode=args.mode, learn=False, posterior=args.posterior)
     try:
-        eng = StreamEngine(model, mode=args.mode, learn=False, posterior=args.posterior)
+        eng = engine()
     except ValueError:
         return  # e.g. a filter-mode network only the learner can make: nothing to warm
     X, _ = model.sample(4 * model.window + 16, random_state=0)
@@ -632,8 +635,7 @@ def _warm_engine(StreamEngine, factory, new_model, args, n_features):
         eng.flush()
     finally:
         eng.close()
-    _warm_lane(lambda topic: StreamEngine(model, mode=args.mode, learn=False, posterior=args.posterior),
-               X, args)
+    _warm_lane(engine, X, args)
 
 
 def _warm_lane(factory, X, args):

@@ -208,6 +208,8 @@ class FHMM:
         self
         """
         self._check_hyperparameters()
+        # before any initialisation (an SMF start may take seconds)
+        net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
         if client is not None:
             return self._fit_distributed(X, lengths, method, client, max_iter=max_iter,
                                          time_budget=time_budget, batch_size=batch_size,

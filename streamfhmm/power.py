@@ -228,8 +228,9 @@ def protocol_mse(model, split: PowerSplit, n_scored: int | None = N_SCORED, meth
 
 
 #: SVI settings of :func:`protocol_table` (chosen on held-out training rows: ``bench/power.py --tune``)
+#: (their ``net_warmup`` follows ``max_iter``: :func:`svi_settings`)
 SVI_SETTINGS = dict(max_iter=150_000, batch_size=10, subchain_length=None, learning_rate=3e-3,
-                    final_lr_ratio=0.01, init="smf", init_samples=5000, net_warmup=15_000)
+                    final_lr_ratio=0.01, init="smf", init_samples=5000)
 #: the networks-only steps (``FHMM.fit(net_warmup=...)``) as a fraction of ``max_iter``,
 #: chosen on held-out training rows (``bench/power.py --tune --net-warmup N``; MSE summed
 #: over the six channels): 20,000 steps, full Σ: 0.514, 0.476, 0.451, 0.451, 0.477 for
@@ -238,8 +239,8 @@ NET_WARMUP_FRACTION = 0.1
 
 
 def svi_settings(**overrides) -> dict:
-    """:data:`SVI_SETTINGS` with ``overrides``; ``net_warmup`` follows ``max_iter``
-    (:data:`NET_WARMUP_FRACTION` of it) unless it is given."""
+    """:data:`SVI_SETTINGS` with ``overrides``, and ``net_warmup``
+    (:data:`NET_WARMUP_FRACTION` of ``max_iter``) unless it is given."""
     kw = dict(SVI_SETTINGS)
     kw.update(overrides)
     if "net_warmup" not in overrides:
