@@ -26,6 +26,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=20_000, help="SVI steps (default 20,000)")
     ap.add_argument("--learning-rate", type=float, default=3e-3)
+    ap.add_argument("--net-warmup", type=int, default=None,
+                    help="first SVI steps training the networks only (default a tenth of --iters)")
     ap.add_argument("--train-rows", type=int, default=None,
                     help="fit on the last so many training minutes (default all 10^6)")
     ap.add_argument("--calibration-days", type=float, default=14)
@@ -42,9 +44,9 @@ def main(argv=None):
     report = disaggregate_report(
         data, train_rows=args.train_rows, calibration_days=args.calibration_days,
         evaluation_days=args.evaluation_days, on_threshold=args.on_threshold,
-        fit_kwargs=dict(max_iter=args.iters, learning_rate=args.learning_rate),
+        fit_kwargs=dict(max_iter=args.iters, learning_rate=args.learning_rate,
+                        **({} if args.net_warmup is None else {"net_warmup": args.net_warmup})),
         plot_dir=args.out_dir, random_state=args.seed, progress=False)
-    print(f"FHMM fitted on the aggregate channels in {report.fit_seconds:,.0f} s")
     print(report.format())
 
 

@@ -353,7 +353,8 @@ def _cmd_fit(args) -> int:
                  covariance_type=args.covariance_type)
     t0 = time.perf_counter()
     model.fit(X, method=args.method, max_iter=args.max_iter, time_budget=args.time_budget,
-              batch_size=args.batch_size, learning_rate=args.learning_rate, progress=_progress(args))
+              batch_size=args.batch_size, learning_rate=args.learning_rate, progress=_progress(args),
+              **({} if args.net_warmup is None else {"net_warmup": args.net_warmup}))
     dt = time.perf_counter() - t0
     model.save(args.out)
     out = args.out if args.out.endswith(".npz") else args.out + ".npz"
@@ -726,6 +727,14 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+def _fit_kwargs(args) -> dict:
+    """SVI steps, learning rate and (when given) the networks' warm-up of ``disaggregate``."""
+    kw = dict(max_iter=args.iters, learning_rate=args.learning_rate)
+    if args.net_warmup is not None:
+        kw["net_warmup"] = args.net_warmup
+    return kw
+
+
 def _cmd_disaggregate(args) -> int:
     from .power import PAPER_MODEL, disaggregate_report
     try:
@@ -751,9 +760,8 @@ def _cmd_disaggregate(args) -> int:
     report = disaggregate_report(
         data, n_train=args.n_train, train_rows=args.train_rows, calibration_days=args.calibration_days,
         evaluation_days=args.evaluation_days, on_threshold=args.on_threshold, model_kwargs=model_kwargs,
-        fit_kwargs=dict(max_iter=args.iters, learning_rate=args.learning_rate),
-        plot_dir=None if args.no_plot else args.out_dir, random_state=args.seed, progress=_progress(args))
-    print(f"FHMM fitted on the aggregate channels in {report.fit_seconds:,.0f} s")
+        fit_kwargs=_fit_kwargs(args), plot_dir=None if args.no_plot else args.out_dir,
+        random_state=args.seed, progress=_progress(args))
     print(report.format())
     return 0
 
@@ -806,6 +814,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--time-budget", type=_nonneg_float, metavar="SECONDS", help="stop learning after this long")
     f.add_argument("--batch-size", type=_positive_int, default=10, help="subchains per SVI step (default 10)")
     f.add_argument("--learning-rate", type=_nonneg_float, default=1e-2, help="RMSprop learning rate (default 0.01)")
+    f.add_argument("--net-warmup", type=_nonneg_int, metavar="STEPS",
+                   help="svi: first steps training the recognition networks only, the model held (default 0)")
     f.add_argument("--seed", type=int, default=None, help="random seed")
     _progress_args(f)
     f.set_defaults(func=_cmd_fit)
@@ -969,6 +979,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "day. Needs pip install \"streamfhmm[data,plot]\".")
     dg.add_argument("--iters", type=_positive_int, default=20_000, help="SVI steps (default 20000)")
     dg.add_argument("--learning-rate", type=_positive_float, default=3e-3, help="RMSprop learning rate (default 0.003)")
+    dg.add_argument("--net-warmup", type=_nonneg_int, metavar="STEPS",
+                    help="first SVI steps training the recognition networks only (default a tenth of --iters)")
     dg.add_argument("--n-train", type=_positive_int, default=1_000_000,
                     help="minutes before the calibration period (default 1000000, the paper's split)")
     dg.add_argument("--train-rows", type=_positive_int, help="fit on the last so many of them (default all)")

@@ -128,6 +128,21 @@ def test_fit_with_columns(files, capsys):
     assert FHMM.load(out_path + ".npz").n_features_in_ == 2
 
 
+def test_fit_net_warmup(files, capsys):
+    """--net-warmup reaches FHMM.fit: the same model as the library's fit with it."""
+    out_path = str(files["dir"] / "warm.npz")
+    args = dict(n_chains=2, window=3, n_hidden=4, random_state=3)
+    code, _, _ = _run(["fit", files["csv"], "--chains", "2", "--window", "3", "--hidden", "4",
+                       "--max-iter", "40", "--net-warmup", "40", "--seed", "3", "--out", out_path,
+                       "--no-progress"], capsys)
+    assert code == 0
+    held = FHMM(**args).fit(files["X"], max_iter=40, net_warmup=40, learning_rate=1e-2, progress=False)
+    joint = FHMM(**args).fit(files["X"], max_iter=40, learning_rate=1e-2, progress=False)
+    got = FHMM.load(out_path)
+    np.testing.assert_array_equal(got.W_, held.W_)
+    assert not np.array_equal(got.W_, joint.W_)
+
+
 @pytest.mark.parametrize("kind", ["diag", "spherical"])
 def test_fit_covariance_type(files, capsys, kind):
     out_path = str(files["dir"] / f"cov_{kind}.npz")
@@ -156,6 +171,7 @@ def test_fit_covariance_type(files, capsys, kind):
     (["disaggregate", "--evaluation-days", "-1"], "argument --evaluation-days: expected a finite number > 0"),
     (["disaggregate", "--on-threshold", "nan"], "argument --on-threshold: expected a finite number >= 0"),
     (["disaggregate", "extra"], "unrecognized arguments: extra"),
+    (["disaggregate", "--net-warmup", "x"], "argument --net-warmup: expected an integer >= 0, got 'x'"),
 ])
 def test_demo_and_disaggregate_bad_arguments(argv, message, capsys):
     code, out, err = _run(argv, capsys)
@@ -211,6 +227,9 @@ def _errors(tmp_path, files):
         (["fit", str(t / "cube.npy"), "--out", "x"], 1, "must hold a 2-D array (samples x features), got shape (2, 2, 2)"),
         (["fit", str(t / "objects.npy"), "--out", "x"], 1, "is not a readable .npy array"),
         (["fit", csv, "--out", str(t)], 1, "is a directory; give a file name such as model.npz"),
+        (["fit", csv, "--method", "smf", "--net-warmup", "5", "--out", "x"], 1,
+         "net_warmup applies to method='svi' only (it has no networks)"),
+        (["fit", csv, "--net-warmup", "-1", "--out", "x"], 2, "argument --net-warmup: expected an integer >= 0, got -1"),
         (["score", csv, "--model", str(t / "none.npz")], 1, "none.npz: no such model file"),
         (["score", csv, "--model", csv], 1, f"{csv} is not a streamfhmm model file"),
         (["score", csv, "--model", m, "--columns", "a,b"], 1,
