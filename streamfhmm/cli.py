@@ -354,7 +354,7 @@ def _cmd_fit(args) -> int:
     t0 = time.perf_counter()
     model.fit(X, method=args.method, max_iter=args.max_iter, time_budget=args.time_budget,
               batch_size=args.batch_size, learning_rate=args.learning_rate, progress=_progress(args),
-              **({} if args.net_warmup is None else {"net_warmup": args.net_warmup}))
+              net_warmup=args.net_warmup or 0)
     dt = time.perf_counter() - t0
     model.save(args.out)
     out = args.out if args.out.endswith(".npz") else args.out + ".npz"

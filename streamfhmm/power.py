@@ -397,7 +397,8 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
         mse = protocol_mse(model, split, n_scored, method=method)
         clean = protocol_mse(model, split, n_scored, method=method, exclude_imputed=True)
         whole = protocol_mse(model, split, None, method=method) if score_all else None
-        rows.append(ProtocolRow(name, mse, clean, seconds, whole, info))
+        rows.append(ProtocolRow(name, mse, mse_excluding_imputed=clean, fit_seconds=seconds,
+                                mse_all_test=whole, info=info))
         models[name] = model
         if log is not None:
             log(f"{name}: fit {seconds:,.0f} s, test MSE " + " ".join(f"{v:.3f}" for v in mse))
@@ -694,9 +695,13 @@ class DisaggregationReport:
     def format(self) -> str:
         """A plain-text report: one row per sub-meter and metric, FHMM beside the baseline."""
         kw = self.fit_settings
-        lines = [] if not kw else [
-            f"FHMM fit by SVI: {kw['max_iter']:,} steps (the first {kw.get('net_warmup', 0):,} train the "
-            f"recognition networks only), learning rate {kw['learning_rate']:g}, {self.fit_seconds:,.0f} s"]
+        lines = []
+        if kw:
+            warm = kw.get("net_warmup", 0)
+            warm = (f"the first {warm:,} train the recognition networks only" if warm
+                    else "no networks-only warm-up")
+            lines.append(f"FHMM fit by SVI: {kw['max_iter']:,} steps ({warm}), learning rate "
+                         f"{kw['learning_rate']:g}, {self.fit_seconds:,.0f} s")
         lines += [f"calibration {_day(self.calibration[0])} .. {_day(self.calibration[1])} "
                  f"({self.n_calibration:,} minutes); evaluation {_day(self.evaluation[0])} .. "
                  f"{_day(self.evaluation[1])} ({self.n_evaluation:,} minutes)",

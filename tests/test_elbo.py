@@ -380,7 +380,7 @@ def test_exact_posterior_gives_loglik():
     seed = 8
     print(f"seed={seed}")
     rng = np.random.default_rng(seed)
-    T, M, D = 7, 1, 2
+    T, M = 7, 1
     W = np.array([[1.0, -0.7], [0.2, 0.1]])
     L = np.array([[1.2, 0.0], [0.3, 1.0]])
     alpha = np.array([-0.6])

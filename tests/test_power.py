@@ -214,7 +214,7 @@ def test_disaggregate_report_synthetic(tmp_path):
     assert report.fhmm["f1"][1] > 0.95
     assert np.isfinite(report.fhmm["nde"]).all()
     text = report.format()
-    assert "FHMM fit by SVI: 300 steps (the first 0 train the recognition networks only)" in text
+    assert "FHMM fit by SVI: 300 steps (no networks-only warm-up), learning rate 0.003" in text
     for name in SUBMETER_COLUMNS:
         assert name in text
     assert len(report.pngs) == 2

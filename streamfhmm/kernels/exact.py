@@ -519,7 +519,6 @@ def forward_backward(X, bounds, W, L, A, startprob, block, want_pairs, theta, xi
 @jit
 def prev_block_last(ckpt, b, X, start, block, bias, Linv, Ut, half_c, const, A, ytil, le, pred):
     """The normalised forward message at the last step of block ``b`` (recomputed)."""
-    K = ckpt.shape[1]
     u = ckpt[b].copy()
     r0 = b * block
     for r in range(r0 + 1, r0 + block):
