@@ -39,12 +39,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
+from streamfhmm.learn.em import _augmented_states  # noqa: E402
 from streamfhmm.learn.smf import init_params  # noqa: E402
 from streamfhmm.power import N_SCORED, PAPER_TABLE2, power_split  # noqa: E402
 
 PAPER = np.array(PAPER_TABLE2["paper proposed"])
 M = 10
-CODES = ((np.arange(2 ** M)[:, None] >> np.arange(M)) & 1).astype(float)   # (1024, M)
+STATES = _augmented_states(M)            # (1024, M+1): [bits of k; 1], the codes are STATES @ W
+CODES = STATES[:, :M]
 DEFAULT_WEIGHTS = ["1,1,1,1,1,1", "1,2,8,0.5,0.5,0.5"]
 TEMPERATURES = (0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -74,17 +76,15 @@ def soft_states(X, C, tau, chunk=50_000):
 def fit_code(Z, iters, seed):
     """Hard EM of an additive code on the (weighted) rows ``Z``: ``W`` shape (M+1, D)."""
     W = np.asarray(init_params(Z, M, random_state=seed, covariance_type="spherical").W)
-    S = np.ones((len(Z), M + 1))
     for _ in range(iters):
-        S[:, :M] = CODES[nearest(Z, CODES @ W[:M] + W[M])]
-        W = np.linalg.lstsq(S, Z, rcond=None)[0]
+        W = np.linalg.lstsq(STATES[nearest(Z, STATES @ W)], Z, rcond=None)[0]
     return W
 
 
 def code_fhmm(W, sw, block):
     """The FHMM of code ``W`` (standardised units) fitted with channel scales ``sw``: states
     of ``block`` by the fit's metric, then diagonal Σ and transitions from them."""
-    S = CODES[nearest(block * sw, (CODES @ W[:M] + W[M]) * sw)]
+    S = CODES[nearest(block * sw, (STATES @ W) * sw)]
     var = (block - S @ W[:M] - W[M]).var(0)
     A = np.empty((M, 2, 2))
     for m in range(M):
@@ -134,7 +134,7 @@ def main(argv=None):
         sw = np.sqrt(w)
         Wz = fit_code(sample * sw, args.iters, args.seed)
         W = Wz / sw                                   # standardised units
-        Cz, C = CODES @ Wz[:M] + Wz[M], CODES @ W[:M] + W[M]
+        Cz, C = STATES @ Wz, STATES @ W
         res = ((sample * sw - Cz[nearest(sample * sw, Cz)]) ** 2).mean()
         print(f"\nweights {w.tolist()} (fit {time.perf_counter() - t0:.0f} s; weighted residual "
               f"variance per channel {res:.3f})")
