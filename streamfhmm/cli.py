@@ -526,16 +526,20 @@ def _serve(args, state) -> int:
         learn = args.learn
     shared = new_model() if args.share_model else None
     extra = {"n_features": n_features, "warmup": args.warmup} if args.cold else {}
-    # --learner-duty: new engines get it, resumed ones too; without it they keep the
-    # engine's default (new) or their checkpoint's setting (resumed)
-    duty = {} if args.learner_duty is None else {"learner_duty": args.learner_duty}
+    # --learner-duty, --learn-samples: new engines get them, resumed ones too; without them
+    # they keep the engine's defaults (new) or their checkpoint's settings (resumed)
+    learner_kw = {} if args.learner_duty is None else {"learner_duty": args.learner_duty}
+    if args.learn_samples is not None:
+        if not learn:
+            raise CliError("--learn-samples needs --learn (or --cold)")
+        learner_kw["learn_samples"] = args.learn_samples
 
     def factory(topic):
         return StreamEngine(shared if shared is not None else new_model(), mode=args.mode, learn=learn,
-                            posterior=args.posterior, **extra, **duty)
+                            posterior=args.posterior, **extra, **learner_kw)
 
     def resume(path):
-        return StreamEngine.resume(path, learn=learn, **duty)
+        return StreamEngine.resume(path, learn=learn, **learner_kw)
 
     # fail now, not at the first sample, on a configuration the engine refuses; and load
     # the compiled kernels before subscribing
@@ -589,6 +593,8 @@ def _serve(args, state) -> int:
             learning = (f"on (learner duty {args.learner_duty:g} per stream)" if args.learner_duty
                         else f"on (learner duty {DEFAULT_LEARNER_DUTY:g} per new stream, the default; "
                              f"resumed streams keep their checkpoint's)")
+            if args.learn_samples is not None:
+                learning += f", for each stream's first {args.learn_samples:,} samples"
         print(f"{prog}: {'cold start' if args.cold else args.model}, {n_features} features, mode {args.mode}, "
               f"learning {learning}; input {'bound at' if sub_bind else 'from'} "
               f"{source.endpoint}, output {'bound at' if pub_bind else 'to'} {sink.endpoint} ({args.format})",
@@ -719,7 +725,8 @@ def _cmd_demo(args) -> int:
     try:
         res = run_demo(seconds=args.seconds, samples=args.samples, rate=args.rate, start=args.start,
                        out_dir=args.out_dir, view=view, seed=args.seed, n_chains=args.chains,
-                       window=args.window, n_hidden=args.hidden, calibration_days=args.calibration_days)
+                       window=args.window, n_hidden=args.hidden, calibration_days=args.calibration_days,
+                       keep_learning=args.keep_learning)
     except DemoError as exc:
         raise CliError(str(exc)) from None
     if res.missing or res.gaps:
@@ -870,6 +877,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "keeps its checkpoint's). It waits between rounds of SVI steps so that its "
                          "CPU time stays within this share; 1 runs them back to back and takes a "
                          "whole core from inference. Learner steps/s scale with it (status line)")
+    sv.add_argument("--learn-samples", type=_positive_int, metavar="N",
+                    help="with --learn: each stream learns from its first N samples (warm-up "
+                         "included), then its model is held fixed, e.g. for a map calibrated on "
+                         "the posteriors (default: learn as long as the stream runs)")
     sv.add_argument("--mode", choices=("smooth", "filter"), default="smooth",
                     help="smooth: centred windows (a lag of window//2 samples); filter: no lag")
     sv.add_argument("--posterior", choices=("recognition", "exact"), default="recognition")
@@ -968,6 +979,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--calibration-days", type=_positive_float, default=14.0,
                    help="days after the warm-up that calibrate the sub-meter map (default 14; a third of "
                         "a shorter stream)")
+    d.add_argument("--keep-learning", action="store_true",
+                   help="let the service learn to the end (default: it stops at the calibration's "
+                        "end, so that the calibrated chains keep their meaning)")
     d.set_defaults(func=_cmd_demo)
 
     dg = sub.add_parser(

@@ -107,7 +107,13 @@ def test_short_demo_run(tmp_path):
     assert s.group(3) == "0" and s.group(4) == "0"
     rate = float(re.search(r"throughput ([\d,]+) posteriors/s", out).group(1).replace(",", ""))
     assert 200 <= rate <= 100_000
-    assert "calibrated at minute" in out and "learning stayed on after calibration" in out
+    assert "calibrated at minute" in out
+    # the service learnt up to the calibration's last minute, then held its model fixed
+    learnt = re.search(r"the service learnt from the first ([\d,]+) minutes, to the calibration's end", out)
+    cal = re.search(r"calibrated at minute ([\d,]+) on ([\d,]+) minutes", out)
+    assert learnt and cal, out
+    n_learnt, cal_end = (int(v.replace(",", "")) for v in (learnt.group(1), cal.group(1)))
+    assert n_learnt == cal_end + 9 // 2      # + serve's smoothing lag (window 9)
     agg = re.search(r"aggregate reconstruction error / variance: (.*)", out).group(1)
     nmse = [float(v) for v in re.findall(r" ([-\d.]+)(?:,|$)", agg)]
     assert len(nmse) == 3 and all(0 <= v < 1.5 for v in nmse), agg

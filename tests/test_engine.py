@@ -442,6 +442,55 @@ def test_learner_toggle_and_metrics():
     assert np.isfinite(m["elbo"]) and m["elbo"] < 0
 
 
+
+@pytest.mark.parametrize("path", ["push", "push_many", "warm-up"])
+def test_learn_samples_holds_the_model_fixed(path, tmp_path):
+    """learn_samples: learning turns itself off once that many samples were accepted
+    (warm-up included); the posteriors after it carry one snapshot version, and a
+    checkpoint resumes with learning off."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=25)
+    X = _data(model, 3000, seed=26)
+    cold = path == "warm-up"
+    limit = 400 if cold else 1500
+    eng = StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4) if cold else model, learn=True,
+                       net=None if cold else _net(model, "centred", X, seed=27),
+                       warmup=500, warmup_steps=20, learn_samples=limit, learner_duty=1.0,
+                       snapshot_interval=5, random_state=0)
+    with eng:
+        assert eng.learning
+        if cold:
+            eng.push_many(X[:500])      # the warm-up alone passes the limit
+        elif path == "push":
+            _pace(eng, X[:limit - 1], 100, 0.05)
+            assert eng.learning and eng.n_samples == limit - 1
+            eng.push(X[limit - 1])
+        else:
+            _pace(eng, X[:1000], 100, 0.05)
+            assert eng.learning and eng.learner_steps > 0
+            eng.push_many(X[1000:1700])   # reaches the limit inside the block
+        assert not eng.learning and not eng.metrics()["learning"]
+        time.sleep(0.2)   # the learner finishes the round it was in
+        steps, version = eng.learner_steps, eng.version
+        later = eng.push_many(X[1700:2500])
+        time.sleep(0.2)
+        assert eng.learner_steps == steps and eng.version == version
+        assert set(later.version.tolist()) == {version}
+        n = eng.n_samples
+        path_ck = eng.checkpoint(tmp_path / "ck.npz")
+    with StreamEngine.resume(path_ck) as again:
+        assert not again.learning and again.n_samples == n
+        again.learning = True        # the limit was reached once; the host may learn again
+        assert again.learning
+
+
+def test_learn_samples_errors():
+    model = _model(seed=28)
+    with pytest.raises(ValueError, match="learn_samples needs learn=True"):
+        StreamEngine(model, learn=False, posterior="exact", learn_samples=10)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="learn_samples must be an integer >= 1"):
+            StreamEngine(model, learn=True, posterior="exact", learn_samples=bad)
+
 def test_learner_discards_non_finite_steps_and_keeps_parameters_finite():
     model = _model(M=2, D=2, window=3, n_hidden=4, seed=25)
     X = _data(model, 3000, seed=26)

@@ -671,7 +671,7 @@ def test_e2e_sigterm_checkpoints_and_restart_resumes(fitted, tmp_path):
     con = Consumer(f"tcp://127.0.0.1:{p_out}")
     args = ("--checkpoint", ck, "--checkpoint-every", "1000", "--learn")
     serve = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}", *args,
-                   "--learner-duty", "0.5")
+                   "--learner-duty", "0.5", "--learn-samples", "2000")
     serve2 = None
     try:
         pub.wait_subscriber(con)
@@ -686,8 +686,10 @@ def test_e2e_sigterm_checkpoints_and_restart_resumes(fitted, tmp_path):
         eng = StreamEngine.resume(rec["file"])      # a valid engine checkpoint
         assert eng.n_samples == 2500
         assert eng.learner_duty == 0.5              # --learner-duty is in the checkpoint
+        assert not eng.learning                     # --learn-samples 2000: it stopped learning
         eng.close()
-        assert "learning on (learner duty 0.5 per stream)" in err, err
+        assert ("learning on (learner duty 0.5 per stream), for each stream's first 2,000 "
+                "samples") in err, err
         serve2 = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}", *args)
         pub.wait_subscriber(con)
         pub.send(X[2500:4000], range(2500, 4000))

@@ -59,8 +59,8 @@ _BLOCK_ROWS = 4096
 _CHUNK = 4096
 _NO_NAN = -(1 << 62)
 #: constructor arguments a checkpoint stores and :meth:`StreamEngine.resume` may override
-_RUNTIME_OVERRIDES = ("learn", "learner_duty", "learning_rate", "lr_decay_steps",
-                      "min_learning_rate", "snapshot_interval", "checkpoint_path", "checkpoint_every",
+_RUNTIME_OVERRIDES = ("learn", "learner_duty", "learn_samples", "learning_rate",
+                      "lr_decay_steps", "min_learning_rate", "snapshot_interval", "checkpoint_path", "checkpoint_every",
                       "checkpoint_seconds", "latency_window", "blas_threads", "random_state")
 
 
@@ -285,6 +285,13 @@ class StreamEngine:
         and kept in checkpoints.
     net_burnin : int
         Steps that train a new network alone before the model parameters move too.
+    learn_samples : int, optional
+        Learn from the first so many samples only (warm-up included), then hold the
+        model fixed: :attr:`learning` turns off by itself once the engine has accepted
+        them (at the end of the block that reaches the count; the learner finishes its
+        current round of ``snapshot_interval`` steps). For a map calibrated on the
+        posteriors, e.g. from chains to sub-meters, which stays valid only while the
+        chains keep their meaning. ``None`` (default): learn as long as the engine runs.
     checkpoint_path : str or path-like, optional
         Where periodic checkpoints (and a final one at :meth:`close`) go.
     checkpoint_every : int, optional
@@ -323,6 +330,7 @@ class StreamEngine:
                  lr_decay_steps: float | None = None, min_learning_rate: float = 0.0,
                  decay: float = 0.9, snapshot_interval: int = 20,
                  learner_duty: float = DEFAULT_LEARNER_DUTY, net_burnin: int = 1000,
+                 learn_samples: int | None = None,
                  checkpoint_path=None, checkpoint_every: int | None = None,
                  checkpoint_seconds: float | None = None, latency_window: int = 10_000,
                  blas_threads: int | None = 1, random_state=None):
@@ -335,6 +343,9 @@ class StreamEngine:
             if not hasattr(model, name):
                 raise ValueError(f"model must be an FHMM, got {type(model).__name__}")
         model._check_hyperparameters()
+        if learn_samples is not None and not learn:
+            raise ValueError("learn_samples needs learn=True: an engine without a learner has "
+                             "nothing to stop")
         cfg = dict(mode=mode, learn=bool(learn), posterior=posterior, n_features=n_features,
                    warmup=warmup, warmup_steps=warmup_steps, warmup_time=warmup_time,
                    reservoir_size=reservoir_size, recency_half_life=recency_half_life,
@@ -342,7 +353,7 @@ class StreamEngine:
                    learning_rate=learning_rate, lr_decay_steps=lr_decay_steps,
                    min_learning_rate=min_learning_rate, decay=decay,
                    snapshot_interval=snapshot_interval, learner_duty=learner_duty,
-                   net_burnin=net_burnin, checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
+                   net_burnin=net_burnin, learn_samples=learn_samples, checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
                    checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
                    latency_window=latency_window, blas_threads=blas_threads,
                    n_chains=model.n_chains, window=model.window, n_hidden=model.n_hidden,
@@ -437,6 +448,11 @@ class StreamEngine:
         check_positive_int(cfg["snapshot_interval"], "snapshot_interval")
         self._cfg["learner_duty"] = check_duty(cfg["learner_duty"])
         check_positive_int(cfg["net_burnin"], "net_burnin", minimum=0)
+        limit = cfg.get("learn_samples")
+        if limit is not None:
+            limit = check_positive_int(limit, "learn_samples")
+        self._cfg["learn_samples"] = limit
+        self._learn_stop = limit if self._learn else None
         if not (float(cfg["learning_rate"]) > 0 and math.isfinite(float(cfg["learning_rate"]))):
             raise ValueError(f"learning_rate must be a positive number, got {cfg['learning_rate']!r}")
         if not 0.0 <= float(cfg["decay"]) < 1.0:
@@ -656,9 +672,17 @@ class StreamEngine:
         self._n_samples = n_before  # already counted while buffering
         self._n_imputed = n_imputed
         self._ready = True
+        if self._learn_stop is not None:
+            self._check_learn_samples()
         if self._learner is not None:
             self._start_thread()
         return batch
+
+    def _check_learn_samples(self):
+        """Turn learning off for good once ``learn_samples`` samples were accepted."""
+        if self._n_samples >= self._learn_stop:
+            self._learn_stop = None
+            self.learning = False
 
     def _push_warmup(self, x, status):
         if self._wn == self._wbuf.shape[0]:
@@ -814,6 +838,8 @@ class StreamEngine:
             n_in = t - self._seq_start + 1 - self._S
             if n_in >= 0 and n_in % self._L == 0:
                 learner.feed(self._ring.last(t, self._S).copy(), t)
+            if self._learn_stop is not None:
+                self._check_learn_samples()
         if self._next_ckpt_t is not None and (t >= self._next_ckpt_t
                                               or t_ns >= self._next_ckpt_ns):
             self._periodic_checkpoint()
@@ -880,6 +906,8 @@ class StreamEngine:
             m = min(_CHUNK, n - pos)
             self._process_chunk(X[pos:pos + m], out, extra_flags, feed)
             pos += m
+            if feed and self._learn_stop is not None:
+                self._check_learn_samples()
             self._periodic_checkpoint_due()
         batch = out.finish()
         if extra_flags & FLAG_WARMUP:
@@ -943,6 +971,8 @@ class StreamEngine:
         self._recognised(t, Xc.shape[0], ne)
         if self._learner is not None:
             self._feed_learner(Xc, t)
+        if self._learn_stop is not None:
+            self._check_learn_samples()
         self._periodic_checkpoint_due()
 
     def _feed_learner(self, Xc, t):
@@ -1347,7 +1377,8 @@ class StreamEngine:
         ----------
         path : str or path-like
         **overrides
-            Run-time arguments to change: ``learn``, ``learner_duty``, ``learning_rate``,
+            Run-time arguments to change: ``learn``, ``learner_duty``, ``learn_samples``
+            (counted from the stream's start, like :attr:`n_samples`), ``learning_rate``,
             ``lr_decay_steps``, ``min_learning_rate``, ``snapshot_interval``,
             ``checkpoint_path``, ``checkpoint_every``, ``checkpoint_seconds``,
             ``latency_window``, ``blas_threads``, ``random_state``.
@@ -1433,6 +1464,8 @@ class StreamEngine:
              self._lat_n) = st
             self._lat_n = 0
             self._seq_open = bool(seq_open)
+            if self._learn_stop is not None and self._n_samples >= self._learn_stop:
+                self._learn_stop = None
             self._loglik, ln = (float(v) for v in arrays["loglik"])
             self._loglik_n = int(ln)
             if self._exact_mode:
