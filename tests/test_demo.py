@@ -31,10 +31,17 @@ _PID = re.compile(r"started serve --cold --learn \(pid (\d+);.* and replay \(pid
 _METRIC = re.compile(r"^\s*(Sub_metering_\d)\s+(NDE \(lower\)|energy assigned|on/off F1)\s+(\S+)\s+(\S+)$")
 
 
+def _default_sigint():
+    # a test run started in the background by a non-interactive shell (``cmd &``)
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler;
+    # the demo is meant for a terminal's Ctrl-C, so it gets the default disposition
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _demo(*args):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, "-m", "streamfhmm", "demo", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_sigint)
 
 
 def _gone(pid, timeout=10.0):
