@@ -726,7 +726,8 @@ def _cmd_demo(args) -> int:
         res = run_demo(seconds=args.seconds, samples=args.samples, rate=args.rate, start=args.start,
                        out_dir=args.out_dir, view=view, seed=args.seed, n_chains=args.chains,
                        window=args.window, n_hidden=args.hidden, calibration_days=args.calibration_days,
-                       keep_learning=args.keep_learning)
+                       keep_learning=args.keep_learning,
+                       **({} if args.warmup is None else {"warmup": args.warmup}))
     except DemoError as exc:
         raise CliError(str(exc)) from None
     if res.missing or res.gaps:
@@ -979,6 +980,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--calibration-days", type=_positive_float, default=14.0,
                    help="days after the warm-up that calibrate the sub-meter map (default 14; a third of "
                         "a shorter stream)")
+    d.add_argument("--warmup", type=_positive_int, default=None, metavar="N",
+                   help="samples the service buffers before initialising its model (default "
+                        "10080, one week)")
     d.add_argument("--keep-learning", action="store_true",
                    help="let the service learn to the end (default: it stops at the calibration's "
                         "end, so that the calibrated chains keep their meaning)")

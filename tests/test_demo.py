@@ -199,7 +199,8 @@ def test_demo_without_the_data_package(monkeypatch, capsys):
     (["--start", "1999-01-01"], "--start 1999-01-01 is outside the data"),
     (["--start", "yesterday"], "--start must be a row number or a date"),
     (["--start", "99999999"], "--start row 99999999 is outside the data"),
-    (["--samples", "1000"], "the stream must hold at least 4,880 samples"),
+    (["--samples", "1000"], "the stream must hold at least 12,960 samples"),   # a week + 2 days
+    (["--samples", "7000", "--warmup", "5000"], "the stream must hold at least 7,880 samples"),
     (["--start", "2075000"], "the stream must hold at least"),
 ])
 def test_demo_bad_values_are_one_line_errors(argv, message, capsys):
