@@ -3,9 +3,9 @@
 The demo starts two real processes on the loopback interface and is itself the third:
 
 * ``streamfhmm serve --cold --learn --learn-samples N`` — a streaming engine with no
-  model: it buffers a warm-up, initialises an FHMM and recognition networks from it,
-  then learns online while it publishes one posterior per sample, up to the
-  calibration's last minute (N), and holds its model fixed after it;
+  model: it buffers a warm-up (a week by default), initialises an FHMM and recognition
+  networks from it, then learns online while it publishes one posterior per sample, up
+  to the calibration's last minute (N), and holds its model fixed after it;
 * ``streamfhmm replay household`` — the whole-house channels of the household power
   data (active power, reactive power, voltage), one minute per message, at ``rate``
   messages per second;
@@ -21,10 +21,10 @@ The demo starts two real processes on the loopback interface and is itself the t
 The engine never sees a sub-meter: the chains are learnt from the aggregate alone; the
 calibration only names them. The map is fitted once, so the service stops learning when
 the calibration ends: a chain that changes its meaning afterwards would be read with the
-wrong weights. With ``keep_learning`` (``--keep-learning``) it learns to the end; in one
-of five such default runs (seeds 0-3, seed 0 twice) the second sub-meter's evaluation NDE went to 4.4
-(its chain came to mean something else), while four runs that stopped at the calibration
-scored 0.844-0.853 on it.
+wrong weights. With ``keep_learning`` (``--keep-learning``) it learns to the end; with
+the earlier 2,000-sample warm-up, one of five such default runs (seeds 0-3, seed 0
+twice) scored the second sub-meter at an evaluation NDE of 4.4 (its chain came to mean
+something else), while four runs that stopped at the calibration scored 0.844-0.853.
 """
 from __future__ import annotations
 

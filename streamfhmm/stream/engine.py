@@ -60,8 +60,9 @@ _CHUNK = 4096
 _NO_NAN = -(1 << 62)
 #: constructor arguments a checkpoint stores and :meth:`StreamEngine.resume` may override
 _RUNTIME_OVERRIDES = ("learn", "learner_duty", "learn_samples", "learning_rate",
-                      "lr_decay_steps", "min_learning_rate", "snapshot_interval", "checkpoint_path", "checkpoint_every",
-                      "checkpoint_seconds", "latency_window", "blas_threads", "random_state")
+                      "lr_decay_steps", "min_learning_rate", "snapshot_interval",
+                      "checkpoint_path", "checkpoint_every", "checkpoint_seconds",
+                      "latency_window", "blas_threads", "random_state")
 
 
 class PosteriorBatch:
