@@ -230,6 +230,7 @@ class _Child:
 
 _ENDPOINTS = re.compile(r"input bound at (\S+), output bound at (\S+) \(")
 _STEPS = re.compile(r"learner steps (\d+)")
+_SAMPLES = re.compile(r"serve: ([\d,]+) samples \(")
 _GAPS = re.compile(r"stopped after .* gaps (\d+) \((\d+) samples\)")
 
 
@@ -413,7 +414,7 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
         received = 0
         last_t = -1
         version = 0
-        steps = None
+        steps = buffered = None
         t_first = t_last = None
         replay_done = False
         last_draw = 0.0
@@ -479,6 +480,9 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
                     s = _STEPS.search(line)
                     if s:
                         steps = int(s.group(1))
+                    b = _SAMPLES.search(line)
+                    if b:
+                        buffered = int(b.group(1).replace(",", ""))
             if not serve.alive():
                 raise DemoError(f"serve exited with status {serve.proc.returncode}: {serve.last_error()}")
             if not replay_done and not replay.alive():
@@ -496,7 +500,7 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
                 last_draw = now
                 lines, plain = _frame(now - wall0, received, n, last_t, ts, theta, est, Y, shown_rate,
                                       version, steps, warm_end, cal, coef is not None, replay_done,
-                                      learn_samples)
+                                      learn_samples, buffered, warmup)
                 out.draw(lines, plain, now)
         # every posterior arrived (or the replay ended long ago): stop the service (it drains and exits 0)
         out.draw(*_frame(time.perf_counter() - wall0, received, n, last_t, ts, theta, est, Y, shown_rate,
@@ -550,12 +554,16 @@ def _day(ts) -> str:
 
 
 def _frame(elapsed, received, n, last_t, ts, theta, est, Y, rate, version, steps, warm_end, cal,
-           calibrated, replay_done, learn_samples=None):
+           calibrated, replay_done, learn_samples=None, buffered=None, warmup=None):
     """The live block: its lines, and the one plain line that stands for it."""
     M = theta.shape[1]
     when = _day(ts[last_t]) if last_t >= 0 else "-"
     if warm_end is None:
         phase = "warm-up: the service buffers samples, then initialises the model"
+        if buffered is not None and warmup:
+            phase = (f"warm-up: the service buffered {buffered:,} of {warmup:,} samples, then "
+                     "initialises the model" if buffered < warmup else
+                     f"warm-up: {warmup:,} samples buffered; the service initialises the model")
         if elapsed > 20:
             phase += " (a first run also compiles its kernels: a minute or two)"
     elif not calibrated:

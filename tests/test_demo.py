@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from streamfhmm.cli import main
-from streamfhmm.demo import DemoError, _frame, _View, resolve_start
+from streamfhmm.demo import _SAMPLES, DemoError, _frame, _View, resolve_start
 
 SEED = 3
 
@@ -241,6 +241,14 @@ def test_live_frame_shows_chains_and_submeters():
     assert "150/200 posteriors" in plain and "12.5 s" in plain
     lines, _ = _frame(1.0, 0, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False)
     assert "warm-up" in lines[0] and "learner steps" not in lines[1]
+    # the service's status lines tell how much of the warm-up it has buffered
+    lines, _ = _frame(3.0, 0, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False,
+                      None, 6_250, 10_080)
+    assert "the service buffered 6,250 of 10,080 samples" in lines[0], lines[0]
+    lines, _ = _frame(9.0, 0, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False,
+                      None, 10_080, 10_080)
+    assert "10,080 samples buffered; the service initialises the model" in lines[0], lines[0]
+    assert _SAMPLES.search("streamfhmm serve: 12,345 samples (1,250/s), 0 posteriors").group(1) == "12,345"
 
 
 def test_live_view_redraws_in_place_and_plain_view_throttles():
