@@ -42,10 +42,8 @@ from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
 from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL,  # noqa: E402
-                              mse_per_dimension, power_split, protocol_mse, protocol_table,
-                              svi_settings)
-
-SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
+                              format_mse_rows, mse_per_dimension, power_split, protocol_mse,
+                              protocol_table, svi_settings)
 
 #: --tune: settings compared, each a change from streamfhmm.power.SVI_SETTINGS
 TUNE_VARIANTS = {
@@ -65,11 +63,7 @@ _SVI_OPTIONS = ("learning_rate", "final_lr_ratio", "batch_size", "subchain_lengt
 
 def print_table(rows, title):
     print(f"\n{title}")
-    width = max([30] + [len(name) + 1 for name, _, _ in rows])
-    print(f"{'':<{width}}" + "".join(f"{c:>9}" for c in SHORT) + f"{'fit s':>9}")
-    for name, mse, seconds in rows:
-        cells = "".join(f"{v:>9.3f}" for v in mse)
-        print(f"{name:<{width}}{cells}{'-' if seconds is None else f'{seconds:,.0f}':>9}")
+    print("\n".join(format_mse_rows(rows)))
 
 
 def svi_overrides(args) -> dict:

@@ -35,10 +35,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import header  # noqa: E402
 
 from streamfhmm import FHMM, StreamEngine  # noqa: E402
-from streamfhmm.power import (N_SCORED, PAPER_MODEL, mse_per_dimension, power_split,  # noqa: E402
-                              protocol_mse, svi_settings)
+from streamfhmm.power import (N_SCORED, PAPER_MODEL, format_mse_rows,  # noqa: E402
+                              mse_per_dimension, power_split, protocol_mse, svi_settings)
 
-SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
 DAY = 1440
 
 
@@ -64,14 +63,6 @@ def stream_test_rows(model, X, *, learn, steps_per_sample=0.0, half_life=None,
     if R.shape != X.shape:
         raise RuntimeError(f"the engine emitted {R.shape[0]} posteriors for {X.shape[0]} rows")
     return R, steps, time.perf_counter() - t0
-
-
-def print_rows(rows):
-    width = max(len(r[0]) for r in rows) + 2
-    print(f"{'':<{width}}" + "".join(f"{c:>9}" for c in SHORT) + f"{'wall s':>9}{'steps':>9}")
-    for name, mse, seconds, steps in rows:
-        print(f"{name:<{width}}" + "".join(f"{v:>9.3f}" for v in mse)
-              + f"{seconds:>9.1f}" + ("        -" if steps is None else f"{steps:>9,}"))
 
 
 def main(argv=None):
@@ -120,7 +111,7 @@ def main(argv=None):
         rows.append((name, mse_per_dimension(X, R), s, steps))
         print(f"{name}: {s:.0f} s", flush=True)
     print()
-    print_rows(rows)
+    print("\n".join(format_mse_rows(rows, extra=("wall s", "steps"))))
     diff = float(np.max(np.abs(off - ref)))
     print(f"\nengine (learning off) against the batch reference: max |ΔMSE| {diff:.2e} "
           f"({'equal' if diff < 1e-9 else 'DIFFERENT'})")

@@ -112,12 +112,12 @@ def measure_push_learning(model, X, n, min_seconds=MIN_SECONDS, **kw):
         while time.perf_counter() - t0 < min_seconds:
             push_loop(eng, X[21_000:21_000 + n])
         dt = time.perf_counter() - t0
-        busy = (eng.learner_steps - s0) / dt, eng.version - v0
+        busy, n_snap = (eng.learner_steps - s0) / dt, eng.version - v0
         # the learner alone, inference idle, for the ratio
         s1, t1 = eng.learner_steps, time.perf_counter()
         time.sleep(min_seconds)
         idle = (eng.learner_steps - s1) / (time.perf_counter() - t1)
-    return rate, m["push_p50_us"], m["push_p99_us"], busy[0], idle, busy[1]
+    return rate, m["push_p50_us"], m["push_p99_us"], busy, idle, n_snap
 
 
 def measure_push_many(model, X, chunk=10_000, **kw):

@@ -726,8 +726,7 @@ def _cmd_demo(args) -> int:
         res = run_demo(seconds=args.seconds, samples=args.samples, rate=args.rate, start=args.start,
                        out_dir=args.out_dir, view=view, seed=args.seed, n_chains=args.chains,
                        window=args.window, n_hidden=args.hidden, calibration_days=args.calibration_days,
-                       keep_learning=args.keep_learning,
-                       **({} if args.warmup is None else {"warmup": args.warmup}))
+                       warmup=args.warmup, keep_learning=args.keep_learning)
     except DemoError as exc:
         raise CliError(str(exc)) from None
     if res.missing or res.gaps:
@@ -954,7 +953,7 @@ def build_parser() -> argparse.ArgumentParser:
     _progress_args(r)
     r.set_defaults(func=_cmd_replay)
 
-    from .demo import DEFAULT_OUT_DIR, DEFAULT_RATE, DEFAULT_SECONDS, DEFAULT_START
+    from .demo import DEFAULT_OUT_DIR, DEFAULT_RATE, DEFAULT_SECONDS, DEFAULT_START, DEFAULT_WARMUP
     d = sub.add_parser(
         "demo", help="live household-power disaggregation over ZeroMQ (needs the data extra)",
         description="Start 'serve --cold --learn' and 'replay household' as subprocesses on 127.0.0.1, "
@@ -980,9 +979,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--calibration-days", type=_positive_float, default=14.0,
                    help="days after the warm-up that calibrate the sub-meter map (default 14; a third of "
                         "a shorter stream)")
-    d.add_argument("--warmup", type=_positive_int, default=None, metavar="N",
+    d.add_argument("--warmup", type=_positive_int, default=DEFAULT_WARMUP, metavar="N",
                    help="samples the service buffers before initialising its model (default "
-                        "10080, one week)")
+                        f"{DEFAULT_WARMUP}, one week)")
     d.add_argument("--keep-learning", action="store_true",
                    help="let the service learn to the end (default: it stops at the calibration's "
                         "end, so that the calibrated chains keep their meaning)")

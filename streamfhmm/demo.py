@@ -358,12 +358,14 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
     Y = data.select(SUBMETER_COLUMNS)[row0:row0 + n]
     ts = data.timestamps[row0:row0 + n]
     imputed = data.imputed[row0:row0 + n]
-    n_cal_wanted = int(round(calibration_days * _MINUTES_PER_DAY))
-    # serve's smoothing lag (window // 2): the first posterior after the warm-up is of
-    # minute warmup - lag, and the calibration's last one arrives with sample
-    # warmup + n_cal, the last the service learns from
-    n_cal_expected = min(n_cal_wanted, (n - (warmup - window // 2)) // 3)
-    learn_samples = None if keep_learning else warmup + n_cal_expected
+    # the periods, from serve's smoothing lag (window // 2): the first posterior after the
+    # warm-up is of minute warmup - lag; the calibration's last one arrives with sample
+    # cal.stop + lag, the last the service learns from
+    lag = window // 2
+    first = warmup - lag
+    n_cal = min(int(round(calibration_days * _MINUTES_PER_DAY)), (n - first) // 3)
+    cal, ev = slice(first, first + n_cal), slice(first + n_cal, n)
+    learn_samples = None if keep_learning else cal.stop + lag
     if view is None:
         view = bool(getattr(stream, "isatty", lambda: False)())
     out = _View(stream, live=view)
@@ -408,7 +410,6 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
                     f"samples")
 
         coef = base = None
-        cal = ev = slice(0, 0)
         warm_end = None
         est = np.full((n, K), np.nan)
         received = 0
@@ -448,9 +449,6 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
                     version = msg.version
                     if warm_end is None and not msg.flags & _FLAG_WARMUP:
                         warm_end = t
-                        n_cal = min(n_cal_wanted, (n - warm_end) // 3)
-                        cal = slice(warm_end, warm_end + n_cal)
-                        ev = slice(cal.stop, n)
                     if coef is not None:
                         est[t] = np.maximum(predict_submeters(msg.theta[None], coef)[0], 0.0)
                 now = time.perf_counter()

@@ -260,6 +260,28 @@ def _with_net_warmup(fit_kwargs: dict) -> dict:
 _SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
 
 
+def format_mse_rows(rows, extra=("fit s",), width: int | None = None) -> list:
+    """Lines of a test-MSE table: a header, then one line per row.
+
+    Parameters
+    ----------
+    rows : sequence of (name, mse, *values)
+        ``mse`` of shape (6,) in the order of :data:`PAPER_COLUMNS`; one value per
+        ``extra`` column, shown rounded with thousands separators (``-`` for None).
+    extra : sequence of str
+        Headers of the columns after the six MSE columns.
+    width : int, optional
+        Width of the name column (default: the longest name + 1, at least 30).
+    """
+    if width is None:
+        width = max([30] + [len(r[0]) + 1 for r in rows])
+    out = [f"{'':<{width}}" + "".join(f"{c:>9}" for c in (*_SHORT, *extra))]
+    for name, mse, *values in rows:
+        out.append(f"{name:<{width}}" + "".join(f"{v:>9.3f}" for v in mse)
+                   + "".join(f"{'-' if v is None else f'{v:,.0f}':>9}" for v in values))
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class ProtocolRow:
     """One row of :class:`ProtocolTable`: a model's test MSE per dimension."""
@@ -301,22 +323,21 @@ class ProtocolTable:
         """Plain-text tables: the scored test rows; the same without the imputed ones; all
         test rows (when scored); the likelihood per step (when measured); our SVI / paper."""
         width = max([30] + [len(r.name) + 1 for r in self.rows])
-        head = f"{'':<{width}}" + "".join(f"{c:>9}" for c in _SHORT) + f"{'fit s':>9}"
 
-        def line(name, mse, seconds):
-            cells = "".join(f"{v:>9.3f}" for v in mse)
-            return f"{name:<{width}}{cells}{'-' if seconds is None else f'{seconds:,.0f}':>9}"
+        def table(rows, score):
+            return format_mse_rows([(r.name, getattr(r, score), r.fit_seconds) for r in rows],
+                                   width=width)
 
-        out = [f"test MSE per dimension (standardised), first {self.n_scored:,} test rows", head]
-        out += [line(r.name, r.mse, r.fit_seconds) for r in self.rows]
+        out = [f"test MSE per dimension (standardised), first {self.n_scored:,} test rows"]
+        out += table(self.rows, "mse")
         ours = [r for r in self.rows if r.mse_excluding_imputed is not None]
         if ours:
-            out += ["", "the same, leaving out the test rows the file filled from the previous day", head]
-            out += [line(r.name, r.mse_excluding_imputed, r.fit_seconds) for r in ours]
+            out += ["", "the same, leaving out the test rows the file filled from the previous day"]
+            out += table(ours, "mse_excluding_imputed")
         whole = [r for r in ours if r.mse_all_test is not None]
         if whole:
-            out += ["", f"the same on all {self.n_test:,} test rows (the paper's test set)", head]
-            out += [line(r.name, r.mse_all_test, r.fit_seconds) for r in whole]
+            out += ["", f"the same on all {self.n_test:,} test rows (the paper's test set)"]
+            out += table(whole, "mse_all_test")
         steps = [r for r in ours if "per_step" in r.info]
         if steps:
             out += ["", f"per step, on the last {self.n_bound_rows:,} training rows: exact "

@@ -121,6 +121,13 @@ def test_short_demo_run(tmp_path):
     assert learnt and cal, out
     n_learnt, cal_end = (int(v.replace(",", "")) for v in (learnt.group(1), cal.group(1)))
     assert n_learnt == cal_end + 9 // 2      # + serve's smoothing lag (window 9)
+    # the demo fixes the calibration period before the stream starts: it must begin with
+    # the service's first posterior after the warm-up (minute 10,080 - lag)
+    warm = re.search(r"warm-up ([\d,]+) samples, first posterior", out)
+    assert warm, out
+    assert int(warm.group(1).replace(",", "")) == cal_end - int(cal.group(2).replace(",", "")) == 10_080 - 4
+    # while the service buffers its warm-up, the view shows how far it got (serve's status lines)
+    assert re.search(r"warm-up: the service buffered [\d,]+ of 10,080 samples", out), out
     agg = re.search(r"aggregate reconstruction error / variance: (.*)", out).group(1)
     nmse = [float(v) for v in re.findall(r" ([-\d.]+)(?:,|$)", agg)]
     assert len(nmse) == 3 and all(0 <= v < 1.5 for v in nmse), agg

@@ -481,6 +481,8 @@ def test_learn_samples_holds_the_model_fixed(path, tmp_path):
         assert not again.learning and again.n_samples == n
         again.learning = True        # the limit was reached once; the host may learn again
         assert again.learning
+        again.push_many(X[2500:2600])
+        assert again.learning        # and the passed limit does not turn it off again
 
 
 def test_learn_samples_errors():
