@@ -2,6 +2,7 @@
 the argument and says what was expected."""
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -15,6 +16,7 @@ __all__ = [
     "check_startprob",
     "check_random_state",
     "check_positive_int",
+    "check_real",
 ]
 
 
@@ -31,6 +33,20 @@ def check_positive_int(value, name: str, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
     return int(value)
+
+
+def check_real(value, name: str, low: float = 0.0, high: float = math.inf, *,
+               low_open: bool = False, high_open: bool = False) -> float:
+    """Return ``value`` as ``float`` if it is a finite real number in the interval
+    from ``low`` to ``high`` (closed unless ``low_open``/``high_open``)."""
+    hi = "inf)" if math.isinf(high) else f"{high:g}{')' if high_open else ']'}"
+    want = f"a finite number in {'(' if low_open else '['}{low:g}, {hi}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < low or v > high or (low_open and v == low) or (high_open and v == high):
+        raise ValueError(f"{name} must be {want}, got {v!r}")
+    return v
 
 
 def _as_float_array(x, name: str) -> np.ndarray:
@@ -104,13 +120,17 @@ def check_lengths(lengths, n_samples: int, min_length: int = 1) -> np.ndarray:
             raise ValueError(f"lengths must be a non-empty 1-D sequence of positive integers, "
                              f"got {_describe(arr)}")
         if not np.issubdtype(arr.dtype, np.integer):
-            if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-                arr = arr.astype(np.int64)
-            else:
+            if not (np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr))
+                    and np.all(arr == np.round(arr))):
                 raise ValueError(f"lengths must hold integers, got dtype {arr.dtype}")
+        if (arr < 1).any():
+            raise ValueError(f"lengths must all be positive, got {arr.min()}")
+        # Range first: a sum in int64 could wrap round to n_samples and let the kernels
+        # index past the end of X.
+        if (arr > n_samples).any() or arr.size > n_samples:
+            raise ValueError(f"lengths must sum to the number of samples in X ({n_samples}), "
+                             f"got {arr.size} lengths up to {arr.max()}")
         lengths = arr.astype(np.int64)
-        if (lengths < 1).any():
-            raise ValueError(f"lengths must all be positive, got {lengths.min()}")
         if lengths.sum() != n_samples:
             raise ValueError(f"lengths must sum to the number of samples in X ({n_samples}), "
                              f"got sum(lengths) = {int(lengths.sum())}")

@@ -7,6 +7,7 @@ a trailing underscore: ``W_`` (M+1, D), ``covariance_`` (D, D), ``transmat_`` (M
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import time
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from . import exact
 from ._validation import (check_lengths, check_observations, check_positive_int,
-                          check_random_state)
+                          check_random_state, check_real)
 from .learn.objective import (COVARIANCE_TYPES, check_covariance_matches, check_covariance_type,
                               constrain_params)
 from .model import FHMMParams
@@ -30,6 +31,13 @@ __all__ = ["FHMM"]
 _SHARE = ("chain", "all")
 _HYPERPARAMETERS = ("n_chains", "window", "n_hidden", "share_hidden", "random_state",
                     "covariance_type")
+
+
+def _seed_or_none(random_state):
+    """An int seed as it is; None for None, Generators and RandomStates (not stored)."""
+    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, (bool, np.bool_)):
+        return int(random_state)
+    return None
 
 
 class FHMM:
@@ -128,6 +136,10 @@ class FHMM:
             Constructor arguments (window, n_hidden, covariance_type, ...).
         """
         params = FHMMParams.from_natural(W, covariance, transmat, startprob)
+        unknown = sorted(set(kwargs) - set(_HYPERPARAMETERS) | set(kwargs) & {"n_chains"})
+        if unknown:
+            raise ValueError(f"from_params takes the constructor's arguments except n_chains (the "
+                             f"chains are W's rows but the bias), got {', '.join(unknown)}")
         model = cls(n_chains=params.n_chains, **kwargs)
         model._check_hyperparameters()
         ctype = model.covariance_type
@@ -210,6 +222,15 @@ class FHMM:
         self._check_hyperparameters()
         # before any initialisation (an SMF start may take seconds)
         net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
+        init_samples = check_positive_int(init_samples, "init_samples")
+        if max_iter is not None:
+            max_iter = check_positive_int(max_iter, "max_iter")
+        if time_budget is not None:
+            time_budget = check_real(time_budget, "time_budget", low_open=True)
+        if method == "svi":
+            from .learn.svi import check_svi_settings
+            check_svi_settings(max_iter or 1, batch_size, subchain_length, learning_rate,
+                               final_lr_ratio, decay, time_budget)
         if client is not None:
             return self._fit_distributed(X, lengths, method, client, max_iter=max_iter,
                                          time_budget=time_budget, batch_size=batch_size,
@@ -226,9 +247,7 @@ class FHMM:
             raise ValueError(f"init must be one of 'auto', 'smf', 'kmeans', 'params', got {init!r}")
         X = check_observations(X, allow_nan=(method == "svi"))
         lengths = check_lengths(lengths, X.shape[0])
-        if getattr(self, "params_", None) is not None and self.params_.n_features != X.shape[1]:
-            raise ValueError(f"X must have {self.params_.n_features} features (columns) like the "
-                             f"model's parameters, got {X.shape[1]}")
+        self._check_n_features(X.shape[1])
         if method == "svi" and X.shape[0] < 2:
             raise ValueError("X must have at least 2 samples for SVI")
         rng = check_random_state(self.random_state)
@@ -238,20 +257,21 @@ class FHMM:
         if method == "em":
             from .learn.em import fit_exact_em
             budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
-            params, history = fit_exact_em(X, lengths, params=params, max_iter=max_iter or 100,
-                                           tol=tol, time_budget=budget, progress=progress,
+            params, history = fit_exact_em(X, lengths, params=params,
+                                           max_iter=100 if max_iter is None else max_iter, tol=tol, time_budget=budget, progress=progress,
                                            covariance_type=self.covariance_type)
-            self._set_params(params, getattr(self, "net_", None))
+            self._set_params(params)  # networks trained for earlier parameters would mislead
             self.history_ = history
             self.fit_method_ = "em"
             return self
         if method == "smf":
             from .learn.smf import fit_smf
             budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
-            params, history = fit_smf(X, lengths, params=params, max_iter=max_iter or 100, tol=tol,
+            params, history = fit_smf(X, lengths, params=params,
+                                      max_iter=100 if max_iter is None else max_iter, tol=tol,
                                       time_budget=budget, random_state=rng, progress=progress,
                                       covariance_type=self.covariance_type)
-            self._set_params(params, getattr(self, "net_", None))
+            self._set_params(params)  # networks trained for earlier parameters would mislead
             self.history_ = history
             self.fit_method_ = "smf"
             return self
@@ -262,7 +282,8 @@ class FHMM:
         net.init(random_state=rng)
         net.fit_scaler(X)
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
-        state = fit_svi(X, bounds, params, net, max_iter=max_iter or 20_000, batch_size=batch_size,
+        state = fit_svi(X, bounds, params, net, max_iter=20_000 if max_iter is None else max_iter,
+                        batch_size=batch_size,
                         subchain_length=subchain_length, learning_rate=learning_rate,
                         final_lr_ratio=final_lr_ratio, decay=decay, time_budget=budget, rng=rng,
                         progress=progress, covariance_type=self.covariance_type, net_warmup=net_warmup)
@@ -292,13 +313,15 @@ class FHMM:
         rng = check_random_state(self.random_state)
         t0 = time.perf_counter()
         head = head_rows(chunks, init_samples)
+        self._check_n_features(head.shape[1])
         params = self._initial_params(head, None, init, init_samples, rng, progress, time_budget)
         net = RecognitionNet(self.n_chains, params.n_features, window=self.window,
                              n_hidden=self.n_hidden, share=self.share_hidden, mode="centred")
         net.init(random_state=rng)
         net.set_scaler(*chunk_scaler(chunks, client))
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
-        state = fit_svi_distributed(chunks, params, net, client, max_iter=max_iter or 20_000,
+        state = fit_svi_distributed(chunks, params, net, client,
+                                    max_iter=20_000 if max_iter is None else max_iter,
                                     batch_size=batch_size, subchain_length=subchain_length,
                                     learning_rate=learning_rate, final_lr_ratio=final_lr_ratio,
                                     decay=decay, time_budget=budget, random_state=rng,
@@ -308,6 +331,12 @@ class FHMM:
         self.history_ = state.history
         self.fit_method_ = "svi"
         return self
+
+    def _check_n_features(self, n_features: int) -> None:
+        params = getattr(self, "params_", None)
+        if params is not None and params.n_features != n_features:
+            raise ValueError(f"X must have {params.n_features} features (columns) like the "
+                             f"model's parameters, got {n_features}")
 
     def _initial_params(self, X, lengths, init, init_samples, rng, progress,
                         time_budget=None) -> FHMMParams:
@@ -370,13 +399,21 @@ class FHMM:
     def sample(self, n_samples: int, random_state=None):
         """Draw a sequence from the model.
 
+        Parameters
+        ----------
+        n_samples : int
+        random_state : None, int or numpy Generator, optional
+            Default: the model's ``random_state`` (as hmmlearn: a model built with an int
+            seed draws the same sequence on every call).
+
         Returns
         -------
         X : ndarray, shape (n_samples, D)
         S : ndarray of int8, shape (n_samples, M)
             The true chain states.
         """
-        return self._require_params().sample(n_samples, check_random_state(random_state))
+        rng = check_random_state(self.random_state if random_state is None else random_state)
+        return self._require_params().sample(n_samples, rng)
 
     def score(self, X, lengths=None) -> float:
         """Exact total log-likelihood ``log p(X)`` (forward algorithm, MATH.md §7).
@@ -411,7 +448,7 @@ class FHMM:
             when the model has networks, else ``"exact"`` for M ≤ 12, else ``"smf"``.
         """
         params = self._require_params()
-        method = method or self._default_method()
+        method = self._default_method() if method is None else method
         if method not in _METHODS:
             raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
         if method == "exact":
@@ -473,6 +510,7 @@ class FHMM:
             "hyper": np.array(json.dumps({"n_chains": self.n_chains, "window": self.window,
                                           "n_hidden": self.n_hidden, "share_hidden": self.share_hidden,
                                           "covariance_type": self.covariance_type,
+                                          "random_state": _seed_or_none(self.random_state),
                                           "fit_method": getattr(self, "fit_method_", None)})),
             "W": params.W, "L": params.L, "alpha": params.alpha, "beta": params.beta,
             "startprob": params.startprob,
@@ -500,6 +538,8 @@ class FHMM:
         """
         from .network import RecognitionNet
         path = os.fspath(path)
+        if not os.path.exists(path) and not path.endswith(".npz"):
+            path += ".npz"  # as save() names it
         try:
             with np.load(path, allow_pickle=False) as f:
                 data = {k: f[k] for k in f.files}
@@ -509,25 +549,40 @@ class FHMM:
             raise ValueError(f"{path} is not a streamfhmm model file (.npz): {exc}") from None
         if str(data.get("format", "")) != _FORMAT_TAG:
             raise ValueError(f"{path} is not a streamfhmm model file (no '{_FORMAT_TAG}' tag)")
-        version = int(data["version"])
+        damaged = f"{path} is a damaged streamfhmm model file"
+        try:
+            version = int(data["version"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValueError(f"{damaged}: no readable format version ({exc})") from None
         if version > FORMAT_VERSION:
             raise ValueError(f"{path} has model format version {version}; this streamfhmm "
                              f"reads versions up to {FORMAT_VERSION}: upgrade streamfhmm")
         try:
             hyper = json.loads(str(data["hyper"]))
+            if not isinstance(hyper, dict):
+                raise ValueError(f"hyper-parameters are a {type(hyper).__name__}, not a mapping")
             params = FHMMParams(W=data["W"], L=data["L"], alpha=data["alpha"], beta=data["beta"],
                                 startprob=data["startprob"])
             net_arrays = {k[4:]: v for k, v in data.items() if k.startswith("net.")}
             net = RecognitionNet.from_arrays(net_arrays) if net_arrays else None
             history = json.loads(str(data["history"]))
         except (KeyError, ValueError, TypeError) as exc:
-            raise ValueError(f"{path} is a damaged streamfhmm model file: {exc}") from None
+            raise ValueError(f"{damaged}: {exc}") from None
         fit_method = hyper.pop("fit_method", None)
         hyper.setdefault("covariance_type", "full")
+        unknown = sorted(set(hyper) - set(_HYPERPARAMETERS))
+        if unknown:
+            raise ValueError(f"{damaged}: unknown hyper-parameters {unknown}")
+        if hyper.get("n_chains") != params.n_chains:
+            raise ValueError(f"{damaged}: n_chains {hyper.get('n_chains')!r} but the parameters "
+                             f"have {params.n_chains} chains")
         if hyper["covariance_type"] not in COVARIANCE_TYPES:
-            raise ValueError(f"{path} is a damaged streamfhmm model file: covariance_type "
-                             f"{hyper['covariance_type']!r}")
+            raise ValueError(f"{damaged}: covariance_type {hyper['covariance_type']!r}")
         model = cls(**hyper)
+        try:
+            model._check_hyperparameters()
+        except ValueError as exc:
+            raise ValueError(f"{damaged}: {exc}") from None
         model._set_params(params, net)
         model.history_ = history
         if fit_method:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import (check_covariance, check_random_state, check_startprob,
-                          check_transmat, check_W, check_positive_int)
+                          check_transmat, check_W, check_positive_int, _as_float_array)
 
 __all__ = ["FHMMParams", "logit", "sigmoid"]
 
@@ -81,13 +81,13 @@ class FHMMParams:
     def __post_init__(self):
         W = check_W(self.W)
         M, D = W.shape[0] - 1, W.shape[1]
-        L = np.asarray(self.L, dtype=np.float64)
+        L = _as_float_array(self.L, "L")
         if L.shape != (D, D):
             raise ValueError(f"L must have shape ({D}, {D}), got {L.shape}")
         if not np.isfinite(L).all() or not np.allclose(L, np.tril(L)) or not (np.diag(L) > 0).all():
             raise ValueError("L must be finite and lower triangular with a positive diagonal")
-        alpha = np.asarray(self.alpha, dtype=np.float64)
-        beta = np.asarray(self.beta, dtype=np.float64)
+        alpha = _as_float_array(self.alpha, "alpha")
+        beta = _as_float_array(self.beta, "beta")
         for name, v in (("alpha", alpha), ("beta", beta)):
             if v.shape != (M,) or not np.isfinite(v).all():
                 raise ValueError(f"{name} must be a finite array of shape ({M},), got shape {v.shape}")

@@ -199,3 +199,113 @@ def test_version_1_file_loads_as_full(tmp_path):
     np.savez(tmp_path / "bad.npz", **data)
     with pytest.raises(ValueError, match="damaged streamfhmm model file: covariance_type 'tied'"):
         FHMM.load(tmp_path / "bad.npz")
+
+
+def test_lengths_that_overflow_int64_are_refused():
+    """Lengths whose int64 sum wraps round to len(X) once reached the kernels (a crash)."""
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
+    X = np.zeros((60, 2))
+    wraps = [2**62, 2**62, 2**62, 2**62 + 60]
+    assert np.array(wraps, dtype=np.int64).sum() == 60  # the wrap this guards against
+    for bad in (wraps, [1e30, 10.0], [61], [1] * 61):
+        with pytest.raises(ValueError, match=r"lengths must sum to the number of samples in X \(60\)"):
+            m.score(X, lengths=bad)
+    assert np.isfinite(m.score(X, lengths=[30.0, 30.0]))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(max_iter=0), "max_iter must be an integer >= 1, got 0"),
+    (dict(max_iter=2.5), "max_iter must be an integer >= 1, got 2.5"),
+    (dict(learning_rate=-1.0), r"learning_rate must be a finite number in \(0, inf\), got -1.0"),
+    (dict(learning_rate="a"), "learning_rate must be a finite number"),
+    (dict(decay=1.0), r"decay must be a finite number in \[0, 1\), got 1.0"),
+    (dict(final_lr_ratio=-3), r"final_lr_ratio must be a finite number in \[0, 1\]"),
+    (dict(subchain_length=0), "subchain_length must be an integer >= 1, got 0"),
+    (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
+    (dict(time_budget=-1.0), r"time_budget must be a finite number in \(0, inf\)"),
+    (dict(time_budget=float("nan")), "time_budget must be a finite number"),
+    (dict(init_samples=0), "init_samples must be an integer >= 1, got 0"),
+    (dict(method="smf", max_iter=0), "max_iter must be an integer >= 1, got 0"),
+    (dict(method="em", time_budget="x"), "time_budget must be a finite number"),
+])
+def test_fit_setting_errors(kwargs, message, monkeypatch):
+    """Every learner's settings are checked before any work (no SMF start is run)."""
+    import streamfhmm.learn.smf as smf
+
+    def no_start(*a, **k):
+        raise AssertionError("the fit started before its settings were checked")
+    monkeypatch.setattr(smf, "init_params", no_start)
+    X = np.random.default_rng(0).normal(size=(40, 2))
+    with pytest.raises(ValueError, match=message):
+        FHMM(n_chains=2, window=3, n_hidden=4).fit(X, progress=False, **kwargs)
+
+
+def test_refit_without_networks_drops_the_old_ones():
+    """An SMF/EM refit after SVI: networks trained for other parameters (or another chain
+    count) must not stay the default posterior."""
+    X = np.random.default_rng(1).normal(size=(120, 2))
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=0).fit(X, max_iter=5, progress=False)
+    assert m.net_ is not None and m._default_method() == "recognition"
+    m.set_params(n_chains=3).fit(X, method="smf", init="kmeans", max_iter=3, progress=False)
+    assert m.net_ is None
+    assert m.predict_proba(X).shape == (120, 3)
+    np.testing.assert_array_equal(m.predict_proba(X), m.predict_proba(X, method="exact"))
+    with pytest.raises(ValueError, match="method must be one of"):
+        m.predict_proba(X, method="")
+
+
+def test_sample_defaults_to_the_models_random_state():
+    """As hmmlearn: sample() without a random_state uses the model's."""
+    a = FHMM.from_params(W=W2, covariance=S2, transmat=A2, random_state=0)
+    b = FHMM.from_params(W=W2, covariance=S2, transmat=A2, random_state=0)
+    np.testing.assert_array_equal(a.sample(20)[0], b.sample(20)[0])
+    np.testing.assert_array_equal(a.sample(20)[1], a.sample(20)[1])
+    c = FHMM.from_params(W=W2, covariance=S2, transmat=A2, random_state=1)
+    assert not np.array_equal(a.sample(20)[0], c.sample(20)[0])
+    with pytest.raises(ValueError, match="from_params takes the constructor's arguments except n_chains"):
+        FHMM.from_params(W=W2, covariance=S2, transmat=A2, n_chains=3)
+
+
+def test_save_load_keeps_the_seed_and_finds_the_npz(tmp_path):
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2, random_state=7)
+    m.save(tmp_path / "model")  # save adds .npz
+    back = FHMM.load(tmp_path / "model")
+    assert back.get_params() == m.get_params()
+    g = FHMM.from_params(W=W2, covariance=S2, transmat=A2, random_state=np.random.default_rng(3))
+    g.save(tmp_path / "g.npz")
+    assert FHMM.load(tmp_path / "g.npz").random_state is None  # a Generator is not stored
+
+
+def _rewrite(tmp_path, name, change):
+    import json
+    FHMM.from_params(W=W2, covariance=S2, transmat=A2).save(tmp_path / "good.npz")
+    with np.load(tmp_path / "good.npz") as f:
+        data = {k: f[k] for k in f.files}
+    hyper = json.loads(str(data["hyper"]))
+    change(data, hyper)
+    data["hyper"] = np.array(json.dumps(hyper))
+    np.savez(tmp_path / name, **data)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d, h: d.pop("version"), "no readable format version"),
+    (lambda d, h: d.update(version=np.array("two")), "no readable format version"),
+    (lambda d, h: h.update(foo=1), r"unknown hyper-parameters \['foo'\]"),
+    (lambda d, h: h.pop("n_chains"), "n_chains None but the parameters have 2 chains"),
+    (lambda d, h: h.update(window=4), "window must be odd"),
+])
+def test_load_refuses_damaged_files(tmp_path, change, message):
+    path = _rewrite(tmp_path, "bad.npz", change)
+    with pytest.raises(ValueError, match="damaged streamfhmm model file: " + message):
+        FHMM.load(path)
+
+
+@pytest.mark.parametrize("field", ["L", "alpha", "beta"])
+def test_params_refuse_complex_and_text(field):
+    base = FHMM.from_params(W=W2, covariance=S2, transmat=A2).params_
+    args = dict(W=base.W, L=base.L, alpha=base.alpha, beta=base.beta, startprob=base.startprob)
+    with pytest.raises(ValueError, match=f"{field} must be real-valued"):
+        FHMMParams(**{**args, field: args[field] + 0j})
+    with pytest.raises(ValueError, match=f"{field} must be numeric"):
+        FHMMParams(**{**args, field: "ab"})

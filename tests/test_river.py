@@ -593,6 +593,9 @@ def test_invalid_arguments():
         FHMMTransformer(features=("a", "a"))
     with pytest.raises(ValueError, match="n_chains <= 20"):
         FHMMAnomalyScorer(n_chains=21, posterior="exact")
+    for bad in ("x", 1.5, True):  # refused when built, not at the first learn_one
+        with pytest.raises(ValueError, match="seed must be an int or None"):
+            FHMMTransformer(seed=bad)
     assert FHMMAnomalyScorer(n_chains=13)._resolved_posterior() == "recognition"
     assert FHMMAnomalyScorer(n_chains=11, posterior="recognition")._predictive() == "gaussian"
     m = _model(M=2, D=3, seed=29)

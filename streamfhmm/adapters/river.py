@@ -283,6 +283,9 @@ class _StreamAdapter:
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
         if not isinstance(self.learn, (bool, np.bool_)):
             raise ValueError(f"learn must be True or False, got {self.learn!r}")
+        if self.seed is not None and (isinstance(self.seed, (bool, np.bool_))
+                                      or not isinstance(self.seed, numbers.Integral)):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
         if self.features is not None:
             feats = tuple(self.features) if not isinstance(self.features, (str, bytes)) else ()
             if not feats or len(set(feats)) != len(feats):

@@ -99,7 +99,7 @@ from ..model import FHMMParams
 from ..network import RecognitionNet
 from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
-from .svi import RMSprop, SVIState, cosine_lr, log_step
+from .svi import RMSprop, SVIState, check_svi_settings, cosine_lr, log_step
 
 __all__ = ["fit_svi_distributed", "write_npy_chunks", "chunk_lengths", "chunk_scaler",
            "head_rows"]
@@ -759,8 +759,9 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         raise ValueError("client must be a synchronous distributed.Client (asynchronous=False)")
     if not hasattr(client, "submit") or not hasattr(client, "nthreads"):
         raise ValueError(f"client must be a distributed.Client, got {type(client).__name__}")
-    max_iter = check_positive_int(max_iter, "max_iter")
-    batch_size = check_positive_int(batch_size, "batch_size")
+    (max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay,
+     time_budget) = check_svi_settings(max_iter, batch_size, subchain_length, learning_rate,
+                                       final_lr_ratio, decay, time_budget)
     net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
     max_recoveries = check_positive_int(max_recoveries, "max_recoveries", minimum=0)
     for name, v in (("step_timeout", step_timeout), ("setup_timeout", setup_timeout)):
@@ -790,7 +791,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     lengths = np.array([c.length for c in desc], dtype=np.int64)
     if lengths.sum() < 2:
         raise ValueError("the chunks must hold at least 2 samples for SVI")
-    L = check_positive_int(subchain_length or net.window, "subchain_length")
+    L = net.window if subchain_length is None else subchain_length
 
     rng = check_random_state(random_state)
     root = np.random.SeedSequence(int(rng.integers(2**63)))

@@ -21,14 +21,31 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._blas import limit_blas_threads
-from .._validation import check_positive_int
+from .._validation import check_positive_int, check_real
 from ..kernels import svi as _ks
 from ..model import FHMMParams
 from ..network import RecognitionNet
 from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
 
-__all__ = ["RMSprop", "SVIState", "fit_svi"]
+__all__ = ["RMSprop", "SVIState", "check_svi_settings", "fit_svi"]
+
+
+def check_svi_settings(max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio,
+                       decay, time_budget) -> tuple:
+    """Validate an SVI run's settings (see :meth:`streamfhmm.FHMM.fit`) and return them.
+
+    ``max_iter``, ``batch_size`` ≥ 1 and ``subchain_length`` (None or ≥ 1) as ints;
+    ``learning_rate > 0``, ``final_lr_ratio`` in [0, 1], ``decay`` (RMSprop's γ) in
+    [0, 1) and ``time_budget`` (None or ≥ 0 seconds) as floats.
+    """
+    return (check_positive_int(max_iter, "max_iter"),
+            check_positive_int(batch_size, "batch_size"),
+            None if subchain_length is None else check_positive_int(subchain_length, "subchain_length"),
+            check_real(learning_rate, "learning_rate", low_open=True),
+            check_real(final_lr_ratio, "final_lr_ratio", 0.0, 1.0),
+            check_real(decay, "decay", 0.0, 1.0, high_open=True),
+            None if time_budget is None else check_real(time_budget, "time_budget"))
 
 
 class RMSprop:
@@ -130,6 +147,9 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     SVIState
     """
     net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
+    (max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay,
+     time_budget) = check_svi_settings(max_iter, batch_size, subchain_length, learning_rate,
+                                       final_lr_ratio, decay, time_budget)
     if state is None:
         ctype = check_covariance_type("full" if covariance_type is None else covariance_type)
         packer = ModelPacker(params.n_chains, params.n_features)
@@ -142,7 +162,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     cov_mode = covariance_mode(state.covariance_type)
     # on the family, with the spherical λ_d's RMSprop accumulators equal
     _ks.constrain_model(state.model_vec, state.opt.sq, packer.n_chains, packer.n_features, cov_mode)
-    L = subchain_length or net.window
+    L = net.window if subchain_length is None else subchain_length
     sampler = SubchainSampler(bounds, L, batch_size, rng)
     B = sampler.batch_size
     n_max = sampler.max_rows
