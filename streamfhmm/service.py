@@ -56,7 +56,8 @@ import zmq
 
 from .io.fastwire import STOP_ERROR, STOP_SLOW
 from .io.lane import LANE_STATUS, serve_lane
-from .io.wire import TS_TEXT_BYTES, Heartbeat, SampleRun, encode_heartbeat, encode_sample, ts_from_text, ts_text
+from .io.wire import (TS_TEXT_BYTES, Heartbeat, SampleRun, check_topic, encode_heartbeat, encode_sample,
+                      ts_from_text, ts_text)
 from .io.zmq import RateLimitedLog, ZmqSink, ZmqSource
 from .stream.engine import _CHUNK as _ENGINE_CHUNK
 from .stream.engine import PosteriorBatch
@@ -326,7 +327,8 @@ def read_stream_record(path: str) -> dict:
         pending = [(int(t), int(s), float(ts)) for t, s, ts in rec["pending"]]
         fname = str(rec["file"])
         when = float(rec["time"])
-    except (KeyError, TypeError, ValueError) as exc:
+        check_topic(topic)  # the service publishes under it
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:  # WireError is a ValueError
         raise CheckpointError(f"{path} is a damaged stream checkpoint record: {exc!r}") from None
     if any(b[0] != a[0] + 1 for a, b in zip(pending, pending[1:])) or (
             pending and pending[-1][0] >= t_next) or not all(math.isfinite(p[2]) for p in pending):

@@ -210,6 +210,41 @@ def test_decode_output_errors():
     assert info.value.kind == "fields"
 
 
+BIG = "1" + "0" * 400  # a JSON integer: valid JSON, too large for a float
+
+
+@pytest.mark.parametrize("frames", [
+    [b"s", b'{"seq":0,"ts":%s}' % BIG.encode(), np.zeros(2).tobytes()],          # binary header
+    [b'{"topic":"s","seq":0,"ts":%s,"values":[1.0,2.0]}' % BIG.encode()],         # one frame
+    [b"s", b'{"heartbeat":true,"seq":0,"ts":%s}' % BIG.encode(), b""],             # heartbeat
+])
+def test_decode_input_refuses_huge_integer_ts(frames):
+    """float() of a 400-digit int raises OverflowError, which once escaped the service."""
+    with pytest.raises(WireError) as info:
+        decode_input(frames, 2)
+    assert info.value.kind == "fields" and "finite" in str(info.value)
+
+
+@pytest.mark.parametrize("frames,kind", [
+    ([b'{"topic":"\\ud800","seq":0,"t":0,"ts":0,"version":0,"flags":0,'
+      b'"theta":[0.5],"rho":[0],"mean":[0]}'], "topic"),                               # lone surrogate
+    ([b"t", b'{"seq":0,"t":0,"ts":%s,"version":0,"flags":0,"n_chains":1}' % BIG.encode(),
+      np.zeros(3).tobytes()], "fields"),
+    ([b'{"topic":"t","seq":0,"t":0,"ts":0,"version":0,"flags":0,"theta":[%s],"rho":[0],"mean":[0]}'
+      % BIG.encode()], "fields"),
+    ([b"t", b'{"seq":"x","t":"y","ts":1,"version":0,"flags":0,"n_chains":1}', np.zeros(3).tobytes()],
+     "fields"),
+    ([b"t", b'{"seq":0,"t":0,"ts":1,"version":null,"flags":0,"n_chains":1}', np.zeros(3).tobytes()],
+     "fields"),
+    ([b"", b'{"heartbeat":true,"streams":"x","ts":1}', b""], "fields"),
+])
+def test_decode_output_raises_wire_errors_only(frames, kind):
+    """A consumer (the demo) catches WireError; nothing else may escape for bad bytes."""
+    with pytest.raises(WireError) as info:
+        decode_output(frames)
+    assert info.value.kind == kind
+
+
 def test_huge_seq_and_ts_precision_survive():
     ts = math.pi * 1e9
     s = decode_input(encode_sample(b"", 2**63 - 1, ts, [0.0]), 1)

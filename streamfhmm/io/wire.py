@@ -78,7 +78,7 @@ import numpy as np
 __all__ = [
     "ERROR_KINDS", "WireError", "Sample", "SampleRun", "Heartbeat", "PosteriorMessage",
     "MAX_TOPIC_BYTES", "MAX_HEADER_BYTES", "max_json_bytes", "max_frame_bytes",
-    "TS_TEXT_BYTES", "ts_text", "ts_from_text",
+    "TS_TEXT_BYTES", "ts_text", "ts_from_text", "check_topic",
     "encode_sample", "encode_heartbeat", "encode_posterior", "encode_posterior_batch",
     "encode_service_heartbeat",
     "decode_input", "decode_output", "subscription_prefixes",
@@ -240,7 +240,8 @@ def _topic_bytes(topic) -> bytes:
     return topic
 
 
-def _check_topic(topic: bytes) -> bytes:
+def check_topic(topic: bytes) -> bytes:
+    """``topic`` if it is valid UTF-8 of at most :data:`MAX_TOPIC_BYTES`; else WireError."""
     if len(topic) > MAX_TOPIC_BYTES:
         raise WireError("topic", f"topic of {len(topic)} bytes (at most {MAX_TOPIC_BYTES})")
     try:
@@ -271,10 +272,19 @@ def _seq_ts(obj: dict, what: str, allow_minus_one: bool = False) -> tuple[int, f
     ts = obj.get("ts")
     if type(ts) is not float and type(ts) is not int:
         raise WireError("fields", f"{what} needs \"ts\", a number, got {ts!r}")
-    ts = float(ts)
-    if not math.isfinite(ts):
-        raise WireError("fields", f"{what} needs a finite \"ts\", got {ts!r}")
+    ts = _finite_ts(ts)
+    if ts is None:
+        raise WireError("fields", f"{what} needs a finite \"ts\", got {obj.get('ts')!r:.40}")
     return seq, ts
+
+
+def _finite_ts(ts) -> float | None:
+    """``float(ts)`` for a JSON int or float, None if not finite (JSON ints are unbounded)."""
+    try:
+        ts = float(ts)
+    except OverflowError:
+        return None
+    return ts if math.isfinite(ts) else None
 
 
 def _check_values(x: np.ndarray) -> np.ndarray:
@@ -324,7 +334,7 @@ def decode_input(frames, n_features: int) -> Sample | Heartbeat:
     n = len(frames)
     if n == 3:
         topic, header, payload = frames
-        _check_topic(topic)
+        check_topic(topic)
         m = _CANONICAL_HEADER(header)
         if m is not None and len(payload):
             # the compact form every streamfhmm producer writes: parsed without json
@@ -348,7 +358,7 @@ def decode_input(frames, n_features: int) -> Sample | Heartbeat:
         if type(topic) is not str:
             raise WireError("fields", f"\"topic\" must be a string, got {topic!r}")
         topic = topic.encode("utf-8", "surrogatepass")
-        _check_topic(topic)
+        check_topic(topic)
         values = obj.get("values")
         if values is None:
             return _heartbeat(topic, obj, "one-frame JSON message without \"values\"")
@@ -525,23 +535,22 @@ def decode_output(frames) -> PosteriorMessage | Heartbeat:
         topic = obj.get("topic")
         if type(topic) is not str:
             raise WireError("fields", f"\"topic\" must be a string, got {topic!r}")
-        topic = topic.encode("utf-8")
+        topic = check_topic(topic.encode("utf-8", "surrogatepass"))
         payload = None
     else:
         raise WireError("frames", f"message of {n} frames; expected 3 or 1")
+    ts = obj.get("ts")
+    ts = _finite_ts(ts) if type(ts) in (int, float) else None
     if obj.get("heartbeat") is True:
-        seq = obj.get("seq", -1)
-        t = obj.get("t", -1)
-        streams = obj.get("streams", -1)
-        ts = obj.get("ts")
-        if type(ts) not in (int, float) or type(seq) is not int or type(t) is not int:
-            raise WireError("fields", f"malformed heartbeat {obj!r}")
-        return Heartbeat(topic, seq, float(ts), False, t, streams)
-    try:
-        seq, t, ts = obj["seq"], obj["t"], float(obj["ts"])
-        version, flags = obj["version"], obj["flags"]
-    except (KeyError, TypeError, ValueError):
-        raise WireError("fields", f"output header lacks seq/t/ts/version/flags: {obj!r}") from None
+        seq, t, streams = obj.get("seq", -1), obj.get("t", -1), obj.get("streams", -1)
+        if ts is None or type(seq) is not int or type(t) is not int or type(streams) is not int:
+            raise WireError("fields", f"malformed heartbeat {obj!r:.200}")
+        return Heartbeat(topic, seq, ts, False, t, streams)
+    fields = [obj.get(k) for k in ("seq", "t", "version", "flags")]
+    if ts is None or any(type(v) is not int for v in fields):
+        raise WireError("fields", f"output header needs integer seq/t/version/flags and a finite ts, "
+                                  f"got {obj!r:.200}")
+    seq, t, version, flags = fields
     if payload is not None:
         M = obj.get("n_chains")
         if type(M) is not int or M < 1 or len(payload) % 8 or len(payload) // 8 <= 2 * M:
@@ -552,6 +561,6 @@ def decode_output(frames) -> PosteriorMessage | Heartbeat:
         try:
             theta, rho, mean = (np.array([np.nan if a is None else a for a in obj[k]], dtype=np.float64)
                                 for k in ("theta", "rho", "mean"))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise WireError("fields", "JSON output lacks theta/rho/mean lists") from None
     return PosteriorMessage(topic, seq, t, ts, version, flags, theta, rho, mean)
