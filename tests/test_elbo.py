@@ -1,7 +1,5 @@
 """Tests of streamfhmm.kernels.elbo (MATH.md §2, §4) against enumeration and finite
 differences."""
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -446,34 +444,3 @@ def test_exact_posterior_long_sequence_in_subchains():
     assert abs(v - ll) <= 1e-6, (v, ll)
     # and it is a stationary point in θ and ρ (the bound touches log p(y) there)
     assert np.max(np.abs(g[0])) < 1e-4 and np.max(np.abs(g[1][1:])) < 1e-4
-
-
-# --------------------------------------------------------------------------------------
-# throughput
-# --------------------------------------------------------------------------------------
-def test_throughput_report():
-    """Positions per second for M = 10, D = 6 (10 subchains of 100 positions)."""
-    seed = 3
-    print(f"seed={seed}")
-    rng = np.random.default_rng(seed)
-    M, D, B, Lsub = 10, 6, 10, 100
-    W, L, alpha, beta, log_pi = random_model(rng, M, D)
-    P = np.linalg.inv(L @ L.T)
-    log_A = log_transitions(alpha, beta)
-    n_pos = np.full(B, Lsub + 1, dtype=np.int64)
-    starts = np.arange(B, dtype=np.int64) * (Lsub + 1)
-    flags = np.zeros(B, dtype=bool)
-    N = B * (Lsub + 1)
-    theta, rho = random_variational(rng, N, M)
-    Y = random_data(rng, N, W, L)
-    outs = [np.zeros((N, M)), np.zeros((N, M)), np.zeros_like(W), np.zeros((D, D)),
-            np.zeros(M), np.zeros(M), np.zeros((M, 2))]
-    elbo_batch(Y, starts, n_pos, flags, theta, rho, W, L, P, log_A, log_pi, *outs)
-    reps = 50
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        elbo_batch(Y, starts, n_pos, flags, theta, rho, W, L, P, log_A, log_pi, *outs)
-    dt = (time.perf_counter() - t0) / reps
-    rate = B * Lsub / dt
-    print(f"elbo_batch M={M} D={D}: {rate:.3g} positions/s ({dt * 1e6:.0f} us per batch)")
-    assert rate > 1e3

@@ -13,6 +13,7 @@ from .naive_stream import RingReference
 @given(seed=st.integers(0, 10_000), C=st.integers(1, 9), D=st.integers(1, 3),
        n=st.integers(1, 40))
 def test_windows_are_contiguous_and_current(seed, C, D, n):
+    print(f"seed={seed} C={C} D={D} n={n}")
     rng = np.random.default_rng(seed)
     ring, ref = RingBuffer(C, D), RingReference(C)
     for t in range(n):
@@ -32,6 +33,7 @@ def test_windows_are_contiguous_and_current(seed, C, D, n):
 @given(seed=st.integers(0, 10_000), C=st.integers(1, 9), t0=st.integers(-5, 30),
        n=st.integers(1, 25))
 def test_write_block_equals_sequential_writes(seed, C, t0, n):
+    print(f"seed={seed} C={C} t0={t0} n={n}")
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, 2))
     a, b = RingBuffer(C, 2), RingBuffer(C, 2)

@@ -217,6 +217,55 @@ def test_rmsprop_update_scales_the_leading_entries():
     assert (x0[:3] != plain_x[:3]).all()
 
 
+def _rmsprop_reference(x, grad, sq, decay, eps, lr, step_count, n_head=0, head_scale=1.0):
+    """rmsprop_update's docstring (MATH.md §5 with bias correction), whole-array numpy:
+    ``g² ← γ g² + (1-γ) ∇²``; ``x ← x + η_i ∇ / (√(g² / (1-γ^k)) + ε)`` with
+    ``k = step_count + 1`` and ``η_i = head_scale · η`` for ``i < n_head``, else ``η``."""
+    sq = decay * sq + (1.0 - decay) * grad**2
+    eta = np.where(np.arange(len(x)) < n_head, head_scale * lr, lr)
+    return x + eta * grad / (np.sqrt(sq / (1.0 - decay ** (step_count + 1))) + eps), sq
+
+
+def test_rmsprop_update_consecutive_steps_against_the_formula():
+    """Several steps from non-zero running averages at step_count > 0 (the bias
+    correction 1-γ^k with k = step_count + 1, ε outside the root, the head's scale),
+    and RMSprop.step counting its steps from 0; a non-finite gradient changes nothing."""
+    from streamfhmm.kernels.svi import rmsprop_update
+    seed = 22
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    n, decay, eps = 9, 0.8, 1e-2          # ε comparable to √g²: its place in the formula matters
+    x, sq = rng.normal(size=n), rng.uniform(0.01, 2.0, size=n)
+    x_ref, sq_ref = x.copy(), sq.copy()
+    for k, step_count in enumerate(range(3, 9)):
+        g = rng.normal(scale=rng.uniform(0.1, 3.0), size=n)
+        lr = 0.05 * (k + 1)
+        n_head, head_scale = (0, 1.0) if k % 2 else (4, 0.25 * k)
+        assert rmsprop_update(x, g, sq, decay, eps, lr, step_count, n_head, head_scale)
+        x_ref, sq_ref = _rmsprop_reference(x_ref, g, sq_ref, decay, eps, lr, step_count, n_head,
+                                           head_scale)
+        np.testing.assert_allclose(sq, sq_ref, rtol=1e-14, atol=0)
+        np.testing.assert_allclose(x, x_ref, rtol=1e-14, atol=1e-15)
+    # a non-finite gradient: False, and neither x nor the running averages change
+    for bad in (np.nan, np.inf):
+        g = rng.normal(size=n)
+        g[5] = bad
+        x0, sq0 = x.copy(), sq.copy()
+        assert not rmsprop_update(x, g, sq, decay, eps, 0.1, 9)
+        np.testing.assert_array_equal(x, x0)
+        np.testing.assert_array_equal(sq, sq0)
+    # the optimiser object: fresh accumulators, step_count 0, 1, 2, ...
+    opt = RMSprop(n, decay=decay, eps=eps)
+    x = rng.normal(size=n)
+    x_ref, sq_ref = x.copy(), np.zeros(n)
+    for step_count in range(4):
+        g = rng.normal(size=n)
+        opt.step(x, g, lr=0.1)
+        x_ref, sq_ref = _rmsprop_reference(x_ref, g, sq_ref, decay, eps, 0.1, step_count)
+        np.testing.assert_allclose(x, x_ref, rtol=1e-14, atol=1e-15)
+    assert opt.steps == 4
+
+
 def test_warmup_trains_the_networks_only(two_chain_data):
     """fit(net_warmup=n): for n steps the model stays where it starts while the networks
     learn its posterior; joint steps follow."""
@@ -249,25 +298,29 @@ def test_rmsprop_and_schedule():
 
 
 # ----------------------------------------------------------------------------------------
-# covariance families ("diag", "spherical")
+# covariance families ("full", "diag", "spherical")
 # ----------------------------------------------------------------------------------------
 def _batch_scratch(n, net, M, D):
     return [np.empty((n, k)) for k in (net.n_inputs, net.n_groups * net.n_hidden, M, M, M, M, D)]
 
 
-@pytest.mark.parametrize("covariance_type", ["diag", "spherical"])
+@pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
 @pytest.mark.parametrize("mode", ["centred", "causal"])
 def test_constrained_gradient_against_finite_differences(covariance_type, mode):
     """The fused kernel's gradient, mapped to the family, equals central differences of
-    the ELBO in the family's own parameters (W, λ_d or one λ, α, β)."""
+    the ELBO in the family's own parameters (W, every L entry / λ_d / one λ, α, β), and
+    its network-weight part equals central differences in the weights (a sample from
+    every block) and ``batch_objective``'s network gradient."""
+    from streamfhmm.kernels import recognition as rk
     from streamfhmm.kernels import svi as ks
     from streamfhmm.learn.objective import (ModelPacker, Workspace, batch_objective,
                                             constrain_params, covariance_mode)
     from streamfhmm.network import RecognitionNet
 
     from . import naive_covariance as naive_cov
-    seed = 300 + 2 * (covariance_type == "spherical") + (mode == "causal")
+    seed = 300 + {"diag": 0, "spherical": 2, "full": 4}[covariance_type] + (mode == "causal")
     print(f"seed={seed} covariance_type={covariance_type} mode={mode}")
+    full = covariance_type == "full"
     M, D, T = 2, 3, 40
     rng = np.random.default_rng(seed)
     params = FHMMParams.random(M, D, random_state=seed, noise=0.6)
@@ -281,13 +334,24 @@ def test_constrained_gradient_against_finite_differences(covariance_type, mode):
     packer = ModelPacker(M, D)
     ws = Workspace(packer, net)
     params = constrain_params(params, covariance_type)
-    # move the λ_d apart (diag) so that the test sees each one
+
+    # the family's own coordinates; "full" is the flat model vector itself
+    def embed(z):
+        return z.copy() if full else naive_cov.embed(z, M, D, covariance_type)
+
+    def restrict(v):
+        return v.copy() if full else naive_cov.restrict(v, M, D, covariance_type)
+
+    # move the λ_d (and, full, the off-diagonal L entries) apart so that the test sees each one
     vec = packer.pack(params)
-    z0 = naive_cov.restrict(vec, M, D, covariance_type)
+    z0 = restrict(vec)
     nW = (M + 1) * D
     nc = naive_cov.n_free_cov(D, covariance_type)
     z0[nW:nW + nc] += 0.2 * rng.standard_normal(nc)
-    vec = naive_cov.embed(z0, M, D, covariance_type)
+    vec = embed(z0)
+    if full:
+        off = packer.L(vec)[np.tril_indices(D, -1)]
+        assert (np.abs(off) > 1e-2).all(), off
     sampler = SubchainSampler(np.array([0, 15, T]), 6, 4, np.random.default_rng(seed))
     b = sampler.next_batch()
     x = np.concatenate([vec, net.weights])
@@ -299,28 +363,54 @@ def test_constrained_gradient_against_finite_differences(covariance_type, mode):
     w = net.weights.copy()
 
     def f(z):
-        v = naive_cov.embed(z, M, D, covariance_type)
-        return batch_objective(v, w, X, b.rows, b.row_start, b.row_end, b.offsets,
+        return batch_objective(embed(z), w, X, b.rows, b.row_start, b.row_end, b.offsets,
+                               b.first_is_start, ws)[0]
+
+    def f_net(weights):
+        return batch_objective(vec, weights, X, b.rows, b.row_start, b.row_end, b.offsets,
                                b.first_is_start, ws)[0]
 
     assert value == pytest.approx(f(z0), rel=1e-12)
     g_model = grad[:packer.size]
-    # the kernel's gradient lies on the family: 0 off the diagonal, equal λ_d (spherical)
-    tri = np.tril_indices(D)
-    lblock = g_model[packer.sL]
-    assert (lblock[tri[0] != tri[1]] == 0.0).all()
-    g_diag = lblock[tri[0] == tri[1]]
-    if covariance_type == "spherical":
-        assert (g_diag == g_diag[0]).all()
-    g = naive_cov.restrict(g_model, M, D, covariance_type)
-    step = 1e-6
-    for i in range(len(z0)):
-        zp, zm = z0.copy(), z0.copy()
-        zp[i] += step
-        zm[i] -= step
-        fd = (f(zp) - f(zm)) / (2 * step)
-        scale = max(abs(fd), abs(g[i]), 1e-3)
-        assert abs(fd - g[i]) / scale <= 1e-6, (i, fd, g[i])
+    if not full:
+        # the kernel's gradient lies on the family: 0 off the diagonal, equal λ_d (spherical)
+        tri = np.tril_indices(D)
+        lblock = g_model[packer.sL]
+        assert (lblock[tri[0] != tri[1]] == 0.0).all()
+        g_diag = lblock[tri[0] == tri[1]]
+        if covariance_type == "spherical":
+            assert (g_diag == g_diag[0]).all()
+    g = restrict(g_model)
+
+    def fd_check(fun, at, gradient, idx, step=1e-3):
+        # five-point central differences: with |F| ~ 160 the two-point rule's rounding
+        # error (~ε|F|/h ≈ 1e-8 at h = 1e-6) exceeds the 1e-9 floor of the tolerance on
+        # small weight gradients; this rule's is ~1e-11 and its O(h⁴) error as small
+        for i in idx:
+            z = [at.copy() for _ in range(4)]
+            for zk, k in zip(z, (2, 1, -1, -2)):
+                zk[i] += k * step
+            fd = (-fun(z[0]) + 8 * fun(z[1]) - 8 * fun(z[2]) + fun(z[3])) / (12 * step)
+            scale = max(abs(fd), abs(gradient[i]), 1e-3)
+            assert abs(fd - gradient[i]) / scale <= 1e-6, (i, fd, gradient[i], len(at))
+
+    fd_check(f, z0, g, range(len(z0)))
+    # the network weights: a random sample from every block against central differences ...
+    g_net = grad[packer.size:]
+    assert g_net.shape == (net.n_weights,)
+    lay = net.layout
+    blocks = [(lay[rk.LAYOUT_OFF_U], lay[rk.LAYOUT_OFF_C]), (lay[rk.LAYOUT_OFF_C], lay[rk.LAYOUT_OFF_V]),
+              (lay[rk.LAYOUT_OFF_V], lay[rk.LAYOUT_OFF_E]), (lay[rk.LAYOUT_OFF_E], lay[rk.LAYOUT_N_WEIGHTS])]
+    idx = np.concatenate([rng.choice(np.arange(a, b), size=min(8, b - a), replace=False)
+                          for a, b in blocks])
+    fd_check(f_net, w, g_net, idx)
+    # ... and all of them against batch_objective's network gradient (FD-tested in
+    # test_objective.py); with "full" the model gradient is batch_objective's as well
+    _, gm_ref, gn_ref = batch_objective(vec, w, X, b.rows, b.row_start, b.row_end, b.offsets,
+                                        b.first_is_start, ws)
+    np.testing.assert_allclose(g_net, gn_ref, rtol=1e-10, atol=1e-12)
+    if full:
+        np.testing.assert_allclose(g_model, gm_ref, rtol=1e-10, atol=1e-12)
 
 
 def test_constrain_model_projects_and_equalises_rmsprop_state():

@@ -212,8 +212,14 @@ def test_replay_paces_at_the_rate(ctx):
     src = ZmqSource(ep["e"], 1, context=ctx, linger_ms=0)
     _recv_all(src, len(X) + 1)
     th.join(10.0)
-    # 600 messages at 2000/s take 0.3 s: the achieved rate is the asked one, within 15 %
-    assert 1700 <= res["rate"] <= 2300, res
+    # 600 messages at 2000/s: the pacer sends message i no earlier than i / 2000 s after
+    # its start, so the achieved rate is at most 600 / 0.2995 = 2003/s on any machine (an
+    # unpaced replay sends tens of thousands per second; 10x too fast, 20,000/s). Load
+    # only delays and the pacer catches up in bursts, so a loaded 2-core machine lowers the
+    # rate only by the stalls it adds: 400/s leaves 1.2 s of stalls on a 0.3 s run and
+    # still catches a pacer 10x too slow (200/s).
+    print(f"replay rate {res['rate']:,.0f} messages/s (asked 2,000)")
+    assert 400 <= res["rate"] <= 2100, res
     src.close(0)
 
 
