@@ -437,6 +437,16 @@ def test_bad_checkpoint_directory_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="holds 7 samples but its record says 4"):
         StreamService(src, sink, lambda t: FakeEngine(), resume_engine=FakeEngine.resume,
                       checkpoint_dir=str(d))
+    # a topic the service could not publish under (not UTF-8) and a time stamp no float
+    # holds: clear errors at start-up, not a crash at the first heartbeat
+    for bad, message in (({"topic": "ff"}, "topic is not UTF-8"),
+                         ({"pending": [[3, 3, int("9" * 400)]]}, "OverflowError")):
+        (d / "stream-73.json").write_text(json.dumps({
+            "format": "streamfhmm.service-stream", "version": 1, "topic": "73", "seq": 3,
+            "t_next": 4, "pending": [], "generation": 1, "file": "stream-73.1.npz", "time": 0.0,
+            **bad}))
+        with pytest.raises(CheckpointError, match=f"damaged stream checkpoint record: .*{message}"):
+            read_stream_record(str(d / "stream-73.json"))
     src.close(0)
     sink.close(0)
     ctx.term()
