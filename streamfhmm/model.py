@@ -166,11 +166,13 @@ class FHMMParams:
 
     @property
     def transmat(self) -> np.ndarray:
-        """Per-chain transition matrices, shape (M, 2, 2), rows sum to 1."""
-        a, b = sigmoid(self.alpha), sigmoid(self.beta)
+        """Per-chain transition matrices, shape (M, 2, 2), rows sum to 1.
+
+        ``1 - σ(α) = σ(-α)``: from the logits, so a staying probability near 1 keeps its
+        small complement (``1.0 - σ(40)`` is exactly 0, ``σ(-40)`` is 4e-18)."""
         A = np.empty((self.n_chains, 2, 2))
-        A[:, 0, 0], A[:, 0, 1] = 1.0 - a, a
-        A[:, 1, 0], A[:, 1, 1] = b, 1.0 - b
+        A[:, 0, 0], A[:, 0, 1] = sigmoid(-self.alpha), sigmoid(self.alpha)
+        A[:, 1, 0], A[:, 1, 1] = sigmoid(self.beta), sigmoid(-self.beta)
         return A
 
     @property

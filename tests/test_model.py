@@ -36,6 +36,36 @@ def test_log_transmat_matches_transmat():
     np.testing.assert_allclose(np.exp(p.log_transmat), p.transmat, rtol=1e-13)
 
 
+def test_transmat_keeps_small_switch_probabilities():
+    """Logits far from 0: 1.0 - σ(40) is exactly 0, which once made exact.log_likelihood
+    wrong by 4,900 nats (and below the ELBO) for a chain that almost never leaves a state."""
+    from streamfhmm import exact
+    base = FHMMParams.random(1, 1, random_state=0)
+    for logit_ in (20.0, 37.0, 40.0, -40.0, 700.0):
+        p = base.replace(alpha=np.array([logit_]), beta=np.array([-logit_]))
+        np.testing.assert_allclose(p.transmat, np.exp(p.log_transmat), rtol=1e-13, atol=0)
+        assert (p.transmat > 0).all()
+    # one chain stuck off (α = 40: P(off -> off) = σ(-40) = 4.2e-18) and W = 50 switching it
+    # on: p(x) = Σ over the 2^3 paths, each Gaussian, here computed in closed form
+    W = np.array([[50.0], [0.0]])
+    p = FHMMParams(W=W, L=[[0.5]], alpha=[40.0], beta=[0.0], startprob=[0.5])
+    X = np.zeros((3, 1))
+    log_a = -np.logaddexp(0.0, -40.0)                    # log P(0 -> 1) ~ 0
+    log_stay = -np.logaddexp(0.0, 40.0)                  # log P(0 -> 0) = -40
+    log_n0 = -0.5 * np.log(2 * np.pi * 0.25)             # N(0; 0, 0.5²)
+    log_n1 = log_n0 - 0.5 * 50.0**2 / 0.25               # N(0; 50, 0.5²)
+    half = np.log(0.5)
+    # every path; the transition out of the on state is σ(0) = 1/2 either way
+    terms = []
+    for s in np.ndindex(2, 2, 2):
+        lp = half + sum(log_n1 if k else log_n0 for k in s)
+        for a, b in zip(s, s[1:]):
+            lp += half if a == 1 else (log_a if b == 1 else log_stay)
+        terms.append(lp)
+    want = np.logaddexp.reduce(terms)
+    assert exact.log_likelihood(p, X) == pytest.approx(want, rel=1e-12)
+
+
 def test_params_are_immutable():
     p = FHMMParams.random(2, 2, random_state=0)
     with pytest.raises(ValueError):
