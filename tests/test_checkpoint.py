@@ -223,7 +223,10 @@ def test_sigkill_during_periodic_checkpoints_leaves_an_intact_checkpoint(tmp_pat
                 seen = int(line.split()[0])
                 if seen >= 3:
                     # kill at a random moment of the next checkpoint interval
-                    time.sleep(np.random.default_rng().uniform(0, 0.03))
+                    kill_seed = 44
+                    delay = np.random.default_rng(kill_seed).uniform(0, 0.03)
+                    print(f"kill seed={kill_seed} delay={delay:.4f} s")
+                    time.sleep(delay)
                     break
         finally:
             proc.send_signal(signal.SIGKILL)
@@ -267,3 +270,133 @@ def test_close_writes_a_last_checkpoint_and_periodic_ones_count(tmp_path):
     eng.close()
     with StreamEngine.resume(path, checkpoint_path=None, checkpoint_every=None) as back:
         assert back.n_samples == 1000 and back.metrics()["checkpoints"] == 4
+
+
+# ------------------------------------------------------------------ review regressions
+def test_resume_with_an_explicit_learn_samples_already_passed(tmp_path):
+    """resume(path, learn_samples=N) at a position past N switches learning off (it
+    stayed on: the passed limit was dropped); the checkpoint's own passed limit is not
+    applied again (test_engine.test_learn_samples_holds_the_model_fixed)."""
+    model = _model(60, M=2, D=2, window=3, n_hidden=4)
+    X, _ = model.sample(300, random_state=61)
+    with StreamEngine(model, mode="filter", posterior="exact", learn=True,
+                      learner_duty=1e-3) as eng:
+        eng.push_many(X[:200])
+        path = eng.checkpoint(tmp_path / "ck")
+    with StreamEngine.resume(path, learn_samples=100) as back:
+        assert not back.learning and back.n_samples == 200
+        back.push_many(X[200:])
+        assert not back.learning
+    with StreamEngine.resume(path, learn_samples=250) as back:   # not passed yet
+        assert back.learning
+        back.push_many(X[200:260])
+        assert not back.learning
+    with StreamEngine.resume(path) as back:
+        assert back.learning
+
+
+@pytest.mark.parametrize("bit_generator", ["MT19937", "Philox", "SFC64"])
+def test_checkpoints_with_any_bit_generator(tmp_path, bit_generator):
+    """random_state may be any numpy Generator: its state (arrays for these) is
+    written into the reservoir's description; checkpoint() raised TypeError and the
+    periodic ones failed."""
+    seed = 62
+    model = _model(seed, M=2, D=2, window=3, n_hidden=4)
+    X, _ = model.sample(400, random_state=seed)
+    rs = np.random.Generator(getattr(np.random, bit_generator)(seed))
+    path = tmp_path / "ck.npz"
+    with StreamEngine(model, mode="filter", posterior="exact", learn=True, random_state=rs,
+                      learner_duty=1e-3, checkpoint_path=path, checkpoint_every=100) as eng:
+        eng.push_many(X[:50])
+        eng.checkpoint()
+        eng.push_many(X[50:])
+    assert eng.metrics()["checkpoint_error"] is None
+    with StreamEngine.resume(path) as back:
+        assert back.n_samples == 400
+        assert type(back._learner.reservoir.rng.bit_generator).__name__ == bit_generator
+
+
+def test_a_failing_checkpoint_is_recorded_and_does_not_fail_the_warmup(tmp_path, monkeypatch):
+    """A periodic checkpoint that fails on the learner thread is recorded in
+    checkpoint_error (it was swallowed); one that falls due in the warm-up's replay
+    (written synchronously) no longer escapes from push, losing the posteriors and
+    leaving the learner thread unstarted."""
+    from streamfhmm.stream import learner as learner_mod
+
+    def broken(self, before=None):
+        raise TypeError("broken learner state")
+    monkeypatch.setattr(learner_mod.Learner, "to_arrays", broken)
+    seed = 63
+    model = _model(seed, M=2, D=2, window=3, n_hidden=4)
+    X, _ = model.sample(400, random_state=seed)
+    eng = StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", posterior="exact",
+                       learn=True, warmup=100, warmup_steps=5, random_state=seed,
+                       checkpoint_path=tmp_path / "ck", checkpoint_every=50)
+    with eng:
+        n = sum(len(eng.push(x)) for x in X[:150])
+        assert n == 150 and eng._thread is not None and eng._thread.is_alive()
+        assert "broken learner state" in eng.metrics()["checkpoint_error"]
+        eng._ckpt_error = None
+        eng.push_many(X[150:])     # due on the learner thread
+        deadline = time.monotonic() + 60
+        while eng.metrics()["checkpoint_error"] is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "broken learner state" in eng.metrics()["checkpoint_error"]
+    assert eng.learner_error is None
+
+
+def test_resume_refuses_a_non_finite_exact_filter_state(tmp_path):
+    model = _model(64, M=2, D=2, window=3, n_hidden=4)
+    X, _ = model.sample(100, random_state=65)
+    with StreamEngine(model, mode="smooth", posterior="exact", learn=False) as eng:
+        eng.push_many(X)
+        path = eng.checkpoint(tmp_path / "ck.npz")
+    meta, arrays = load_checkpoint(path)
+    for name, value in (("exact.alpha", np.nan), ("exact.alpha", -1.0), ("exact.le", np.inf),
+                        ("exact.logc", np.nan)):
+        bad = dict(arrays)
+        bad[name] = np.full_like(arrays[name], value)
+        save_checkpoint(tmp_path / "bad.npz", bad, meta)
+        with pytest.raises(ValueError, match=f"{name} holds non-finite or negative values"):
+            StreamEngine.resume(tmp_path / "bad.npz")
+
+
+def test_a_periodic_checkpoint_is_a_consistent_cut(tmp_path):
+    """The engine state of a periodic checkpoint is captured at t, the learner's later
+    (on its thread): segments fed meanwhile went into the checkpoint's reservoir, and a
+    stream resumed from it stored them twice. The learner holds back (fence) those
+    ending at or after t until the job captured its state."""
+    seed = 66
+    model = _model(seed, M=2, D=2, window=3, n_hidden=4)
+    X, _ = model.sample(2000, random_state=seed)
+    path = tmp_path / "ck.npz"
+    with StreamEngine(model, mode="filter", posterior="exact", learn=True, learner_duty=1.0,
+                      reservoir_size=5000, checkpoint_path=path, checkpoint_every=1000,
+                      random_state=seed) as eng:
+        eng.push_many(X[:900])
+        with eng._learner.lock:        # the learner thread cannot take the job yet
+            for x in X[900:1500]:      # the checkpoint falls due at 1000
+                eng.push(x)
+        deadline = time.monotonic() + 60
+        while eng.metrics()["checkpoints"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert eng.metrics()["checkpoints"] == 1
+        meta, arrays = load_checkpoint(path)
+        t = int(arrays["state"][0])
+        assert t == 1000
+        ends = arrays["learner.reservoir.end"]
+        assert ends.max() < t and ends.max() >= t - eng._L
+        # the held-back segments reach the reservoir afterwards
+        deadline = time.monotonic() + 60
+        while eng._learner.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with eng._learner.lock:
+            assert eng._learner.reservoir.end[:eng._learner.reservoir.size].max() >= 1400
+    with StreamEngine.resume(path, learn=True, checkpoint_path=None, checkpoint_every=None) as b:
+        b.learning = False
+        b.push_many(X[t:1500])
+        r = b._learner
+        with r.lock:
+            r.drain()
+        _, counts = np.unique(r.reservoir.end[:r.reservoir.size], return_counts=True)
+        assert (counts == 1).all()

@@ -559,3 +559,180 @@ def test_learner_steps_property_is_the_metric():
             time.sleep(0.05)
         before = eng.metrics()["learner_steps"]
         assert 0 < before <= eng.learner_steps <= eng.metrics()["learner_steps"]
+
+
+# ------------------------------------------------------------------ review regressions
+def test_a_rejected_first_sample_does_not_fix_D():
+    """push([inf]) on an engine that does not know D yet, or an (n, 0) block: refused,
+    and D is still open (it was set from the rejected sample, or to 0)."""
+    for how, bad in (("push", [np.inf]), ("push_many", [[np.inf]]),
+                     ("push_many", np.empty((3, 0))), ("push", [])):
+        eng = StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), learn=False,
+                           posterior="exact", warmup=50)
+        with eng:
+            with pytest.raises(ValueError, match="infinities|D >= 1"):
+                getattr(eng, how)(bad)
+            assert eng.metrics()["samples"] == 0 and eng.metrics()["rejected"] >= 1
+            assert eng.push([0.0, 1.0, 2.0]) == []      # D = 3 now
+            with pytest.raises(ValueError, match="D=3"):
+                eng.push([0.0, 1.0])
+
+
+@pytest.mark.parametrize("setting,value,match", [
+    ("learning_rate", None, "learning_rate must be a finite number in \\(0, inf\\)"),
+    ("learning_rate", 0.0, "learning_rate must be"),
+    ("warmup_time", None, r"warmup_time \(seconds\) must be a finite number in \[0, inf\)"),
+    ("warmup_time", -1.0, "warmup_time"),
+    ("decay", None, r"decay must be a finite number in \[0, 1\)"),
+    ("decay", 1.0, "decay must be"),
+    ("lr_decay_steps", 0, r"lr_decay_steps \(learner steps, or None\) must be a finite number in \(0"),
+    ("lr_decay_steps", -10, "lr_decay_steps"),
+    ("lr_decay_steps", np.inf, "lr_decay_steps"),
+    ("min_learning_rate", -1.0, r"min_learning_rate must be a finite number in \[0, inf\)"),
+    ("min_learning_rate", np.nan, "min_learning_rate"),
+    ("recency_half_life", -5, r"recency_half_life \(samples, or None\) must be a finite number in \(0"),
+    ("recency_half_life", 0, "recency_half_life"),
+    ("checkpoint_seconds", "x", "checkpoint_seconds must be a finite number"),
+])
+@pytest.mark.parametrize("fitted", [True, False])
+def test_constructor_checks_every_numeric_setting(setting, value, match, fitted, tmp_path):
+    """Checked before anything is built: TypeError before, or accepted and failing
+    later (recency_half_life=-5 on a cold engine: every push after the warm-up
+    raised), or accepted silently (lr_decay_steps=0: NaN step sizes)."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=47) if fitted else \
+        FHMM(n_chains=2, window=3, n_hidden=4)
+    kw = {setting: value}
+    if setting == "checkpoint_seconds":
+        kw["checkpoint_path"] = tmp_path / "ck"
+    with pytest.raises(ValueError, match=match):
+        StreamEngine(model, mode="filter", posterior="exact", learn=True, warmup=30,
+                     warmup_steps=2, **kw)
+
+
+def test_learn_samples_limits_what_the_warmup_learns(monkeypatch):
+    """learn_samples < warmup: the start fit and the reservoir see only the first
+    learn_samples samples (they saw the whole warm-up); the replay sees them all."""
+    from streamfhmm.learn import smf
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=48)
+    X = _data(model, 400, seed=49)
+    X[100:] += 50.0
+    seen = []
+    real = smf.init_params
+    monkeypatch.setattr(smf, "init_params", lambda Y, *a, **k: seen.append(Y.copy()) or real(Y, *a, **k))
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", posterior="exact",
+                      learn=True, warmup=400, warmup_steps=20, learn_samples=100,
+                      learner_duty=1e-3, random_state=0) as eng:
+        posts = [p for x in X for p in eng.push(x)]
+        res = eng._learner.reservoir
+        ends = res.end[:res.size]
+        assert not eng.learning and res.size > 0 and ends.max() < 100
+        for j, e in enumerate(ends):
+            np.testing.assert_array_equal(res.data[j], X[e - eng._S + 1:e + 1])
+    assert len(seen) == 1
+    np.testing.assert_array_equal(seen[0], X[:100])
+    assert len(posts) == 400 and [p.t for p in posts] == list(range(400))
+    with pytest.raises(ValueError, match="learn_samples=3 is too few to initialise"):
+        StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), posterior="exact", learn=True,
+                     learn_samples=3)
+
+
+def test_periodic_checkpoints_during_the_warmup(tmp_path):
+    """checkpoint_every counts warm-up samples too (no checkpoint before the warm-up
+    ended); a warm-up checkpoint resumes in the warm-up."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=50)
+    X = _data(model, 300, seed=51)
+    path = tmp_path / "w.npz"
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", posterior="exact",
+                      learn=False, warmup=250, checkpoint_path=path, checkpoint_every=10) as eng:
+        for x in X[:200]:
+            eng.push(x)
+        assert eng.metrics()["checkpoints"] == 20
+        with StreamEngine.resume(path, checkpoint_path=None, checkpoint_every=None) as back:
+            assert back.metrics()["phase"] == "warmup" and back.n_samples == 200
+        eng.push_many(X[200:245])        # one due-check per block
+        assert eng.metrics()["checkpoints"] == 21
+        eng.push_many(X[245:])
+        assert eng.metrics()["phase"] == "running" and eng.metrics()["checkpoint_error"] is None
+
+
+def test_a_warmup_that_cannot_start_changes_nothing():
+    """push / push_many that raise because the warm-up cannot initialise (a feature never
+    observed) leave the engine as it was: the rows were kept before (and the rest of the
+    block dropped), and a caller retrying them (the service, one by one) filled the
+    warm-up buffer with duplicates."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=52)
+    X = _data(model, 40, seed=53)
+    Y = X.copy()
+    Y[:, 1] = np.nan                   # a dead sensor from the start
+    eng = StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter",
+                       posterior="exact", learn=False, warmup=10)
+    never = r"0 complete samples .* feature\(s\) \[1\] never observed"
+    with eng:
+        with pytest.raises(ValueError, match=never):
+            eng.push_many(Y[:25])
+        m = eng.metrics()
+        assert m["samples"] == 0 and m["rejected"] == 25 and eng._D is None
+        for x in Y[:9]:
+            assert eng.push(x) == []
+        for _ in range(3):             # the 10th sample, retried
+            with pytest.raises(ValueError, match=never):
+                eng.push(Y[9])
+            assert eng.n_samples == 9 and eng.metrics()["samples"] == 9
+        np.testing.assert_array_equal(eng._wbuf[:9], Y[:9])
+        assert eng.metrics()["rejected"] == 28
+        with pytest.raises(ValueError, match=never):
+            eng.push_many(Y[9:20])
+        assert eng.n_samples == 9
+        out = eng.push(X[9])           # the sensor's first value: a mean-imputed start
+        assert eng.metrics()["imputed_start"] is True
+    assert [p.t for p in out] == list(range(10)) and all(p.flags & FLAG_WARMUP for p in out)
+    assert eng.metrics()["samples"] == 10
+
+
+def test_too_few_complete_samples_start_from_imputed_ones(tmp_path):
+    """A sensor missing for most of the warm-up: the start is fitted to the samples with
+    a value, each missing one replaced by its feature's mean (the engine waited for
+    complete samples before and, with the all-or-nothing rule, would never start)."""
+    seed = 56
+    print(f"seed={seed}")
+    model = _model(M=2, D=3, window=3, n_hidden=4, seed=seed)
+    X = _data(model, 200, seed=seed + 1)
+    Y = X.copy()
+    Y[np.arange(len(Y)), np.arange(len(Y)) % 3] = np.nan   # no sample is complete
+    eng = StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="smooth", learn=True,
+                       warmup=60, warmup_steps=20, random_state=seed)
+    with eng:
+        eng.push_many(Y[:100])
+        m = eng.metrics()
+        assert m["phase"] == "running" and m["imputed_start"] is True and m["samples"] == 100
+        eng.checkpoint(tmp_path / "c.npz")
+    with StreamEngine.resume(tmp_path / "c.npz", learn=False) as back:
+        assert back.metrics()["imputed_start"] is True
+        out = back.push_many(Y[100:])
+        assert np.isfinite(out.theta).all()
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", posterior="exact",
+                      learn=False, warmup=60) as full:
+        full.push_many(X[:100])
+        assert full.metrics()["imputed_start"] is False
+
+
+def test_huge_finite_sample_does_not_poison_exact_posteriors():
+    """A finite 1e200 made every later exact posterior NaN (push and push_many); its
+    emission is now left out (see kernels.online.filter_step)."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=54)
+    X = _data(model, 30, seed=55)
+    Y = X.copy()
+    Y[10, 0] = 1e200
+    Z = X.copy()
+    Z[10] = np.nan
+    for mode in ("filter", "smooth"):
+        with StreamEngine(model, mode=mode, posterior="exact", learn=False) as e:
+            a = PosteriorBatch.from_posteriors([p for y in Y for p in e.push(y)] + e.flush())
+            assert e.metrics()["loglik_per_sample"] == -np.inf
+        with StreamEngine(model, mode=mode, posterior="exact", learn=False) as e:
+            b = e.push_many(Y)
+        with StreamEngine(model, mode=mode, posterior="exact", learn=False) as e:
+            ref = e.push_many(Z)
+        assert np.isfinite(a.theta).all() and np.isfinite(b.theta).all()
+        np.testing.assert_allclose(a.theta[:len(ref)], ref.theta, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(b.theta, ref.theta, rtol=0, atol=1e-12)

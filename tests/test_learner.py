@@ -246,3 +246,31 @@ def test_thread_steps_per_call_argument():
     for bad in (0, -1):
         with pytest.raises(ValueError, match="steps_per_call must be >= 1"):
             LearnerThread(_learner(), print, steps_per_call=bad)
+
+
+def test_drain_stops_at_the_fence_and_before():
+    """Pending segments reach the reservoir in order; those ending at or after the
+    fence (a checkpoint's cut) wait, and to_arrays(before=t) takes the state at t."""
+    learner = _learner()
+    res = learner.reservoir
+    S, D = res.segment_length, res.n_features
+    n0 = res.n_seen
+    for end in (5000, 5006, 5012, 5018):
+        learner.feed(np.full((S, D), float(end)), end)
+    learner.fence = 5012
+    assert learner.drain() == 2 and res.n_seen == n0 + 2
+    assert [e for _, e in learner.pending] == [5012, 5018]
+    assert learner.drain() == 0              # still fenced
+    learner.to_arrays(before=5018)
+    assert res.n_seen == n0 + 3 and [e for _, e in learner.pending] == [5018]
+    learner.fence = None
+    assert learner.drain() == 1 and not learner.pending
+
+
+def test_take_job():
+    learner = _learner()
+    th, _ = _thread(learner, 1.0)
+    assert th.take_job() is None
+    th.request(lambda: None)
+    job = th.take_job()
+    assert callable(job) and th.take_job() is None

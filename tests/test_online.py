@@ -320,3 +320,46 @@ def test_stream_learner_passes_its_covariance_type():
     assert (L1 == L1[0, 0] * np.eye(3)).all() and L1[0, 0] != L0[0, 0]
     with pytest.raises(ValueError, match="covariance_type must be one of"):
         Learner(p, net, res, batch_size=3, subchain_length=L, covariance_type="tied")
+
+
+@pytest.mark.parametrize("lag", [0, 2])
+@pytest.mark.parametrize("missing", [False, True])
+def test_huge_sample_keeps_the_messages_finite(lag, missing):
+    """A finite sample so far from the model that ½‖L⁻¹(y - μ)‖² overflows (1e200,
+    1e300): every log emission was -inf and exp(-inf - -inf) put NaN into the forward
+    message for good. Its emission is now left out, as the float arithmetic already
+    does below the overflow (1e140: the state-dependent terms vanish next to ½‖ỹ‖²):
+    the posteriors equal those of 1e140 and of a sample with nothing observed;
+    log p(y_t | y_<t) is -inf."""
+    p = _params(2, 3, seed=60)
+    X, _ = p.sample(40, random_state=61)
+    Z = X.copy()
+    Z[10] = np.nan
+    ref = _run(p, Z, lag=lag)
+    out = {}
+    for big in (1e140, 1e200, 1e300):
+        Y = X.copy()
+        Y[10, 0] = big
+        if missing:
+            Y[10, 2] = np.nan
+        theta, mean, tau, ll, tail, _ = _run(p, Y, lag=lag)
+        assert np.isfinite(theta).all() and np.isfinite(tail).all() and np.isfinite(mean).all()
+        out[big] = (theta, tail, ll)
+    assert np.isfinite(out[1e140][2]) and out[1e200][2] == out[1e300][2] == -np.inf
+    for big in (1e140, 1e200, 1e300):
+        np.testing.assert_allclose(out[big][0], ref[0], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(out[big][1], ref[4], rtol=0, atol=1e-12)
+
+
+def test_sample_beyond_the_float_range_after_whitening_is_left_out():
+    """Even ỹ overflows (|y| near the float maximum, small noise: NaN log emissions):
+    that emission is left out, the message stays a distribution."""
+    p = _params(2, 2, seed=62, noise=0.01)
+    X, _ = p.sample(30, random_state=63)
+    Y = X.copy()
+    Y[10] = [1.7e308, -1.7e308]
+    theta, _, _, ll, _, _ = _run(p, Y, lag=0)
+    assert np.isfinite(theta).all() and ll == -np.inf
+    Z = X.copy()
+    Z[10] = np.nan
+    np.testing.assert_allclose(theta, _run(p, Z, lag=0)[0], rtol=0, atol=1e-12)

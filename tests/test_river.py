@@ -362,7 +362,7 @@ def test_shuffled_dicts_give_identical_outputs():
 
 def test_cold_start_when_no_warmup_sample_is_complete():
     """Every sample misses one feature: the parameters start from the mean-imputed warm-up
-    and the adapter initialises (the engine alone needs complete samples)."""
+    (the engine's imputed start) and the adapter initialises."""
     m = _model(M=2, D=4, seed=20)
     X, _ = m.params_.sample(150, random_state=21)
     print("data seed=21")

@@ -320,7 +320,6 @@ class _StreamAdapter:
         self._n_learned = 0
         self._n_unknown = 0
         self._n_missing = 0
-        self._n_imputed_starts = 0
         self._warned = False
         self._ready = False
         self._last_x = None
@@ -380,11 +379,12 @@ class _StreamAdapter:
         adapter's counters: ``learned`` samples, ``unknown_key_samples`` (learnt samples
         with a key outside the feature set), ``missing_value_samples`` (learnt samples with
         a missing feature), ``imputed_starts`` (1 when the warm-up held too few complete
-        samples and the parameters started from mean-imputed ones), ``ready``."""
+        samples and the parameters started from mean-imputed ones: the engine's
+        ``imputed_start``), ``ready``."""
         out = dict(self._engine.metrics()) if self._engine is not None else {}
         out.update(learned=self._n_learned, unknown_key_samples=self._n_unknown,
-                   missing_value_samples=self._n_missing, imputed_starts=self._n_imputed_starts,
-                   ready=self._ready)
+                   missing_value_samples=self._n_missing,
+                   imputed_starts=int(out.get("imputed_start", False)), ready=self._ready)
         return out
 
     def close(self) -> None:
@@ -504,39 +504,6 @@ class _StreamAdapter:
         self._engine = self._make_engine(model)
         self._pending = []
 
-    def _start_imputed(self, exc):
-        """Restart from parameters initialised on the warm-up with each missing value
-        replaced by its feature's mean, and replay the warm-up; returns its posteriors.
-
-        The engine initialises an unfitted model from the warm-up's complete samples (no
-        missing value); a stream whose samples nearly all miss some feature has too few.
-        The imputed start is only a starting point: the engine's SVI (warm-up and online)
-        marginalises the missing values.
-        """
-        from ..learn.smf import init_params
-        if self.model is not None and getattr(self.model, "params_", None) is not None:
-            raise exc
-        Y = np.array(self._pending)
-        Y_obs = Y[~np.isnan(Y).all(axis=1)]
-        if len(Y_obs) < 2:
-            raise exc
-        observed = ~np.isnan(Y_obs)
-        mean = np.where(observed, Y_obs, 0.0).sum(axis=0) / np.maximum(observed.sum(axis=0), 1)
-        M, window, n_hidden, share = self._structure()
-        try:
-            params = init_params(np.where(observed, Y_obs, mean), M, random_state=self.seed)
-        except ValueError:
-            raise exc from None
-        model = FHMM.from_params(W=params.W, covariance=params.covariance,
-                                 transmat=params.transmat, startprob=params.startprob,
-                                 window=window, n_hidden=n_hidden, share_hidden=share,
-                                 random_state=self.seed)
-        old, self._engine = self._engine, None
-        old.close()
-        self._engine = self._make_engine(model)
-        self._n_imputed_starts += 1
-        return list(self._engine.push_many(Y))
-
     def _commit(self, v):
         """Push one sample to the engine and update the committed state."""
         engine = self._engine
@@ -545,13 +512,12 @@ class _StreamAdapter:
             self._pending.append(v)
         try:
             posts = engine.push(v)
-        except ValueError as exc:
+        except ValueError:
             # on a finite sample of the right length only the warm-up's initialisation
-            # fails (too few complete samples); the sample is already buffered
-            if was_ready or engine.snapshot is not None:
-                raise
-            posts = self._start_imputed(exc)
-            engine = self._engine
+            # fails (a feature never observed); the engine kept nothing, nor do we
+            if not was_ready:
+                self._pending.pop()
+            raise
         if self._win is None:  # the engine's ring starts filled with the first sample
             self._win = np.repeat(v[None, :], engine.window, axis=0)
         else:

@@ -37,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import exact as _exact
-from .._validation import check_positive_int, check_random_state
+from .._validation import check_positive_int, check_random_state, check_real
 from .._blas import limit_blas_threads
 from ..kernels import online as _ko
 from ..kernels import recognition as _rk
@@ -293,12 +293,18 @@ class StreamEngine:
         current round of ``snapshot_interval`` steps). For a map calibrated on the
         posteriors, e.g. from chains to sub-meters, which stays valid only while the
         chains keep their meaning. ``None`` (default): learn as long as the engine runs.
+        A cold start's warm-up fit (start parameters, new networks' scalers, the
+        reservoir and its SVI steps) sees only the warm-up samples before the limit;
+        an unfitted model needs ``learn_samples >= max(n_chains + 2, 4)``.
     checkpoint_path : str or path-like, optional
         Where periodic checkpoints (and a final one at :meth:`close`) go.
     checkpoint_every : int, optional
-        Write a checkpoint every so many samples.
+        Write a checkpoint every so many samples (warm-up included; checked after
+        each push, and once per ``push_many`` block during the warm-up).
     checkpoint_seconds : float, optional
-        Write a checkpoint every so many seconds (checked at each push).
+        Write a checkpoint every so many seconds (checked at each push). A periodic
+        checkpoint that fails does not fail the push: see
+        ``metrics()["checkpoint_error"]``.
     latency_window : int
         Pushes over which the latency percentiles are computed.
     blas_threads : int, optional
@@ -367,6 +373,12 @@ class StreamEngine:
         M = self._M
         if params is not None and params.n_chains != M:
             raise ValueError(f"model.params_ has {params.n_chains} chains, model.n_chains is {M}")
+        limit = self._cfg["learn_samples"]
+        if params is None and limit is not None and limit < max(M + 2, 4):
+            # the warm-up fit of an unfitted model only sees the first learn_samples samples
+            raise ValueError(f"learn_samples={limit} is too few to initialise an unfitted model "
+                             f"with {M} chains from the warm-up: it learns from the first "
+                             f"learn_samples samples only, and needs at least {max(M + 2, 4)}")
         if posterior == "exact" and M > _exact.MAX_EXACT_CHAINS:
             raise ValueError(f"posterior='exact' is limited to n_chains <= {_exact.MAX_EXACT_CHAINS} "
                              f"(2^M joint states per step); this model has {M} chains: use "
@@ -441,8 +453,14 @@ class StreamEngine:
         self._M = int(cfg["n_chains"])
         self._warmup = check_positive_int(cfg["warmup"], "warmup", minimum=2)
         self._warmup_steps = check_positive_int(cfg["warmup_steps"], "warmup_steps", minimum=0)
-        self._warmup_time = float(cfg["warmup_time"])
+        # every numeric setting is checked here, before anything is built: a bad one
+        # used to raise TypeError, be accepted silently (lr_decay_steps=0: NaN step
+        # sizes, a frozen model) or fail only when the warm-up ended (recency_half_life)
+        self._warmup_time = check_real(cfg["warmup_time"], "warmup_time (seconds)")
         check_positive_int(cfg["reservoir_size"], "reservoir_size")
+        if cfg["recency_half_life"] is not None:
+            check_real(cfg["recency_half_life"], "recency_half_life (samples, or None)",
+                       low_open=True)
         check_positive_int(cfg["batch_size"], "batch_size")
         if cfg["subchain_length"] is not None:
             check_positive_int(cfg["subchain_length"], "subchain_length")
@@ -454,18 +472,20 @@ class StreamEngine:
             limit = check_positive_int(limit, "learn_samples")
         self._cfg["learn_samples"] = limit
         self._learn_stop = limit if self._learn else None
-        if not (float(cfg["learning_rate"]) > 0 and math.isfinite(float(cfg["learning_rate"]))):
-            raise ValueError(f"learning_rate must be a positive number, got {cfg['learning_rate']!r}")
-        if not 0.0 <= float(cfg["decay"]) < 1.0:
-            raise ValueError(f"decay must lie in [0, 1), got {cfg['decay']!r}")
+        check_real(cfg["learning_rate"], "learning_rate", low_open=True)
+        if cfg["lr_decay_steps"] is not None:
+            check_real(cfg["lr_decay_steps"], "lr_decay_steps (learner steps, or None)",
+                       low_open=True)
+        check_real(cfg["min_learning_rate"], "min_learning_rate")
+        check_real(cfg["decay"], "decay", 0.0, 1.0, high_open=True)
         self._lat = np.zeros(check_positive_int(cfg["latency_window"], "latency_window"), np.int64)
         self._ckpt_path = cfg["checkpoint_path"]
         every = cfg["checkpoint_every"]
         secs = cfg["checkpoint_seconds"]
         if every is not None:
             check_positive_int(every, "checkpoint_every")
-        if secs is not None and not float(secs) > 0:
-            raise ValueError(f"checkpoint_seconds must be positive, got {secs!r}")
+        if secs is not None:
+            check_real(secs, "checkpoint_seconds", low_open=True)
         if (every is not None or secs is not None) and self._ckpt_path is None:
             raise ValueError("checkpoint_every / checkpoint_seconds need checkpoint_path")
         self._rng = check_random_state(random_state)
@@ -480,6 +500,7 @@ class StreamEngine:
         self._n_samples = 0
         self._n_emitted = 0
         self._n_imputed = 0
+        self._imputed_start = False
         self._n_rejected = 0
         self._n_checkpoints = 0
         self._lat_n = 0
@@ -495,8 +516,9 @@ class StreamEngine:
         return self._window // 2 if self.mode == "smooth" else 0
 
     def _configure(self, D: int):
-        """Allocate everything that depends on D (once D is known)."""
-        self._D = D
+        """Allocate everything that depends on D (once D is known); ``self._D`` is set
+        last, so that a failure leaves the engine without a D."""
+        D = check_positive_int(D, "n_features")
         M, W = self._M, self._window
         cfg = self._cfg
         self._L = int(cfg["subchain_length"] or self.model_window)
@@ -508,7 +530,7 @@ class StreamEngine:
         self._Z = np.empty((self._hist + _CHUNK, D))
         self._cs = np.empty(self._hist + _CHUNK + 1, np.int64)
         self._info = np.zeros(2, np.int64)
-        self._new_blocks()
+        self._new_blocks(D)
         self._zeros_M = np.zeros(M)
         self._zeros_M.setflags(write=False)
         if self._exact_mode:
@@ -526,14 +548,15 @@ class StreamEngine:
             self._ch_tau = np.empty(_CHUNK, np.int64)
         if self._phase == "warmup":
             self._wbuf = np.empty((self._warmup, D))
+        self._D = D
         self._schedule_checkpoints(reset=True)
 
     @property
     def model_window(self) -> int:
         return int(self._cfg["window"])
 
-    def _new_blocks(self):
-        M, D = self._M, self._D
+    def _new_blocks(self, D=None):
+        M, D = self._M, (self._D if D is None else D)
         self._tb = np.empty((_BLOCK_ROWS, M))
         self._rb = np.empty((_BLOCK_ROWS, M))
         self._mb = np.empty((_BLOCK_ROWS, D))
@@ -605,21 +628,47 @@ class StreamEngine:
         from ..learn.smf import fit_smf, init_params
         Y = self._wbuf[:self._wn].copy()
         M, D, rng = self._M, self._D, self._rng
-        Y_obs = Y[~np.isnan(Y).all(axis=1)]  # the scaler's input: samples with a value
+        # learn_samples counts from the stream's start, warm-up included: what is learnt
+        # here (the start fit, new networks' scalers, the reservoir and its SVI steps)
+        # sees only the warm-up samples before that limit; the replay below sees them all
+        n_fit = len(Y)
+        if self._learn_stop is not None:
+            n_fit = max(0, min(n_fit, self._learn_stop - self._t))
+        Yfit = Y[:n_fit]
+        within = (f" (the first {n_fit} of the {len(Y)} warm-up samples: learn_samples="
+                  f"{self._learn_stop})" if n_fit < len(Y) else "")
+        Y_obs = Yfit[~np.isnan(Yfit).all(axis=1)]  # the scaler's input: samples with a value
         if len(Y_obs) == 0:
-            raise ValueError("the warm-up holds no observed value: cannot initialise")
+            raise ValueError(f"the warm-up holds no observed value{within}: cannot initialise")
         params = self._params0
         if params is None:
-            complete = Y[~np.isnan(Y).any(axis=1)]
-            if len(complete) < max(M + 2, 4):
-                raise ValueError(f"the warm-up holds {len(complete)} complete samples (no missing "
-                                 f"value); at least {max(M + 2, 4)} are needed to initialise "
-                                 f"{M} chains")
+            need = max(M + 2, 4)
+            complete = Yfit[~np.isnan(Yfit).any(axis=1)]
             ctype = self._cfg.get("covariance_type", "full")
-            params = init_params(complete, M, random_state=rng, covariance_type=ctype)
-            params, _ = fit_smf(complete[-5000:], params=params, max_iter=30, tol=1e-5,
-                                time_budget=0.5 * self._warmup_time, random_state=rng,
-                                progress=False, covariance_type=ctype)
+            if len(complete) >= need:
+                params = init_params(complete, M, random_state=rng, covariance_type=ctype)
+                params, _ = fit_smf(complete[-5000:], params=params, max_iter=30, tol=1e-5,
+                                    time_budget=0.5 * self._warmup_time, random_state=rng,
+                                    progress=False, covariance_type=ctype)
+            else:
+                # too few complete samples (a sensor missing for much of the warm-up): start
+                # from the samples with a value, each missing value replaced by its
+                # feature's mean. Only a start: the SVI that follows (warm-up and online)
+                # marginalises the missing values; no SMF on the made-up values.
+                observed = ~np.isnan(Y_obs)
+                counts = observed.sum(axis=0)
+                if len(Y_obs) < need or not counts.all():
+                    never = np.flatnonzero(counts == 0).tolist()
+                    raise ValueError(
+                        f"the warm-up holds {len(complete)} complete samples (no missing value)"
+                        f"{within} and {len(Y_obs)} with a value"
+                        + (f", feature(s) {never} never observed" if never else "")
+                        + f": initialising {M} chains needs {need} samples and every feature "
+                          f"observed at least once")
+                mean = np.where(observed, Y_obs, 0.0).sum(axis=0) / counts
+                params = init_params(np.where(observed, Y_obs, mean), M, random_state=rng,
+                                     covariance_type=ctype)
+                self._imputed_start = True
         if self.posterior == "recognition" and self._net is None:
             want = "centred" if self.mode == "smooth" else "causal"
             self._net = RecognitionNet(M, D, window=self.model_window, n_hidden=self._cfg["n_hidden"],
@@ -645,7 +694,7 @@ class StreamEngine:
             learner = self._make_learner(params, self._learner_net,
                                          self._cfg["net_burnin"] if fresh else 0)
             S, L = self._S, self._L
-            for end in range(S - 1, len(Y), L):
+            for end in range(S - 1, n_fit, L):
                 learner.reservoir.offer(Y[end - S + 1:end + 1].copy(), self._seq_start + end)
             t0 = time.perf_counter()
             chunk = self._cfg["snapshot_interval"]
@@ -669,15 +718,44 @@ class StreamEngine:
         self._wn = 0
         # replay the warm-up through the batch path (its segments are in the reservoir)
         n_before = self._n_samples
-        batch = self._process(Y, FLAG_WARMUP, feed=False)
-        self._n_samples = n_before  # already counted while buffering
-        self._n_imputed = n_imputed
-        self._ready = True
-        if self._learn_stop is not None:
-            self._check_learn_samples()
-        if self._learner is not None:
-            self._start_thread()
+        try:
+            batch = self._process(Y, FLAG_WARMUP, feed=False)
+        finally:  # (the model is initialised: the learner runs whatever the replay did)
+            self._n_samples = n_before  # already counted while buffering
+            self._n_imputed = n_imputed
+            self._ready = True
+            if self._learn_stop is not None:
+                self._check_learn_samples()
+            if self._learner is not None:
+                self._start_thread()
         return batch
+
+    def _all_or_nothing(self, fn, n_rows):
+        """``fn()``; if it raises ValueError, the engine is put back as it was before
+        (buffered warm-up rows, D, counters, attributes, the random state) but for the
+        ``rejected`` count, which grows by the ``n_rows()`` samples refused (unless the
+        error was counted where it was raised), and the error propagates.
+
+        For the calls that may end the warm-up: ``_initialise`` can refuse the warm-up
+        (too few complete samples) after rows were buffered, and a caller that retries
+        the same rows (the service does, one by one) must not buffer them twice."""
+        saved = dict(self.__dict__)
+        rng_state = self._rng.bit_generator.state
+        try:
+            return fn()
+        except ValueError:
+            counted = self._n_rejected - saved["_n_rejected"]
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            self._rng.bit_generator.state = rng_state
+            self._n_rejected += counted if counted else n_rows()
+            raise
+
+    def _warmup_checkpoint_due(self):
+        """The periodic checkpoint during the warm-up (position: the last buffered sample)."""
+        if self._next_ckpt_t is not None and (self._t + self._wn - 1 >= self._next_ckpt_t
+                                              or time.perf_counter_ns() >= self._next_ckpt_ns):
+            self._periodic_checkpoint()
 
     def _check_learn_samples(self):
         """Turn learning off for good once ``learn_samples`` samples were accepted."""
@@ -716,9 +794,13 @@ class StreamEngine:
                              f"{raw.dtype}")
             x = raw.astype(np.float64)
         if D is None:
+            # the first sample fixes D: only once it passed every check (a rejected sample
+            # changes nothing, D included)
             if x.ndim != 1 or x.shape[0] < 1:
-                self._reject(f"push expects one sample (a 1-D array of D numbers), got an array of "
-                             f"shape {x.shape}")
+                self._reject(f"push expects one sample (a 1-D array of D >= 1 numbers), got an "
+                             f"array of shape {x.shape}")
+            if _ko.check_sample(np.ascontiguousarray(x)) == _ko.STATUS_INFINITE:
+                self._reject_inf(x)
             self._configure(x.shape[0])
             D = self._D
         elif x.shape != (D,):
@@ -741,6 +823,9 @@ class StreamEngine:
         if raw.ndim != 2 or (D is not None and raw.shape[1] != D):
             n = raw.shape[0] if raw.ndim >= 1 else 1
             self._reject(f"push_many expects an array of shape (n, D={D}), got shape {raw.shape}", n)
+        if raw.shape[1] == 0:
+            self._reject(f"push_many expects an array of shape (n, D) with D >= 1 values per "
+                         f"sample, got shape {raw.shape}", raw.shape[0])
         X = np.ascontiguousarray(raw, dtype=np.float64)
         inf = np.isinf(X)
         if inf.any():
@@ -774,7 +859,9 @@ class StreamEngine:
         Raises
         ------
         ValueError
-            ``x`` is not D numbers, or holds an infinity (nothing is changed).
+            ``x`` is not D numbers, or holds an infinity, or it completes a warm-up that
+            cannot initialise the model (too few complete samples). Nothing is changed
+            (the ``rejected`` count grows): the sample may be pushed again.
         """
         t_ns = time.perf_counter_ns()
         if self._closed:
@@ -784,7 +871,11 @@ class StreamEngine:
             status = _ko.check_sample(x)
             if status == _ko.STATUS_INFINITE:
                 self._reject_inf(x)
-            return self._push_warmup(x, status)
+            if self._wn + 1 >= self._warmup:   # this sample ends the warm-up: all or nothing
+                return self._all_or_nothing(lambda: self._push_warmup(x, status), lambda: 1)
+            posts = self._push_warmup(x, status)
+            self._warmup_checkpoint_due()
+            return posts
         t = self._t
         if not self._seq_open:
             if _ko.check_sample(x) == _ko.STATUS_INFINITE:
@@ -851,7 +942,7 @@ class StreamEngine:
     def _reject_inf(self, x):
         d = int(np.flatnonzero(np.isinf(x))[0])
         self._reject(f"push: a sample must not contain infinities (use NaN for a missing value); "
-                     f"found {x[d]} at index {d} of the D={self._D} values")
+                     f"found {x[d]} at index {d} of the D={x.shape[0]} values")
 
     def _open_sequence(self, x0):
         self._ring.fill(x0)
@@ -877,19 +968,34 @@ class StreamEngine:
         Raises
         ------
         ValueError
-            X is not (n, D) numbers or holds an infinity (nothing is processed).
+            X is not (n, D) numbers (D >= 1) or holds an infinity, or it completes a
+            warm-up that cannot initialise the model. Nothing is processed (the
+            ``rejected`` count grows by the block's rows).
         """
         self._check_open()
-        X = self._check_block(X)
-        parts = []
         if self._phase == "warmup":
-            k = 0
-            while self._phase == "warmup" and k < X.shape[0]:
-                posts = self._push_warmup(X[k], _ko.check_sample(X[k]))
-                k += 1
-                if posts:
-                    parts.append(self._last_init_batch)
-            X = X[k:]
+            rows = [0]
+
+            def warmup_block():
+                Xw = self._check_block(X)
+                rows[0] = Xw.shape[0]
+                return self._push_many_warmup(Xw)
+            return self._all_or_nothing(warmup_block, lambda: rows[0])
+        return self._push_many_running(self._check_block(X), [])
+
+    def _push_many_warmup(self, X):
+        parts = []
+        k = 0
+        while self._phase == "warmup" and k < X.shape[0]:
+            posts = self._push_warmup(X[k], _ko.check_sample(X[k]))
+            k += 1
+            if posts:
+                parts.append(self._last_init_batch)
+        if self._phase == "warmup":
+            self._warmup_checkpoint_due()
+        return self._push_many_running(X[k:], parts)
+
+    def _push_many_running(self, X, parts):
         if X.shape[0]:
             parts.append(self._process(X, 0, feed=True))
         if not parts:
@@ -1045,7 +1151,7 @@ class StreamEngine:
         if self._phase == "warmup":
             if self._wn == 0:
                 return []
-            posts = list(self._initialise())
+            posts = self._all_or_nothing(lambda: list(self._initialise()), lambda: 0)
         if not self._seq_open:
             return posts
         t_last = self._t - 1
@@ -1175,7 +1281,8 @@ class StreamEngine:
         -------
         dict
             ``samples`` accepted, ``emitted`` posteriors, ``imputed`` samples (with a
-            missing value), ``rejected`` samples, ``learner_steps`` kept,
+            missing value), ``imputed_start`` (a cold start whose warm-up held too few
+            complete samples started from mean-imputed ones), ``rejected`` samples, ``learner_steps`` kept,
             ``discarded_steps`` (non-finite), ``dropped_segments`` (learner overrun),
             ``reservoir_size``, ``snapshot_version``, ``elbo`` (running per-position ELBO
             of the learner's minibatches), ``loglik_per_sample`` (exact mode: mean
@@ -1198,6 +1305,7 @@ class StreamEngine:
             "samples": self.n_samples,
             "emitted": self._n_emitted,
             "imputed": self._n_imputed,
+            "imputed_start": self._imputed_start,
             "rejected": self._n_rejected,
             "learner_steps": lr.steps if lr else 0,
             "discarded_steps": lr.discarded if lr else 0,
@@ -1290,6 +1398,7 @@ class StreamEngine:
                 "new_net": self._new_net, "window": self._window,
                 "shared_net": self._learner_net is self._net and self._net is not None,
                 "learner": self._learner is not None, "learning": bool(self._learning_wanted),
+                "imputed_start": self._imputed_start,
                 "S": getattr(self, "_S", None),
                 "L": getattr(self, "_L", None), "C": getattr(self, "_C", None)}
         return arrays, meta
@@ -1322,6 +1431,7 @@ class StreamEngine:
             raise ValueError("checkpoint() needs a path (or the engine's checkpoint_path)")
         if self._D is None:
             raise ValueError("nothing to checkpoint yet: the engine has not seen a sample")
+        self._run_pending_checkpoint()
         if self._learner is not None:
             with self._learner.lock:  # the snapshot and the learner state that made it
                 arrays, meta = self._engine_arrays()
@@ -1332,21 +1442,62 @@ class StreamEngine:
         self._n_checkpoints += 1
         return out
 
+    def _run_pending_checkpoint(self):
+        """Complete a periodic checkpoint still waiting for the learner thread, here
+        (before a checkpoint of a later position, which drains every pending segment
+        into the reservoir: that one's learner state would no longer be the one at the
+        waiting checkpoint's position)."""
+        thread = self._thread
+        if thread is None or self._learner is None:
+            return
+        with self._learner.lock:
+            job = thread.take_job()
+            after = job() if job is not None else None
+        if after is not None:
+            after()
+
     def _periodic_checkpoint(self):
+        """Write a checkpoint now (never raises: a failure is kept in ``_ckpt_error``,
+        ``metrics()["checkpoint_error"]``).
+
+        With a running learner thread the engine state is captured here and the
+        learner's on its thread (holding its lock, between rounds), which writes the
+        file. For a consistent cut the learner state must be that at the captured
+        position ``t``: the learner's ``fence`` keeps the segments fed from ``t`` on
+        waiting (not in the reservoir) until the job has captured it."""
         from ..io.checkpoint import save_checkpoint
         self._schedule_checkpoints()
-        arrays, meta = self._engine_arrays()
         path = self._ckpt_path
         thread = self._thread
-        if thread is not None and thread.is_alive():
+        threaded = thread is not None and thread.is_alive()
+        try:
+            if not threaded:
+                self._run_pending_checkpoint()
+            arrays, meta = self._engine_arrays()
+        except Exception as exc:
+            self._ckpt_error = exc
+            return
+        if threaded:
             learner = self._learner
             engine_ref = weakref.ref(self)
+            cut = self._t   # segments ending before it are the engine's past
+            learner.fence = cut
 
-            def job():  # runs on the learner thread, holding the learner's lock
-                arrays.update({f"learner.{k}": v for k, v in learner.to_arrays().items()})
-                engine = engine_ref()
-                if engine is not None:  # the snapshot that goes with the learner state
-                    arrays.update(_snapshot_arrays(engine._snapshot))
+            def job():  # runs holding the learner's lock (on its thread, or see above)
+                try:
+                    arrays.update({f"learner.{k}": v
+                                   for k, v in learner.to_arrays(before=cut).items()})
+                    engine = engine_ref()
+                    if engine is not None:  # the snapshot that goes with the learner state
+                        arrays.update(_snapshot_arrays(engine._snapshot))
+                except Exception as exc:
+                    engine = engine_ref()
+                    if engine is not None:
+                        engine._ckpt_error = exc
+                    return None
+                finally:
+                    if learner.fence == cut:
+                        learner.fence = None
 
                 def write():
                     engine = engine_ref()
@@ -1361,13 +1512,15 @@ class StreamEngine:
 
             thread.request(job)
             return
+        # the same failures as on the learner thread are kept, not raised: a checkpoint
+        # that falls due inside push (or the warm-up's replay) must not fail the push
         try:
             if self._learner is not None:
                 with self._learner.lock:
                     arrays.update({f"learner.{k}": v for k, v in self._learner.to_arrays().items()})
             save_checkpoint(path, arrays, meta)
             self._n_checkpoints += 1
-        except OSError as exc:
+        except Exception as exc:
             self._ckpt_error = exc
 
     @classmethod
@@ -1379,7 +1532,11 @@ class StreamEngine:
         path : str or path-like
         **overrides
             Run-time arguments to change: ``learn``, ``learner_duty``, ``learn_samples``
-            (counted from the stream's start, like :attr:`n_samples`), ``learning_rate``,
+            (counted from the stream's start, like :attr:`n_samples`: an explicit
+            ``learn_samples`` the checkpoint's position has already reached turns
+            learning off at once; the checkpoint's own limit, once passed, is not applied
+            again, so learning stays as the checkpoint recorded it, e.g. switched back
+            on by the host), ``learning_rate``,
             ``lr_decay_steps``, ``min_learning_rate``, ``snapshot_interval``,
             ``checkpoint_path``, ``checkpoint_every``, ``checkpoint_seconds``,
             ``latency_window``, ``blas_threads``, ``random_state``.
@@ -1432,6 +1589,7 @@ class StreamEngine:
         self.model = model
         self._init_counters()
         self._learning_wanted = bool(meta.get("learning", True))
+        self._imputed_start = bool(meta.get("imputed_start", False))
         self._learner = None
         self._thread = None
         self._snapshot = None
@@ -1466,7 +1624,12 @@ class StreamEngine:
             self._lat_n = 0
             self._seq_open = bool(seq_open)
             if self._learn_stop is not None and self._n_samples >= self._learn_stop:
+                # a limit that has passed: the checkpoint's own is not applied again (the
+                # engine turned learning off when it passed; a host that switched it back
+                # on keeps it), an explicit override switches learning off now
                 self._learn_stop = None
+                if overrides.get("learn_samples") is not None:
+                    self._learning_wanted = False
             self._loglik, ln = (float(v) for v in arrays["loglik"])
             self._loglik_n = int(ln)
             if self._exact_mode:
@@ -1476,6 +1639,14 @@ class StreamEngine:
                     if a.shape != getattr(self, attr).shape:
                         raise ValueError(f"{name} has shape {a.shape}, expected "
                                          f"{getattr(self, attr).shape}")
+                    # the filter state is finite (log p(y_t | y_<t) may be -inf, see
+                    # filter_step): a NaN in a message stays in every later posterior
+                    bad = (np.isnan(a).any() if name == "exact.logc" else
+                           not np.isfinite(a).all() or (name == "exact.alpha" and (a < 0).any()))
+                    if bad:
+                        raise ValueError(f"{name} holds non-finite or negative values: a "
+                                         f"damaged checkpoint (the exact filter state must be "
+                                         f"finite, its messages non-negative)")
                     getattr(self, attr)[...] = a
             if self._phase == "warmup":
                 buf = np.asarray(arrays["warmup.buf"], dtype=np.float64)

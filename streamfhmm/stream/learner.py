@@ -203,6 +203,9 @@ class Learner:
         self.enabled = True
         self.lock = threading.Lock()
         self.pending = deque()
+        #: stream position: while set, :meth:`drain` leaves the segments ending at or
+        #: after it pending (a checkpoint's cut, see :meth:`to_arrays`)
+        self.fence = None
         self._last_good = self.x.copy()
         self._alloc()
 
@@ -228,15 +231,32 @@ class Learner:
         self.pending.append((segment, end))
 
     # -- the learner side (hold ``lock``) ----------------------------------------------
-    def drain(self) -> int:
-        """Offer every pending segment to the reservoir; returns how many."""
+    def drain(self, before=None) -> int:
+        """Offer the pending segments to the reservoir, in stream order; returns how many.
+
+        Parameters
+        ----------
+        before : int, optional
+            Only the segments ending before this stream position (default:
+            :attr:`fence` when set, else all).
+        """
         pending = self.pending
         n = len(pending)          # feed() may append meanwhile: those wait for the next drain
         if n == 0:
             return 0
-        items = [pending.popleft() for _ in range(n)]
+        # (the fence is read after n: a segment fed after the fence was set, which ends
+        # at or after it, is either beyond the first n or held back by the fence)
+        limit = self.fence if before is None else before
+        if limit is None:
+            items = [pending.popleft() for _ in range(n)]
+        else:
+            items = []
+            while len(items) < n and pending[0][1] < limit:
+                items.append(pending.popleft())
+            if not items:
+                return 0
         self.reservoir.offer_many([seg for seg, _ in items], [end for _, end in items])
-        return n
+        return len(items)
 
     def learning_rates(self, n: int) -> np.ndarray:
         """Step sizes of the next ``n`` steps, shape (n,) (a shared array when constant:
@@ -333,10 +353,11 @@ class Learner:
         return snap
 
     # -- checkpoints -------------------------------------------------------------------
-    def to_arrays(self) -> dict:
+    def to_arrays(self, before=None) -> dict:
         """The learner's state as plain arrays (hold ``lock``; pending segments are
-        drained into the reservoir first)."""
-        self.drain()
+        drained into the reservoir first: all of them, or with ``before`` those ending
+        before that stream position, the state at a checkpoint's cut)."""
+        self.drain(math.inf if before is None else before)
         out = {"x": self.x.copy(), "sq": self.sq.copy(),
                "counters": np.array([self.steps, self.discarded, self.dropped,
                                      self.freeze_remaining, self.version], dtype=np.int64),
@@ -451,6 +472,12 @@ class LearnerThread(threading.Thread):
         steps (a newer request replaces one not yet run); a wait is cut short for it."""
         self._job = job
         self._wake.set()
+
+    def take_job(self):
+        """The requested job not yet run, or None; it will not run here (hold the
+        learner's lock)."""
+        job, self._job = self._job, None
+        return job
 
     def run(self):
         learner = self.learner

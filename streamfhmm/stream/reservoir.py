@@ -29,6 +29,30 @@ __all__ = ["Reservoir"]
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
 
 
+def _state_to_json(value):
+    """A bit generator's state as JSON-able values: its arrays (MT19937's key,
+    Philox's counter, SFC64's state, …) become ``{"__array__": list, "dtype": str}``."""
+    if isinstance(value, dict):
+        return {k: _state_to_json(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return {"__array__": value.tolist(), "dtype": value.dtype.str}
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _state_from_json(value):
+    """The inverse of :func:`_state_to_json`."""
+    if isinstance(value, dict):
+        if set(value) == {"__array__", "dtype"}:
+            dtype = np.dtype(value["dtype"])
+            if dtype.kind not in "iu":
+                raise ValueError(f"a random bit generator's state holds integers, got dtype {dtype}")
+            return np.array(value["__array__"], dtype=dtype)
+        return {k: _state_from_json(v) for k, v in value.items()}
+    return value
+
+
 class Reservoir:
     """A fixed-size sample of stream segments.
 
@@ -165,7 +189,7 @@ class Reservoir:
         meta = {"capacity": self.capacity, "segment_length": self.segment_length,
                 "n_features": self.n_features, "half_life": self.half_life,
                 "stride": self.stride, "size": self.size, "n_seen": self.n_seen,
-                "rng": self.rng.bit_generator.state}
+                "rng": _state_to_json(self.rng.bit_generator.state)}
         return {"meta": np.array(json.dumps(meta)), "data": self.data[:self.size].copy(),
                 "end": self.end[:self.size].copy()}
 
@@ -190,6 +214,6 @@ class Reservoir:
         if name not in _BIT_GENERATORS:
             raise ValueError(f"unknown random bit generator {name!r} in reservoir state")
         bg = getattr(np.random, name)()
-        bg.state = meta["rng"]
+        bg.state = _state_from_json(meta["rng"])
         res.rng = np.random.Generator(bg)
         return res
