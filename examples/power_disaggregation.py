@@ -1,7 +1,7 @@
 """Energy disaggregation of the household power data with a factorial HMM.
 
     pip install "streamfhmm[data,plot]"
-    python examples/power_disaggregation.py [--iters 20000] [--out-dir power_plots]
+    python examples/power_disaggregation.py [--iters 20000] [--out-dir power_plots] [--no-progress]
 
 An FHMM (10 chains, window 21, one shared hidden layer of 200 tanh units) is learnt
 by SVI from the whole-house channels only — active power, reactive power, voltage —
@@ -16,6 +16,7 @@ estimated vs true sub-meters.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from streamfhmm.datasets import load_household_power
@@ -35,19 +36,24 @@ def main(argv=None):
     ap.add_argument("--on-threshold", type=float, default=5.0, help="Wh per minute (default 5)")
     ap.add_argument("--out-dir", default="power_plots", help="where the PNGs go")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
+                    help="the fit's progress bar (default: when stderr is a terminal)")
     args = ap.parse_args(argv)
     print(f"seed={args.seed}")
     t0 = time.perf_counter()
     data = load_household_power()
     print(f"loaded {len(data):,} minutes ({data.timestamps[0]} .. {data.timestamps[-1]}) "
           f"in {time.perf_counter() - t0:.1f} s")
+    print(f"fitting the FHMM by SVI ({args.iters:,} steps) ...", flush=True)
     report = disaggregate_report(
         data, train_rows=args.train_rows, calibration_days=args.calibration_days,
         evaluation_days=args.evaluation_days, on_threshold=args.on_threshold,
         fit_kwargs=dict(max_iter=args.iters, learning_rate=args.learning_rate,
                         **({} if args.net_warmup is None else {"net_warmup": args.net_warmup})),
-        plot_dir=args.out_dir, random_state=args.seed, progress=False)
-    print(report.format())
+        plot_dir=args.out_dir, random_state=args.seed, progress=args.progress,
+        before_plots=lambda r: print(r.format(), flush=True))   # the table even if a plot fails
+    for p in report.pngs:
+        print(f"wrote {p}")
 
 
 if __name__ == "__main__":

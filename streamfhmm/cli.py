@@ -7,7 +7,8 @@ over ZeroMQ), ``demo`` (live household-power disaggregation over ZeroMQ) and
 
 Exit status: 0 on success (``serve`` and ``replay`` also after SIGTERM/SIGINT, once
 drained and checkpointed), 2 for a bad command line, 1 for any other error (missing
-file, malformed data, a port in use…); every error is one line on stderr.
+file, malformed data, a port in use…), 130 after Ctrl-C (143 for ``demo`` after
+SIGTERM; it stops its subprocesses first); every error is one line on stderr.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import time
 import warnings
 
@@ -29,6 +31,11 @@ __all__ = ["main", "build_parser", "load_data", "CliError"]
 
 _MISSING = {"", "nan", "NaN", "NAN", "na", "NA", "?", "null", "None"}
 _INF = (math.inf, -math.inf)
+
+
+#: ``streamfhmm demo`` sets it in its subprocesses' environment to its own pid: they then
+#: ask Linux to kill them when the demo dies, however it dies (:func:`_die_with_parent`)
+DIE_WITH_PARENT_ENV = "STREAMFHMM_DIE_WITH_PARENT"
 
 
 class CliError(Exception):
@@ -134,7 +141,7 @@ def _load_npy(path, columns):
 
 def _load_csv(path, columns):
     try:
-        fh = open(path, newline="", encoding="utf-8")
+        fh = open(path, newline="", encoding="utf-8-sig")   # -sig: a BOM is not part of the header
     except OSError as exc:
         raise CliError(f"{path}: {exc.strerror or exc}") from None
     with fh:
@@ -198,7 +205,7 @@ def _loadtxt(path, idx, n_columns):
     """numpy's fast parser, or None when the file needs the careful one (missing values,
     quoting, ragged lines, infinities, anything unusual)."""
     try:
-        with open(path, encoding="utf-8") as fh, warnings.catch_warnings():
+        with open(path, encoding="utf-8-sig") as fh, warnings.catch_warnings():
             warnings.simplefilter("error")
             X = np.loadtxt(fh, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64, comments=None)
     except (ValueError, IndexError, UnicodeDecodeError, UserWarning):
@@ -261,6 +268,19 @@ def _nonneg_int(s):
     return v
 
 
+def _int_at_least(low: int):
+    """An argparse type: an integer >= ``low``."""
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {s!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {v}")
+        return v
+    return parse
+
+
 def _nonneg_float(s):
     try:
         v = float(s)
@@ -279,6 +299,33 @@ def _positive_float(s):
     if not (v > 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {s}")
     return v
+
+
+def _bounded_float(low: float, high: float, low_open: bool = True):
+    """An argparse type: a number in (low, high] (or [low, high] when not ``low_open``).
+
+    The upper bound keeps values such as 1e308 from overflowing the arithmetic that turns
+    them into sample counts or milliseconds."""
+    rel = ">" if low_open else ">="
+
+    def parse(s):
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+        if not ((v > low if low_open else v >= low) and math.isfinite(v)):
+            raise argparse.ArgumentTypeError(f"expected a finite number {rel} {low:g}, got {s}")
+        if v > high:
+            raise argparse.ArgumentTypeError(f"expected a number {rel} {low:g} and at most {high:,.0f}, got {s}")
+        return v
+    return parse
+
+
+#: upper bounds of the options that become counts of samples or milliseconds
+_MAX_DAYS = 100_000.0
+_MAX_SECONDS = 1e7          # about 116 days
+_MAX_RATE = 1e7             # messages per second
+_MAX_WAIT = 31_536_000.0    # a year
 
 
 def _duty(s):
@@ -302,13 +349,23 @@ def _port(s):
 
 
 def _endpoint(s):
-    """``tcp://host:port`` etc.; a bare port number means ``tcp://127.0.0.1:PORT``."""
+    """``tcp://host:port`` etc.; a bare port number means ``tcp://127.0.0.1:PORT``.
+
+    The port of a ``tcp://`` endpoint must be ``*`` (any free port) or 1..65535: ZeroMQ
+    would take 70000 as 70000 mod 65536 = 4464."""
     if s.isdigit():
         return f"tcp://127.0.0.1:{_port(s)}"
     scheme, sep, rest = s.partition("://")
     if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest:
         raise argparse.ArgumentTypeError(
             f"expected an endpoint such as tcp://127.0.0.1:5555 (or a port number), got {s!r}")
+    if scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        if not colon or not host:
+            raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT, got {s!r}")
+        if port != "*" and not (port.isdigit() and port.isascii() and 1 <= int(port) <= 65535):
+            raise argparse.ArgumentTypeError(
+                f"the port of {s!r} must be a number in 1..65535 or * (any free port), got {port!r}")
     return s
 
 
@@ -343,11 +400,41 @@ def _restore_handlers(old):
 
 
 # -- fit / score / predict / bench ------------------------------------------------------
+def _check_writable_dir(path, option) -> None:
+    """Fail now, not after a long run, when ``path`` is not a directory we can write to."""
+    path = os.fspath(path) or "."
+    if not os.path.isdir(path):
+        raise CliError(f"{option}: {path} is not a directory" if os.path.exists(path)
+                       else f"{option}: no directory {path}")
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise CliError(f"{option}: cannot write to {path}: {exc.strerror or exc}") from None
+
+
+def _check_out_file(path, option, directory_hint="") -> None:
+    """``path`` can be written: not a directory, in a directory we can write to."""
+    if os.path.isdir(path):
+        raise CliError(f"{option} {path} is a directory{directory_hint}")
+    _check_writable_dir(os.path.dirname(path), f"{option} {path}")
+
+
 def _cmd_fit(args) -> int:
     from . import FHMM
-    X, names = load_data(args.data, _split_columns(args.columns))
-    if os.path.isdir(args.out):
+    out = args.out if args.out.endswith(".npz") else args.out + ".npz"   # what np.savez writes
+    if os.path.isdir(args.out) or os.path.isdir(out):
         raise CliError(f"--out {args.out} is a directory; give a file name such as model.npz")
+    _check_out_file(out, "--out", "; give a file name such as model.npz")
+    if args.net_warmup and args.method == "svi":
+        steps = 20_000 if args.max_iter is None else args.max_iter   # FHMM.fit's default
+        if args.net_warmup >= steps:
+            raise CliError(f"--net-warmup {args.net_warmup:,} must be less than the {steps:,} SVI steps "
+                           f"(--max-iter{'' if args.max_iter else ', default 20,000'}): the model would "
+                           "never be trained, only its networks")
+    X, names = load_data(args.data, _split_columns(args.columns))
+    if args.window > X.shape[0]:
+        raise CliError(f"--window {args.window} is longer than the data ({X.shape[0]:,} samples)")
     model = FHMM(n_chains=args.chains, window=args.window, n_hidden=args.hidden,
                  share_hidden=args.share, random_state=args.seed,
                  covariance_type=args.covariance_type)
@@ -357,7 +444,6 @@ def _cmd_fit(args) -> int:
               net_warmup=args.net_warmup or 0)
     dt = time.perf_counter() - t0
     model.save(args.out)
-    out = args.out if args.out.endswith(".npz") else args.out + ".npz"
     print(f"fitted {model!r} ({args.method}) on {X.shape[0]:,} samples x {X.shape[1]} features "
           f"({', '.join(names)}) in {dt:.1f} s; saved to {out}")
     return 0
@@ -396,8 +482,8 @@ def _cmd_predict(args) -> int:
     model = _load_model(args.model)
     X, names = load_data(args.data, _split_columns(args.columns))
     _check_features(model, X, args.data)
-    if args.out != "-" and os.path.isdir(args.out):
-        raise CliError(f"--out {args.out} is a directory")
+    if args.out != "-":
+        _check_out_file(args.out, "--out")
     if args.reconstruct:
         A = model.reconstruct(X, method=args.method)
         cols = [f"mean_{n}" for n in names]
@@ -718,7 +804,7 @@ def _cmd_replay(args) -> int:
 
 # -- demo / disaggregate -------------------------------------------------------------------
 def _cmd_demo(args) -> int:
-    from .demo import DemoError, run_demo
+    from .demo import DemoError, DemoTerminated, run_demo
     if args.seconds is not None and args.samples is not None:
         raise CliError("give --seconds or --samples, not both")
     view = False if args.no_view else None
@@ -729,6 +815,9 @@ def _cmd_demo(args) -> int:
                        warmup=args.warmup, keep_learning=args.keep_learning)
     except DemoError as exc:
         raise CliError(str(exc)) from None
+    except DemoTerminated:
+        print("streamfhmm demo: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     if res.missing or res.gaps:
         raise CliError(f"{res.missing} posteriors missing, {res.gaps} input gaps")
     return 0
@@ -744,6 +833,23 @@ def _fit_kwargs(args) -> dict:
 
 def _cmd_disaggregate(args) -> int:
     from .power import PAPER_MODEL, disaggregate_report
+    # the checks that need no data and no fit come first: a bad value must not cost the fit
+    if args.net_warmup is not None and args.net_warmup >= args.iters:
+        raise CliError(f"--net-warmup {args.net_warmup:,} must be less than --iters {args.iters:,}: the "
+                       "model would never be trained, only its networks")
+    if args.train_rows is not None and args.train_rows > args.n_train:
+        raise CliError(f"--train-rows {args.train_rows:,} is more than the {args.n_train:,} training minutes "
+                       "(--n-train)")
+    if not args.no_plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError('plotting needs matplotlib: pip install "streamfhmm[plot]" (or --no-plot)') from None
+        try:
+            os.makedirs(args.out_dir, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"--out-dir {args.out_dir}: cannot create it: {exc.strerror or exc}") from None
+        _check_writable_dir(args.out_dir, f"--out-dir {args.out_dir}")
     try:
         from .datasets import load_household_power
         t0 = time.perf_counter()
@@ -752,11 +858,6 @@ def _cmd_disaggregate(args) -> int:
         raise CliError(str(exc)) from None
     print(f"loaded {len(data):,} minutes ({str(data.timestamps[0])[:16]} .. {str(data.timestamps[-1])[:16]}) "
           f"in {time.perf_counter() - t0:.1f} s; seed={args.seed}", flush=True)
-    if not args.no_plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CliError('plotting needs matplotlib: pip install "streamfhmm[plot]" (or --no-plot)') from None
     model_kwargs = {k: v for k, v in (("n_chains", args.chains), ("window", args.window),
                                       ("n_hidden", args.hidden)) if v is not None}
     kw = dict(PAPER_MODEL, **model_kwargs)
@@ -768,8 +869,11 @@ def _cmd_disaggregate(args) -> int:
         data, n_train=args.n_train, train_rows=args.train_rows, calibration_days=args.calibration_days,
         evaluation_days=args.evaluation_days, on_threshold=args.on_threshold, model_kwargs=model_kwargs,
         fit_kwargs=_fit_kwargs(args), plot_dir=None if args.no_plot else args.out_dir,
-        random_state=args.seed, progress=_progress(args))
-    print(report.format())
+        random_state=args.seed, progress=_progress(args),
+        # the table before the PNGs: a plot that fails must not take the fit's results with it
+        before_plots=lambda r: print(r.format(), flush=True))
+    for p in report.pngs:
+        print(f"wrote {p}")
     return 0
 
 
@@ -823,7 +927,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--learning-rate", type=_nonneg_float, default=1e-2, help="RMSprop learning rate (default 0.01)")
     f.add_argument("--net-warmup", type=_nonneg_int, metavar="STEPS",
                    help="svi: first steps training the recognition networks only, the model held (default 0)")
-    f.add_argument("--seed", type=int, default=None, help="random seed")
+    f.add_argument("--seed", type=_nonneg_int, default=None, help="random seed, an integer >= 0")
     _progress_args(f)
     f.set_defaults(func=_cmd_fit)
 
@@ -892,8 +996,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--window", type=_positive_int, default=5, help="with --cold: window (default 5)")
     sv.add_argument("--hidden", type=_positive_int, default=30, help="with --cold: hidden units (default 30)")
     sv.add_argument("--share", choices=("chain", "all"), default="chain", help="with --cold: network sharing")
-    sv.add_argument("--seed", type=int, default=None, help="with --cold: random seed")
-    sv.add_argument("--warmup", type=_positive_int, default=2000, metavar="N",
+    sv.add_argument("--seed", type=_nonneg_int, default=None, help="with --cold: random seed (>= 0)")
+    sv.add_argument("--warmup", type=_int_at_least(2), default=2000, metavar="N",
                     help="with --cold: samples per stream before the model is initialised (default 2000)")
     sv.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory; streams found there are resumed")
     sv.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
@@ -942,8 +1046,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--format", choices=("binary", "json"), default="binary", help="message format")
     r.add_argument("--wait-subscribers", type=_nonneg_int, default=1, metavar="N",
                    help="start once N subscribers take the topic (default 1; 0: do not wait)")
-    r.add_argument("--wait-timeout", type=_nonneg_float, metavar="SECONDS",
-                   help="give up if they have not come after this long")
+    r.add_argument("--wait-timeout", type=_bounded_float(0.0, _MAX_WAIT, low_open=False), metavar="SECONDS",
+                   help="give up if they have not come after this long (at most a year, "
+                        f"{_MAX_WAIT:,.0f})")
     r.add_argument("--start-seq", type=_nonneg_int, default=0, help="sequence number of the first row")
     r.add_argument("--start-row", type=_nonneg_int, default=0, help="skip the first rows")
     r.add_argument("--limit", type=_positive_int, help="publish at most N rows")
@@ -961,10 +1066,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "after the warm-up, show the estimates live, then score them against an "
                     "aggregate-regression baseline and write PNGs. Needs pip install \"streamfhmm[demo]\".")
     ln = d.add_mutually_exclusive_group()
-    ln.add_argument("--seconds", type=_positive_float,
+    ln.add_argument("--seconds", type=_bounded_float(0.0, _MAX_SECONDS),
                     help=f"seconds of streaming at --rate (default {DEFAULT_SECONDS:g})")
     ln.add_argument("--samples", type=_positive_int, help="minutes of data to stream (instead of --seconds)")
-    d.add_argument("--rate", type=_positive_float, default=DEFAULT_RATE,
+    d.add_argument("--rate", type=_bounded_float(0.0, _MAX_RATE), default=DEFAULT_RATE,
                    help=f"messages (minutes of data) per second (default {DEFAULT_RATE:g})")
     d.add_argument("--start", default=DEFAULT_START, metavar="ROW|DATE",
                    help=f"first row, or a date such as 2008-01-01 (default {DEFAULT_START})")
@@ -972,14 +1077,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"where the PNGs go (default ./{DEFAULT_OUT_DIR})")
     d.add_argument("--no-view", action="store_true",
                    help="plain progress lines instead of the live view (also when stdout is not a terminal)")
-    d.add_argument("--seed", type=int, default=0, help="seed of the service's cold start (default 0)")
+    d.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the service's cold start (default 0)")
     d.add_argument("--chains", type=_positive_int, default=6, help="hidden chains the service learns (default 6)")
     d.add_argument("--window", type=_positive_int, default=9, help="recognition window (default 9)")
     d.add_argument("--hidden", type=_positive_int, default=32, help="hidden units per network (default 32)")
-    d.add_argument("--calibration-days", type=_positive_float, default=14.0,
+    d.add_argument("--calibration-days", type=_bounded_float(0.0, _MAX_DAYS), default=14.0,
                    help="days after the warm-up that calibrate the sub-meter map (default 14; a third of "
                         "a shorter stream)")
-    d.add_argument("--warmup", type=_positive_int, default=DEFAULT_WARMUP, metavar="N",
+    d.add_argument("--warmup", type=_int_at_least(2), default=DEFAULT_WARMUP, metavar="N",
                    help="samples the service buffers before initialising its model (default "
                         f"{DEFAULT_WARMUP}, one week)")
     d.add_argument("--keep-learning", action="store_true",
@@ -1001,8 +1106,8 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--n-train", type=_positive_int, default=1_000_000,
                     help="minutes before the calibration period (default 1000000, the paper's split)")
     dg.add_argument("--train-rows", type=_positive_int, help="fit on the last so many of them (default all)")
-    dg.add_argument("--calibration-days", type=_positive_float, default=14.0, help="default 14")
-    dg.add_argument("--evaluation-days", type=_positive_float, default=28.0, help="default 28")
+    dg.add_argument("--calibration-days", type=_bounded_float(0.0, _MAX_DAYS), default=14.0, help="default 14")
+    dg.add_argument("--evaluation-days", type=_bounded_float(0.0, _MAX_DAYS), default=28.0, help="default 28")
     dg.add_argument("--on-threshold", type=_nonneg_float, default=5.0,
                     help="on/off threshold of the F1 score, Wh per minute (default 5)")
     dg.add_argument("--chains", type=_positive_int, help="hidden chains (default 10, the paper's)")
@@ -1010,7 +1115,7 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--hidden", type=_positive_int, help="hidden units, shared by all chains (default 200)")
     dg.add_argument("--out-dir", default="power_plots", metavar="DIR", help="where the PNGs go (default power_plots)")
     dg.add_argument("--no-plot", action="store_true", help="write no PNG")
-    dg.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
+    dg.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the fit (default 0)")
     _progress_args(dg)
     dg.set_defaults(func=_cmd_disaggregate)
     p._commands = {"fit": f, "score": s, "predict": pr, "bench": b, "serve": sv, "replay": r, "demo": d,
@@ -1044,7 +1149,29 @@ def _configure_logging(verbose: bool):
     return undo
 
 
+def _die_with_parent():
+    """In a subprocess of ``streamfhmm demo`` (its environment names the demo's pid), ask
+    Linux for SIGKILL when the demo dies without stopping it (the demo itself killed by
+    SIGKILL): nothing else would stop it, as it runs in a session of its own. (Not
+    SIGTERM: a replay would then linger up to a minute over messages nobody takes; the
+    demo's subprocesses keep nothing worth a clean exit.)"""
+    parent = os.environ.pop(DIE_WITH_PARENT_ENV, "")
+    if not parent.isdigit() or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError, ValueError):
+        return
+    if os.getppid() != int(parent):   # it died before prctl: follow it now
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main(argv=None) -> int:
+    _die_with_parent()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:   # reported by the subcommand's parser, which names the subcommand
@@ -1075,9 +1202,14 @@ def _run(args, prog) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    except (ValueError, OSError, RuntimeError) as exc:
+    except (ValueError, OSError, RuntimeError, ArithmeticError) as exc:
+        # ArithmeticError: OverflowError, FloatingPointError (a diverging fit), ZeroDivisionError
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"{prog}: error: {msg}", file=sys.stderr)
+        return 1
+    except MemoryError as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else "not enough memory"
+        print(f"{prog}: error: out of memory: {msg}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

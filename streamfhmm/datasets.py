@@ -137,7 +137,8 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
         ``householdpower-v<version>-<key>.npz``, keyed on the CSV's size and its first
         and last MiB (so installs of the same data in several environments share
         one cache); it is written atomically, and other cache files of the data in
-        that directory are removed.
+        that directory are removed. A cache file that cannot be read (truncated,
+        corrupt) is parsed again and rewritten.
 
     Returns
     -------
@@ -168,8 +169,11 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
     if not refresh and cached.is_file():
         try:
             return _read_cache(cached, str(src))
-        except (OSError, ValueError, KeyError):
-            pass  # damaged cache: parse again
+        except Exception:  # noqa: BLE001
+            # a cache that cannot be read (truncated: zipfile.BadZipFile or EOFError; a
+            # CRC error; a wrong layout: KeyError, ValueError) is only a lost speed-up:
+            # parse again, and the cache is rewritten below
+            pass
     timestamps, columns, values = parse_household_power_csv(src)
     imputed = _day_repeats(values)
     _write_cache(cached, timestamps, columns, values, imputed)
@@ -197,7 +201,8 @@ def _day_repeats(values: np.ndarray) -> np.ndarray:
 
 
 def _read_cache(path: Path, source: str) -> HouseholdPower:
-    with np.load(path, allow_pickle=False) as f:
+    # (the file opened here: np.load(path) leaves it open when the zip is damaged)
+    with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
         if int(f["version"]) != _CACHE_VERSION:
             raise ValueError("cache version")
         timestamps = f["timestamps"].astype("datetime64[s]")

@@ -35,6 +35,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -71,6 +72,10 @@ _SHORT = {"Sub_metering_1": "kitchen", "Sub_metering_2": "laundry", "Sub_meterin
 
 class DemoError(Exception):
     """A failure reported as one line (a subprocess died, the data is missing, ...)."""
+
+
+class DemoTerminated(KeyboardInterrupt):
+    """SIGTERM reached :func:`run_demo`: it stopped its subprocesses, as for Ctrl-C."""
 
 
 @dataclass
@@ -136,6 +141,10 @@ class DemoResult:
 def resolve_start(timestamps: np.ndarray, start) -> int:
     """The row of ``start``: a row number (int or digits) or a date/time (``2007-01-01``).
 
+    A date/time is taken at its own precision: ``2006-12-16`` (the first day of the
+    household data, which starts at 17:24) is that day's first row, ``2007-01`` the
+    month's; ``2006-12-16 17:00`` is before the data.
+
     Raises
     ------
     DemoError
@@ -147,15 +156,19 @@ def resolve_start(timestamps: np.ndarray, start) -> int:
         row = int(s)
     else:
         try:
-            when = np.datetime64(s, "s")
+            when = np.datetime64(s)
         except ValueError:
             raise DemoError(f"--start must be a row number or a date such as 2007-01-01, got {s!r}") from None
         if np.isnat(when):
             raise DemoError(f"--start must be a row number or a date such as 2007-01-01, got {s!r}")
-        if not timestamps[0] <= when <= timestamps[-1]:
-            raise DemoError(f"--start {s} is outside the data ({str(timestamps[0])[:10]} .. "
-                            f"{str(timestamps[-1])[:10]})")
-        row = int(np.searchsorted(timestamps, when))
+        if np.datetime_data(when.dtype)[0] in ("ms", "us", "ns", "ps", "fs", "as"):
+            when = when.astype("datetime64[s]")
+        # compared at the date's own precision: a day (month, year) is in the data when
+        # any of its minutes is
+        if not timestamps[0].astype(when.dtype) <= when <= timestamps[-1].astype(when.dtype):
+            raise DemoError(f"--start {s} is outside the data ({_day(timestamps[0])} .. "
+                            f"{_day(timestamps[-1])})")
+        row = int(np.searchsorted(timestamps, when.astype("datetime64[s]")))
     if not 0 <= row < T:
         raise DemoError(f"--start row {row} is outside the data (0 .. {T - 1})")
     return row
@@ -167,13 +180,17 @@ def resolve_start(timestamps: np.ndarray, start) -> int:
 class _Child:
     """A ``python -m streamfhmm`` subprocess whose stderr lines are collected by a thread."""
 
-    def __init__(self, name: str, args: list[str]):
+    def __init__(self, name: str, args: list[str], registry: list | None = None):
+        from .cli import DIE_WITH_PARENT_ENV
         self.name = name
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # with it, the child is killed when the demo dies, however it dies (Linux)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid())})
         # a session of its own: Ctrl-C reaches the demo only, which then stops the children
         self.proc = subprocess.Popen([sys.executable, "-m", "streamfhmm", *args], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=env, start_new_session=True)
+        if registry is not None:
+            registry.append(self)   # at once: an interrupt from here on still stops it
         self.lines: list[str] = []
         self.queue: queue.Queue = queue.Queue()
         self._reader = threading.Thread(target=self._read, name=f"{name}-stderr", daemon=True)
@@ -226,6 +243,46 @@ class _Child:
                 pass
         self._reader.join(timeout=5.0)
         return self.proc.returncode
+
+    def kill(self):
+        """SIGKILL, if it still runs; never raises."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=10.0)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+
+def _set_handlers(handler) -> dict:
+    """``handler`` for SIGINT and SIGTERM (the main thread only); the previous ones."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_handlers(old: dict):
+    for sig, h in old.items():
+        if h is not None:   # (None: a handler not installed from Python, which cannot be restored)
+            signal.signal(sig, h)
+
+
+def _stop_children(children: list) -> None:
+    """Stop every child, last started first, even when Ctrl-C is pressed again (or SIGTERM
+    comes) meanwhile: both are ignored until all are stopped."""
+    old = _set_handlers(signal.SIG_IGN)
+    pending = None
+    try:
+        for child in reversed(children):
+            try:
+                child.stop(signal.SIGTERM, timeout=10.0)
+            except BaseException as exc:   # noqa: BLE001 - an interrupt that came before SIG_IGN
+                child.kill()
+                pending = pending or exc
+    finally:
+        _restore_handlers(old)
+    if pending is not None:
+        raise pending
 
 
 _ENDPOINTS = re.compile(r"input bound at (\S+), output bound at (\S+) \(")
@@ -335,11 +392,62 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
     ------
     DemoError
         A subprocess died or timed out, the data is missing, or the arguments do not fit.
+    KeyboardInterrupt
+        Ctrl-C; :class:`DemoTerminated` (a KeyboardInterrupt) for SIGTERM. Either way the
+        subprocesses are stopped first (a second Ctrl-C does not cut that short).
+
+    Notes
+    -----
+    In the main thread, SIGTERM is handled like Ctrl-C while the demo runs (the previous
+    handler is restored at the end). On Linux the subprocesses are also killed by the
+    kernel if this process dies without stopping them (SIGKILL): PR_SET_PDEATHSIG, which
+    they set when their environment names this process
+    (:data:`streamfhmm.cli.DIE_WITH_PARENT_ENV`).
     """
+    def terminate(signum, frame):
+        raise DemoTerminated()
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {signal.SIGTERM: signal.signal(signal.SIGTERM, terminate)}
+    try:
+        return _run_demo(seconds=seconds, samples=samples, rate=rate, start=start, out_dir=out_dir, view=view,
+                         seed=seed, n_chains=n_chains, window=window, n_hidden=n_hidden,
+                         calibration_days=calibration_days, warmup=warmup, on_threshold=on_threshold,
+                         keep_learning=keep_learning, stream=stream, data=data)
+    finally:
+        _restore_handlers(old)
+
+
+def _check_out_dir(out_dir) -> None:
+    """Create ``out_dir`` and check that it takes files, before the run (not after it)."""
+    import importlib.util
+    if importlib.util.find_spec("matplotlib") is None:
+        return   # no PNG will be written (the run says so at its end)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as exc:
+        raise DemoError(f"--out-dir {os.fspath(out_dir)}: cannot write there: {exc.strerror or exc}") from None
+
+
+def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, window, n_hidden,
+              calibration_days, warmup, on_threshold, keep_learning, stream, data) -> DemoResult:
     stream = sys.stdout if stream is None else stream
     wall0 = time.perf_counter()
     if not (rate > 0 and math.isfinite(rate)):
         raise DemoError(f"--rate must be a positive number of messages per second, got {rate}")
+    if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
+        raise DemoError(f"--seconds must be a positive number, got {seconds}")
+    if not (calibration_days > 0 and math.isfinite(calibration_days)):
+        raise DemoError(f"--calibration-days must be a positive number, got {calibration_days}")
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 2:
+        raise DemoError(f"--warmup must be an integer >= 2 (samples before the model is initialised), "
+                        f"got {warmup!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise DemoError(f"--seed must be an integer >= 0, got {seed!r}")
+    _check_out_dir(out_dir)
     if data is None:
         from .datasets import load_household_power
         try:
@@ -348,7 +456,8 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
             raise DemoError(str(exc)) from None
     row0 = resolve_start(data.timestamps, start)
     if samples is None:
-        samples = int(round((DEFAULT_SECONDS if seconds is None else seconds) * rate))
+        want = (DEFAULT_SECONDS if seconds is None else seconds) * rate   # (as a float: no overflow)
+        samples = len(data) - row0 if want >= len(data) - row0 else int(round(want))
     n = min(int(samples), len(data) - row0)
     min_n = warmup + 2 * _MINUTES_PER_DAY
     if n < min_n:
@@ -363,7 +472,9 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
     # cal.stop + lag, the last the service learns from
     lag = window // 2
     first = warmup - lag
-    n_cal = min(int(round(calibration_days * _MINUTES_PER_DAY)), (n - first) // 3)
+    n_cal = (n - first) // 3
+    if calibration_days * _MINUTES_PER_DAY < n_cal:    # (compared as floats: no overflow)
+        n_cal = int(round(calibration_days * _MINUTES_PER_DAY))
     cal, ev = slice(first, first + n_cal), slice(first + n_cal, n)
     learn_samples = None if keep_learning else cal.stop + lag
     if view is None:
@@ -391,8 +502,7 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
             "--window", str(window), "--hidden", str(n_hidden), "--seed", str(seed),
             "--warmup", str(warmup), "--bind", "--sub", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*",
             "--wait-subscribers", "1", "--status-interval", "1", "--heartbeat", "1"]
-            + ([] if learn_samples is None else ["--learn-samples", str(learn_samples)]))
-        children.append(serve)
+            + ([] if learn_samples is None else ["--learn-samples", str(learn_samples)]), children)
         m = serve.wait_line(_ENDPOINTS, timeout=120.0)
         ep_in, ep_out = m.group(1), m.group(2)
         sub = ctx.socket(zmq.SUB)
@@ -403,8 +513,7 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
         replay = _Child("replay", [
             "replay", "household", "--columns", ",".join(AGGREGATE_COLUMNS), "--pub", ep_in, "--connect",
             "--rate", repr(float(rate)), "--start-row", str(row0), "--limit", str(n), "--topic", "house",
-            "--wait-timeout", "120", "--no-progress"])
-        children.append(replay)
+            "--wait-timeout", "120", "--no-progress"], children)
         out.message(f"started serve --cold --learn (pid {serve.proc.pid}; input {ep_in}, posteriors {ep_out}) "
                     f"and replay (pid {replay.proc.pid}); {M} chains, window {window}, warm-up {warmup:,} "
                     f"samples")
@@ -518,11 +627,12 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
             if s:
                 steps = int(s.group(1))
     finally:
-        for child in reversed(children):
-            child.stop(signal.SIGTERM, timeout=10.0)
-        if sub is not None:
-            sub.close(0)
-        ctx.term()
+        try:
+            _stop_children(children)
+        finally:
+            if sub is not None:
+                sub.close(0)
+            ctx.term()
 
     res.n_received = received
     res.missing = int((~got).sum())
@@ -541,9 +651,16 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
     res.baseline = disaggregation_metrics(Y[ev], est_base[ev], on_threshold, mask=~keep_ev)
     Ae, Re = A[ev][keep_ev], mean[ev][keep_ev]
     res.aggregate_nmse = ((Re - Ae) ** 2).mean(axis=0) / Ae.var(axis=0)
-    res.pngs = _plots(out_dir, ts, ev, A, mean, Y, est, est_base, out)
     res.wall_seconds = time.perf_counter() - wall0
+    # the summary first: a plot that fails must not take the run's results with it
     print(_summary(res, ts, imputed, M, window, rate, on_threshold), file=stream, flush=True)
+    try:
+        res.pngs = _plots(out_dir, ts, ev, A, mean, Y, est, est_base, out)
+    except OSError as exc:
+        raise DemoError(f"--out-dir {os.fspath(out_dir)}: cannot write the plots: {exc.strerror or exc}") from None
+    for p in res.pngs:
+        print(f"  wrote {p}", file=stream, flush=True)
+    res.wall_seconds = time.perf_counter() - wall0
     return res
 
 

@@ -32,6 +32,7 @@ period (:func:`fit_aggregate_baseline`).
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -762,7 +763,8 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
                         evaluation_days: float = 28, fit_kwargs: dict | None = None,
                         model_kwargs: dict | None = None, on_threshold: float = 5.0,
                         both_states: bool = False, plot_dir=None, plot_day=None,
-                        random_state=0, progress: bool = False) -> DisaggregationReport:
+                        random_state=0, progress: bool = False,
+                        before_plots=None) -> DisaggregationReport:
     """Learn chains from the aggregate channels, map them to the sub-meters, score.
 
     Parameters
@@ -800,6 +802,9 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         Seed of the fit.
     progress : bool
         Show the fit's progress bar.
+    before_plots : callable, optional
+        Called with the report (its ``pngs`` still empty) before the PNGs are written,
+        e.g. to print it: a plot that fails then does not take the results with it.
 
     Returns
     -------
@@ -817,11 +822,30 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         from .datasets import load_household_power
         data = load_household_power()
     agg = power_split(data, AGGREGATE_COLUMNS, n_train)
-    n_cal = int(round(calibration_days * _MINUTES_PER_DAY))
-    n_eval = int(round(evaluation_days * _MINUTES_PER_DAY))
-    if n_cal < 1 or n_eval < 1 or n_cal + n_eval > agg.test.shape[0]:
+    n_test = agg.test.shape[0]
+    days = []
+    for name, v in (("calibration_days", calibration_days), ("evaluation_days", evaluation_days)):
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number of days, got {v!r}") from None
+        # (compared as floats first: 1e308 days would overflow int())
+        days.append(int(round(v * _MINUTES_PER_DAY)) if 0 < v * _MINUTES_PER_DAY <= n_test else -1)
+    n_cal, n_eval = days
+    if n_cal < 1 or n_eval < 1 or n_cal + n_eval > n_test:
         raise ValueError(f"calibration_days and evaluation_days must be positive and fit in the "
-                         f"{agg.test.shape[0] / _MINUTES_PER_DAY:.0f} test days")
+                         f"{n_test / _MINUTES_PER_DAY:.0f} test days, got {calibration_days:g} and "
+                         f"{evaluation_days:g}")
+    if train_rows is not None and not 2 <= int(train_rows) <= n_train:
+        raise ValueError(f"train_rows must be between 2 and n_train = {n_train:,}, got {train_rows:,}")
+    n = n_cal + n_eval
+    ts = agg.test_timestamps[:n]
+    if plot_dir is not None:
+        # before the fit: a day without data or an unwritable directory must not cost it
+        day = _plot_window(ts, n_cal, plot_day)
+        os.makedirs(plot_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=plot_dir):
+            pass
     t0 = time.perf_counter()
     fit_seconds = 0.0
     fkw = {}
@@ -831,13 +855,15 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         fkw = {"max_iter": 20_000, "learning_rate": SVI_SETTINGS["learning_rate"]}
         fkw.update(fit_kwargs or {})
         _with_net_warmup(fkw)
+        if fkw["net_warmup"] >= fkw["max_iter"]:
+            raise ValueError(f"net_warmup ({fkw['net_warmup']:,}) must be less than max_iter "
+                             f"({fkw['max_iter']:,}): the model would never be trained, only its networks")
         X = agg.train if train_rows is None else agg.train[-int(train_rows):]
         model = FHMM(**kw, random_state=random_state).fit(X, progress=progress, **fkw)
         fit_seconds = time.perf_counter() - t0
     elif getattr(model, "n_features_in_", None) != len(AGGREGATE_COLUMNS):
         raise ValueError(f"model must be fitted on the {len(AGGREGATE_COLUMNS)} aggregate channels "
                          f"{AGGREGATE_COLUMNS}")
-    n = n_cal + n_eval
     Z = agg.test[:n]
     method = None if getattr(model, "net_", None) is not None else "smf"
     theta = model.predict_proba(Z, method=method)
@@ -852,7 +878,6 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     base = fit_aggregate_baseline(A[cal][keep], Y[cal][keep])
     est = np.maximum(predict_submeters(theta, coef), 0.0)
     est_base = np.maximum(predict_aggregate_baseline(A, base), 0.0)
-    ts = agg.test_timestamps[:n]
     report_kw = dict(
         submeters=SUBMETER_COLUMNS,
         fhmm=disaggregation_metrics(Y[ev], est[ev], on_threshold, mask=imputed[ev]),
@@ -862,8 +887,9 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         n_calibration=int(keep.sum()), n_evaluation=int((~imputed[ev]).sum()),
         on_threshold=float(on_threshold), fit_seconds=fit_seconds, coef=coef, fit_settings=fkw)
     pngs = []
+    if before_plots is not None:
+        before_plots(DisaggregationReport(**report_kw, pngs=[]))
     if plot_dir is not None:
-        day = _plot_window(ts, n_cal, plot_day)
         os.makedirs(plot_dir, exist_ok=True)
         pngs.append(plot_reconstruction(ts[day], A[day], agg.unstandardise(R[day]), AGGREGATE_COLUMNS,
                                         os.path.join(os.fspath(plot_dir), "power_aggregate.png")))

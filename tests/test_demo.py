@@ -45,13 +45,20 @@ def _demo(*args):
 
 
 def _gone(pid, timeout=10.0):
-    """True once no process has this pid (the demo reaps its children)."""
+    """True once no process has this pid (the demo reaps its children), or it is a zombie
+    (an orphan's exit status that this machine's init may not collect)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except (OSError, IndexError):
+            pass
         time.sleep(0.1)
     return False
 
@@ -160,6 +167,8 @@ def test_short_demo_run(tmp_path):
     assert nde3[0] < 0.8, out
     pngs = re.findall(r"wrote (\S+\.png)", out)
     assert [os.path.basename(p) for p in pngs] == ["demo_submeters.png", "demo_aggregate.png"]
+    # the summary comes before the plots: a plot that fails does not take it with it
+    assert out.index("\nsummary\n") < out.index("  wrote ")
     for p in pngs:
         assert os.path.dirname(p) == str(out_dir)
         w, h = _read_png(p)
@@ -181,6 +190,100 @@ def test_demo_interrupted_stops_its_children(tmp_path):
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "streamfhmm demo: interrupted"
     assert _gone(int(m.group(1))) and _gone(int(m.group(2)))
+
+
+@needs_data
+@pytest.mark.parametrize("signals, status, last_line", [
+    # SIGTERM takes Ctrl-C's way out: the children are stopped, then the demo exits 128 + 15
+    ([signal.SIGTERM], 143, "streamfhmm demo: terminated"),
+    # a second Ctrl-C while the children are being stopped does not cut that short
+    ([signal.SIGINT, signal.SIGINT], 130, "streamfhmm demo: interrupted"),
+    # no cleanup at all: the kernel kills the children with it (PR_SET_PDEATHSIG)
+    ([signal.SIGKILL], -signal.SIGKILL, None),
+], ids=["sigterm", "sigint-twice", "sigkill"])
+def test_demo_stopped_by_a_signal_leaves_no_child(tmp_path, signals, status, last_line):
+    proc = _demo("--seconds", "60", "--no-view", "--out-dir", str(tmp_path))
+    try:
+        m, _ = _wait_for_line(proc, _PID, timeout=60)
+        time.sleep(1.0)
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == status, err
+    if last_line is not None:
+        assert err.strip().splitlines()[-1] == last_line, err
+        assert "Traceback" not in err, err
+    serve, replay = int(m.group(1)), int(m.group(2))
+    gone = _gone(serve, timeout=30.0), _gone(replay, timeout=30.0)
+    for pid, g in zip((serve, replay), gone):
+        if not g:
+            os.kill(pid, signal.SIGKILL)
+    assert gone == (True, True), f"children still running (serve, replay): {gone}"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_demo_children_die_with_the_demo(tmp_path):
+    """The mechanism by itself (above, a SIGKILLed demo's children could also die of their
+    broken stderr pipe): a process that called cli._die_with_parent() with the demo's pid
+    in its environment is killed when that parent dies, though it writes nothing."""
+    from streamfhmm.cli import DIE_WITH_PARENT_ENV
+    child = ("import os, sys, time; from streamfhmm.cli import _die_with_parent; _die_with_parent(); "
+             "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
+    pidfile = tmp_path / "pid"
+    parent = ("import os, subprocess, sys, time; "
+              f"subprocess.Popen([sys.executable, '-c', {child!r}, {str(pidfile)!r}], start_new_session=True, "
+              f"stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, "
+              f"env=dict(os.environ, {DIE_WITH_PARENT_ENV}=str(os.getpid()))); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pid = int(pidfile.read_text())
+        assert not _gone(pid, timeout=0.5)        # it runs while its parent does
+    finally:
+        proc.kill()
+        proc.wait()
+    survived = not _gone(pid, timeout=10.0)
+    if survived:
+        os.kill(pid, signal.SIGKILL)
+    assert not survived, "the child outlived its parent"
+
+
+def test_run_demo_refuses_bad_values_before_starting(tmp_path, monkeypatch):
+    import streamfhmm.datasets as ds
+    from streamfhmm.demo import run_demo
+
+    def no_load(*a, **k):
+        raise AssertionError("the data was loaded before the arguments were checked")
+    monkeypatch.setattr(ds, "load_household_power", no_load)
+    for kwargs, message in [
+        (dict(warmup=1), "--warmup must be an integer >= 2 (samples before the model is initialised), got 1"),
+        (dict(seed=-1), "--seed must be an integer >= 0, got -1"),
+        (dict(seconds=math.inf), "--seconds must be a positive number, got inf"),
+        (dict(calibration_days=math.nan), "--calibration-days must be a positive number, got nan"),
+    ]:
+        with pytest.raises(DemoError) as info:
+            run_demo(out_dir=tmp_path, **kwargs)
+        assert str(info.value) == message
+
+
+def test_demo_unwritable_out_dir_before_starting(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    import streamfhmm.datasets as ds
+
+    def no_load(*a, **k):
+        raise AssertionError("the data was loaded before --out-dir was checked")
+    monkeypatch.setattr(ds, "load_household_power", no_load)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["demo", "--out-dir", f"{blocker}/png"]) == 1
+    assert capsys.readouterr().err == f"streamfhmm demo: error: --out-dir {blocker}/png: cannot write there: Not a directory\n"
 
 
 @needs_data
@@ -221,6 +324,11 @@ def test_demo_without_the_data_package(monkeypatch, capsys):
     (["--samples", "1000"], "the stream must hold at least 12,960 samples"),   # a week + 2 days
     (["--samples", "7000", "--warmup", "5000"], "the stream must hold at least 7,880 samples"),
     (["--start", "2075000"], "the stream must hold at least"),
+    # the data's first day (which starts at 17:24) is accepted: the stream starts at row 0
+    (["--start", "2006-12-16", "--samples", "100"], "the stream must hold at least 12,960 samples (the warm-up "
+                                                    "and two days), got 100: raise --seconds or --samples\n"),
+    (["--start", "2006-12-16 17:00"], "--start 2006-12-16 17:00 is outside the data (2006-12-16 17:24 .. "
+                                      "2010-11-26 21:02)\n"),
 ])
 def test_demo_bad_values_are_one_line_errors(argv, message, capsys):
     assert main(["demo", *argv]) == 1
@@ -238,6 +346,14 @@ def test_resolve_start():
         resolve_start(ts, "2007-01-04")
     with pytest.raises(DemoError, match="outside the data"):
         resolve_start(ts, 2880)
+    # a date is taken at its own precision: the first day counts although the data starts later
+    late = ts[17 * 60 + 24:]
+    assert resolve_start(late, "2007-01-01") == 0 == resolve_start(late, "2007-01-01 17:24")
+    assert resolve_start(late, "2007-01") == 0
+    assert resolve_start(late, "2007-01-02") == 1440 - (17 * 60 + 24)
+    with pytest.raises(DemoError) as info:
+        resolve_start(late, "2007-01-01 17:23")
+    assert str(info.value) == "--start 2007-01-01 17:23 is outside the data (2007-01-01 17:24 .. 2007-01-02 23:59)"
 
 
 def test_live_frame_shows_chains_and_submeters():

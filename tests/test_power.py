@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import sys
 
 import numpy as np
@@ -293,3 +294,57 @@ def test_likelihood_per_step_orders_the_bounds():
     w = likelihood_per_step(one, X)
     assert w["elbo"] is None
     np.testing.assert_allclose(w["smf_bound"], w["loglik"], rtol=1e-8)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(calibration_days=1e308), "calibration_days and evaluation_days must be positive and fit in the 3 test "
+                                   "days, got 1e+308 and 1.5"),
+    (dict(evaluation_days=float("nan")), "calibration_days and evaluation_days must be positive"),
+    (dict(train_rows=5_000_000), "train_rows must be between 2 and n_train = 2,880, got 5,000,000"),
+    (dict(fit_kwargs=dict(max_iter=10, net_warmup=100)),
+     "net_warmup (100) must be less than max_iter (10): the model would never be trained, only its networks"),
+    (dict(fit_kwargs=dict(max_iter=10, net_warmup=10)), "net_warmup (10) must be less than max_iter (10)"),
+    (dict(plot_day="2012-01-01"), "no data on 2012-01-01"),
+])
+def test_disaggregate_report_checks_before_the_fit(monkeypatch, kwargs, message):
+    def no_fit(self, *a, **k):
+        raise AssertionError("fitted before the arguments were checked")
+    monkeypatch.setattr(FHMM, "fit", no_fit)
+    data = _synthetic_household(5, 0)
+    kw = dict(n_train=2 * 1440, calibration_days=1, evaluation_days=1.5, plot_dir=None)
+    if "plot_day" in kwargs:
+        kw["plot_dir"] = "unused"
+    kw.update(kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        disaggregate_report(data, **kw)
+
+
+def test_disaggregate_report_unwritable_plot_dir_before_the_fit(monkeypatch, tmp_path):
+    def no_fit(self, *a, **k):
+        raise AssertionError("fitted before plot_dir was checked")
+    monkeypatch.setattr(FHMM, "fit", no_fit)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(NotADirectoryError):
+        disaggregate_report(_synthetic_household(5, 0), n_train=2 * 1440, calibration_days=1,
+                            evaluation_days=1.5, plot_dir=blocker / "plots")
+
+
+def test_disaggregate_report_before_plots(monkeypatch, tmp_path):
+    """The report reaches ``before_plots`` before any PNG is written: a plot that fails
+    then does not take the results with it."""
+    pytest.importorskip("matplotlib")
+    import streamfhmm.power as power
+    seen = []
+
+    def failing_plot(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(power, "plot_reconstruction", failing_plot)
+    with pytest.raises(OSError, match="No space left on device"):
+        disaggregate_report(_synthetic_household(5, 1), n_train=2 * 1440, calibration_days=1,
+                            evaluation_days=1.5, plot_dir=tmp_path,
+                            model_kwargs=dict(n_chains=2, window=3, n_hidden=4),
+                            fit_kwargs=dict(max_iter=20), random_state=1,
+                            before_plots=lambda r: seen.append(r.format()))
+    assert len(seen) == 1
+    assert "FHMM fit by SVI: 20 steps" in seen[0] and "Sub_metering_3" in seen[0] and "wrote" not in seen[0]
