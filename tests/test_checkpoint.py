@@ -361,6 +361,38 @@ def test_resume_refuses_a_non_finite_exact_filter_state(tmp_path):
             StreamEngine.resume(tmp_path / "bad.npz")
 
 
+def test_resume_refuses_arrays_of_the_wrong_shape(tmp_path):
+    """A checkpoint whose arrays disagree with its n_features / n_chains / network: a
+    clear error at resume (before, some resumed and then refused every sample, others ran
+    on a ring of another width)."""
+    model = _model(67, M=2, D=3, window=3, n_hidden=4)
+    X, _ = model.sample(80, random_state=68)
+    with StreamEngine(model, mode="smooth", learn=False, net=_with_net(model, X, 67)) as eng:
+        eng.push_many(X)
+        path = eng.checkpoint(tmp_path / "ck.npz")
+    meta, arrays = load_checkpoint(path)
+    n = arrays["snapshot.weights"].shape[0]
+    cases = [
+        ("snapshot.weights", arrays["snapshot.weights"][:-7], r"snapshot.weights has shape"),
+        ("snapshot.weights", np.r_[arrays["snapshot.weights"], 0.0], rf"expected \({n},\)"),
+        ("ring.buf", np.c_[arrays["ring.buf"], arrays["ring.buf"][:, :1]],
+         r"ring.buf has shape \(\d+, 4\), expected \(capacity, 3\)"),
+        ("state", arrays["state"][:5], "state holds 5 counters"),
+        ("state", np.r_[arrays["state"][:2], [10**6], arrays["state"][3:]],
+         "state counters out of range"),
+    ]
+    for name, value, message in cases:
+        bad = dict(arrays)
+        bad[name] = value
+        save_checkpoint(tmp_path / "bad.npz", bad, meta)
+        with pytest.raises(ValueError, match=message):
+            StreamEngine.resume(tmp_path / "bad.npz")
+    wide = dict(meta, n_features=4)
+    save_checkpoint(tmp_path / "bad.npz", arrays, wide)
+    with pytest.raises(ValueError, match="have 2 chains and 3 features, the engine 2 and 4"):
+        StreamEngine.resume(tmp_path / "bad.npz")
+
+
 def test_a_periodic_checkpoint_is_a_consistent_cut(tmp_path):
     """The engine state of a periodic checkpoint is captured at t, the learner's later
     (on its thread): segments fed meanwhile went into the checkpoint's reservoir, and a

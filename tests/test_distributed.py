@@ -390,3 +390,87 @@ def test_covariance_family_is_kept(problem, client, covariance_type):
                                else np.trace(start) / 2)) > 1e-4
     st = fit_svi_distributed(chunks, None, None, client, state=st, **kw)
     assert st.params.L[1, 0] == 0.0
+
+
+# ---------------------------------------------------------------- failures while starting
+@pytest.mark.parametrize("where", ["scatter", "submit"])
+def test_worker_lost_while_the_shards_start(problem, client, monkeypatch, where):
+    """A worker lost while its shard's data is sent (the scatter fails: CommClosedError
+    is an OSError) or while its actor starts (the scheduler drops the future:
+    FutureCancelledError) costs one recovery, not the fit (both escaped before)."""
+    X, chunks, params, net = problem
+    original = getattr(client, where)
+    failed = []
+
+    def failing(*args, **kwargs):
+        if failed:
+            return original(*args, **kwargs)
+        failed.append(kwargs.get("workers"))
+        if where == "scatter":
+            raise OSError("connection closed (simulated)")
+        fut = original(*args, **kwargs)
+        fut.cancel()
+        return fut
+
+    monkeypatch.setattr(client, where, failing)
+    state = fit_svi_distributed(chunks, params, net, client, max_iter=30, log_every=10,
+                                random_state=SEED, progress=False, setup_timeout=30.0)
+    print(f"{where} failed on {failed}; history {state.history[-1]}")
+    assert len(failed) == 1
+    assert state.iteration == 30 and state.history[-1]["recoveries"] == 1
+
+
+def test_a_failed_fit_keeps_its_steps_in_the_state(problem, client, monkeypatch):
+    """A fit that raises part-way (here the 25th round of gradients) leaves the caller's
+    state at its last step: before, the parameters stayed where the call started while
+    the iteration count and the RMSprop statistics had moved on."""
+    X, chunks, params, net = problem
+    state = fit_svi_distributed(chunks, params, net, client, max_iter=10, random_state=SEED,
+                                progress=False)
+    start = state.state_vector().copy()
+    gradients = dl._ShardPool.gradients
+    calls = []
+
+    def failing(pool, x, counts):
+        calls.append(1)
+        if len(calls) == 25:
+            raise RuntimeError("shard lost (simulated)")
+        return gradients(pool, x, counts)
+
+    monkeypatch.setattr(dl._ShardPool, "gradients", failing)
+    with pytest.raises(RuntimeError, match="simulated"):
+        fit_svi_distributed(chunks, None, None, client, state=state, max_iter=300,
+                            log_every=1000, random_state=SEED, progress=False)
+    print(f"iteration {state.iteration}, optimiser steps {state.opt.steps}")
+    assert state.iteration == 10 + 24 and state.opt.steps == state.iteration
+    assert not np.array_equal(state.state_vector(), start)   # the 24 steps are in it
+    assert np.isfinite(state.state_vector()).all()
+
+
+def test_recovery_stays_on_the_given_workers(problem, monkeypatch):
+    """``workers=``: a lost shard is re-created on one of them, not elsewhere."""
+    X, chunks, params, net = problem
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False,
+                                  dashboard_address=DASHBOARD) as cluster, \
+            distributed.Client(cluster) as c:
+        names = sorted(cluster.workers)
+        given = [cluster.workers[n].address for n in names[:2]]
+        placed = []
+        submit = dl._ShardPool._submit
+
+        def recording(pool, shard, address):
+            placed.append(address)
+            return submit(pool, shard, address)
+
+        monkeypatch.setattr(dl._ShardPool, "_submit", recording)
+
+        def close_first(st):
+            if len(cluster.workers) == 3:
+                cluster.sync(cluster.workers[names[0]].close)
+
+        state = fit_svi_distributed(chunks, params, net, c, workers=given, max_iter=60,
+                                    log_every=10, random_state=SEED, progress=False,
+                                    callback=close_first, step_timeout=20.0)
+    print(f"given {given}; placed {placed}; history {state.history[-1]}")
+    assert state.history[-1]["recoveries"] >= 1 and len(placed) > 2
+    assert set(placed) <= set(given)

@@ -500,3 +500,35 @@ def test_fit_svi_continues_a_state_with_its_covariance_type(correlated_data):
     with pytest.raises(ValueError, match="covariance_type must be one of"):
         fit_svi(X, bounds, p, net, max_iter=1, rng=np.random.default_rng(0), progress=False,
                 covariance_type="tied")
+
+
+def test_a_failed_fit_keeps_its_steps_in_the_state(two_chain_data, monkeypatch):
+    """fit_svi that raises part-way (a non-finite ELBO at the 25th step of a continued
+    fit) leaves the state at its last good step, consistent with its iteration count and
+    RMSprop statistics (the parameters stayed where the call started)."""
+    from streamfhmm.kernels import svi as ks
+    from streamfhmm.learn.svi import fit_svi
+    from streamfhmm.network import RecognitionNet
+    X = two_chain_data[1]
+    seed = 71
+    print(f"seed={seed}")
+    params = init_params(X, 2, random_state=np.random.default_rng(seed))
+    net = RecognitionNet(2, X.shape[1], window=3, n_hidden=4).init(random_state=seed)
+    net.fit_scaler(X)
+    bounds = np.array([0, len(X)])
+    state = fit_svi(X, bounds, params, net, max_iter=10, rng=np.random.default_rng(seed),
+                    progress=False)
+    start = state.state_vector().copy()
+    step = ks.svi_step
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        return np.nan if len(calls) == 25 else step(*args)
+
+    monkeypatch.setattr(ks, "svi_step", failing)
+    with pytest.raises(FloatingPointError, match="non-finite ELBO gradient at iteration 35"):
+        fit_svi(X, bounds, None, None, max_iter=100, rng=np.random.default_rng(seed),
+                progress=False, log_every=1000, state=state)
+    assert state.iteration == 34 and state.opt.steps == 34
+    assert not np.array_equal(state.state_vector(), start)

@@ -85,6 +85,7 @@ over ZeroMQ (:mod:`streamfhmm.stream`), not with Dask.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import os
 import time
@@ -481,6 +482,9 @@ def _shard_chunks(lengths, n_shards):
 
 #: what a wait that ran out of time raises (distinct classes before Python 3.11)
 _TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
+# a future the scheduler dropped with its worker ("already forgotten"): distributed's
+# FutureCancelledError is a concurrent.futures.CancelledError
+_CANCELLED = (concurrent.futures.CancelledError, asyncio.CancelledError)
 _POLL = 0.25  # seconds between liveness checks while waiting on a worker
 
 
@@ -541,7 +545,8 @@ class _ShardPool:
 
     # -- liveness ------------------------------------------------------------------
     def _live_workers(self):
-        return sorted(set(self.client.nthreads()) - self.excluded)
+        """The caller's ``workers`` still in the cluster and not given up on."""
+        return sorted((set(self.client.nthreads()) & set(self.workers)) - self.excluded)
 
     def _wait(self, get, address, key_future, deadline, what):
         """``get(timeout)`` until it answers; :class:`_Lost` when the worker at
@@ -555,6 +560,8 @@ class _ShardPool:
                     raise _Lost(f"{what}: no answer from {address} in time") from None
             except OSError as exc:
                 raise _Lost(f"{what}: connection to {address} failed ({exc})") from exc
+            except _CANCELLED as exc:
+                raise _Lost(f"{what}: the scheduler dropped it with {address} ({exc})") from exc
             if key_future is not None and key_future.status not in ("finished", "pending"):
                 raise _Lost(f"{what}: the worker {address} holding it was lost")
             if address not in self.client.nthreads():
@@ -563,26 +570,39 @@ class _ShardPool:
     # -- placing -------------------------------------------------------------------
     def start(self):
         placed = [(s, self.workers[s.index % len(self.workers)]) for s in self.shards]
-        submitted = [self._submit(s, addr) for s, addr in placed]
-        deadline = time.monotonic() + self.setup_timeout
-        for (shard, addr), (fut, _) in zip(placed, submitted):
+        submitted = []
+        for s, addr in placed:  # (a worker that dies now: its shards are placed again below)
             try:
-                self._bind(shard, addr, fut, deadline)
+                submitted.append(self._submit(s, addr))
+            except _Lost as exc:
+                submitted.append(exc)
+        deadline = time.monotonic() + self.setup_timeout
+        for (shard, addr), sub in zip(placed, submitted):
+            try:
+                if isinstance(sub, _Lost):
+                    raise sub
+                self._bind(shard, addr, sub[0], deadline)
             except _Lost as exc:
                 shard.address = addr
                 self._replace(shard, exc)
         submitted.clear()  # the scattered arrays now live in the actors
 
     def _submit(self, shard, address):
+        """Scatter the shard's arrays to ``address`` and create its actor there;
+        :class:`_Lost` when the worker is gone meanwhile."""
         sources = [self.chunks[i].source for i in shard.chunk_ids]
         data = None
         arrays = [s for s in sources if not _is_path(s)]
-        if arrays:
-            data = self.client.scatter(arrays, workers=[address], hash=False)
-            it = iter(data)
-            sources = [s if _is_path(s) else next(it) for s in sources]
-        fut = self.client.submit(_ShardLearner, sources, self.spec, shard.seed, actor=True,
-                                 workers=[address], allow_other_workers=False, pure=False)
+        try:
+            if arrays:
+                data = self.client.scatter(arrays, workers=[address], hash=False,
+                                           timeout=self.setup_timeout)
+                it = iter(data)
+                sources = [s if _is_path(s) else next(it) for s in sources]
+            fut = self.client.submit(_ShardLearner, sources, self.spec, shard.seed, actor=True,
+                                     workers=[address], allow_other_workers=False, pure=False)
+        except (OSError, *_TIMEOUTS, *_CANCELLED) as exc:  # CommClosedError is an OSError
+            raise _Lost(f"while sending its data: the worker {address} failed ({exc!r})") from exc
         return fut, data
 
     def _bind(self, shard, address, fut, deadline):
@@ -887,12 +907,14 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
             if out_of_time:
                 break
     finally:
+        # the steps taken so far, also when a step fails (iteration and the RMSprop
+        # statistics already count them: the state stays consistent and can continue)
+        state.model_vec = x[:nm].copy()
+        state.net.weights = x[nm:]
         if limiter is not None:
             limiter.restore_original_limits()
         if bar is not None:
             bar.close()
         pool.close()
         client.direct_to_workers = previous_direct
-    state.model_vec = x[:nm].copy()
-    state.net.weights = x[nm:]
     return state

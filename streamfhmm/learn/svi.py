@@ -213,9 +213,11 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             if out_of_time:
                 break
     finally:
+        # the steps taken so far, also when a step fails (iteration and the RMSprop
+        # statistics already count them: the state stays consistent and can continue)
+        state.model_vec = x[:nm].copy()
+        state.net.weights = x[nm:]
         limiter.restore_original_limits()
         if bar is not None:
             bar.close()
-    state.model_vec = x[:nm].copy()
-    state.net.weights = x[nm:]
     return state

@@ -1614,13 +1614,31 @@ class StreamEngine:
                 self._hist = max(self._window, self._S) - 1
                 self._Z = np.empty((self._hist + _CHUNK, self._D))
                 self._cs = np.empty(self._hist + _CHUNK + 1, np.int64)
-            self._ring = RingBuffer.from_arrays(arrays["ring.buf"])
+            # every array agrees with n_features and n_chains (else a resumed engine
+            # refused every sample, or ran on a ring of another width)
+            M = self._M
+            for what, p in (("params", params), ("params0", self._params0)):
+                if p is not None and (p.n_features, p.n_chains) != (D, M):
+                    raise ValueError(f"{what} have {p.n_chains} chains and {p.n_features} "
+                                     f"features, the engine {M} and {D}")
+            for what, net in (("net", self._net), ("lnet", lnet)):
+                if net is not None and (net.n_features, net.n_chains) != (D, M):
+                    raise ValueError(f"{what} has {net.n_chains} chains and {net.n_features} "
+                                     f"features, the engine {M} and {D}")
+            ring = np.asarray(arrays["ring.buf"])
+            if ring.ndim != 2 or ring.shape[1] != D:
+                raise ValueError(f"ring.buf has shape {ring.shape}, expected (capacity, {D})")
+            self._ring = RingBuffer.from_arrays(ring)
             if self._ring.capacity != self._C:
                 raise ValueError("ring capacity does not match the configuration")
             st = [int(v) for v in arrays["state"]]
+            if len(st) != 11:
+                raise ValueError(f"state holds {len(st)} counters, expected 11")
             (self._t, seq_open, self._seq_start, self._last_nan, self._n_samples,
              self._n_emitted, self._n_imputed, self._n_rejected, self._n_checkpoints, wn,
              self._lat_n) = st
+            if not 0 <= self._seq_start <= self._t or min(st[4:9]) < 0 or wn < 0:
+                raise ValueError(f"state counters out of range: {st}")
             self._lat_n = 0
             self._seq_open = bool(seq_open)
             if self._learn_stop is not None and self._n_samples >= self._learn_stop:
@@ -1650,6 +1668,8 @@ class StreamEngine:
                     getattr(self, attr)[...] = a
             if self._phase == "warmup":
                 buf = np.asarray(arrays["warmup.buf"], dtype=np.float64)
+                if buf.ndim != 2 or buf.shape[1] != D:
+                    raise ValueError(f"warmup.buf has shape {buf.shape}, expected (n, {D})")
                 self._wbuf = np.empty((max(self._warmup, len(buf) + 1), D))
                 self._wbuf[:len(buf)] = buf
                 self._wn = len(buf)
@@ -1659,6 +1679,11 @@ class StreamEngine:
             if self._net is not None:
                 self._net_buffers()
             weights = arrays.get("snapshot.weights")
+            if weights is not None and (self._net is None
+                                        or np.shape(weights) != (self._net.n_weights,)):
+                raise ValueError(f"snapshot.weights has shape {np.shape(weights)}, expected "
+                                 f"({self._net.n_weights if self._net is not None else 0},) for "
+                                 f"the recognition network")
             self._snapshot = make_snapshot(int(arrays["snapshot.version"]), params, weights,
                                            self._exact_mode)
             if self._learn and meta["learner"]:
