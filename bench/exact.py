@@ -4,7 +4,11 @@
 
 Prints time steps per second of ``streamfhmm.exact.log_likelihood`` for M = 4, 8, 10,
 12 chains (D = 6) and of hmmlearn's ``GaussianHMM(covariance_type="tied").score`` on
-the equivalent 2^M-state HMM, measured in the same run, with their ratio.
+the equivalent 2^M-state HMM, measured in the same run, with their ratio. hmmlearn is
+timed up to M = 10 by default (O(4^M) per step: about 390 steps at M = 10, a few seconds).
+The whole run is on one core: BLAS is limited to one thread (threadpoolctl, via
+``streamfhmm._blas.limit_blas_threads``) for both sides, since multithreaded OpenBLAS on
+this shared 2-core machine made hmmlearn's time swing several-fold between runs.
 Targets (issue: foundation): ≥ 100× hmmlearn at M = 8; ≥ 50,000 steps/s at M = 10.
 """
 from __future__ import annotations
@@ -19,6 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import best_time, header, table  # noqa: E402
 
 from streamfhmm import exact  # noqa: E402
+from streamfhmm._blas import limit_blas_threads  # noqa: E402
 from streamfhmm.model import FHMMParams  # noqa: E402
 
 
@@ -43,10 +48,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20000, help="time steps per measurement")
     ap.add_argument("--chains", type=int, nargs="+", default=[4, 8, 10, 12])
-    ap.add_argument("--hmmlearn-max-chains", type=int, default=8,
+    ap.add_argument("--hmmlearn-max-chains", type=int, default=10,
                     help="largest M for which hmmlearn (O(4^M) per step) is timed")
     args = ap.parse_args(argv)
-    header("exact log-likelihood throughput (D = 6), one core")
+    header("exact log-likelihood throughput (D = 6), one core (BLAS limited to 1 thread)")
+    with limit_blas_threads(1):
+        run(args)
+
+
+def run(args):
     rows = []
     for M in args.chains:
         params = FHMMParams.random(M, 6, random_state=M)

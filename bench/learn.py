@@ -7,7 +7,10 @@ subchains per step. Prints, measured in the same run, positions per second of th
 learner step (windows, recognition forward, ELBO and its gradient, backward, RMSprop)
 for several subchain lengths, the FLOP rate of the step's network products as a fraction
 of the machine's measured matrix-product peak, and the projected wall time of the
-paper's run (150,000 steps of 10 subchains). Target: ≤ 2 minutes on this 2-core machine.
+paper's run (150,000 steps of 10 subchains). Target: the paper's run ≤ 2 minutes on this
+2-core machine, checked at the protocol's subchain length: ``SVI_SETTINGS`` in
+streamfhmm/power.py has ``subchain_length=None``, i.e. subchains as long as the window
+(21), so that length is always timed, whatever ``--lengths`` says.
 """
 from __future__ import annotations
 
@@ -25,16 +28,21 @@ from streamfhmm.learn.svi import fit_svi  # noqa: E402
 from streamfhmm._blas import limit_blas_threads  # noqa: E402
 from streamfhmm.model import FHMMParams  # noqa: E402
 from streamfhmm.network import RecognitionNet  # noqa: E402
+from streamfhmm.power import PAPER_MODEL, SVI_SETTINGS  # noqa: E402
 
 M, D, WINDOW, HIDDEN, B = 10, 6, 21, 200, 10
 PAPER_STEPS = 150_000
+#: the protocol run's subchain length (None in SVI_SETTINGS means: the window)
+PROTOCOL_LENGTH = SVI_SETTINGS["subchain_length"] or PAPER_MODEL["window"]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3000, help="steps timed per subchain length")
-    ap.add_argument("--lengths", type=int, nargs="+", default=[1, 5, 21])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1, 5, 21],
+                    help=f"subchain lengths to time (the protocol's, {PROTOCOL_LENGTH}, is always added)")
     args = ap.parse_args(argv)
+    lengths = sorted(set(args.lengths) | {PROTOCOL_LENGTH})
     header("SVI learner step: M=10, D=6, window 21, 200 shared hidden units, 10 subchains/step")
     with limit_blas_threads(1):
         peak = matmul_peak_flops()
@@ -46,7 +54,7 @@ def main(argv=None):
     bounds = np.array([0, len(X)])
     K = WINDOW * D
     rows = []
-    for L in args.lengths:
+    for L in lengths:
         kw = dict(subchain_length=L, batch_size=B, rng=np.random.default_rng(0), progress=False)
         fit_svi(X, bounds, params, net, max_iter=20, **kw)  # compile / load cache
         steps = max(200, args.steps // max(1, L // 2))
@@ -59,9 +67,11 @@ def main(argv=None):
                      "windows/s": windows / dt, "network GFLOP/s": flops / dt / 1e9,
                      "% of peak": 100 * flops / dt / peak, "150k steps (s)": PAPER_STEPS * dt})
     table(rows, list(rows[0]))
-    best = rows[0]
-    print(f"target: the paper's run (150,000 steps of 10 subchains of length {best['subchain length']}) "
-          f"in <= 120 s: {best['150k steps (s)']:.0f} s ({'met' if best['150k steps (s)'] <= 120 else 'NOT met'})")
+    proto = next(r for r in rows if r["subchain length"] == PROTOCOL_LENGTH)
+    wall = proto["150k steps (s)"]
+    print(f"target: the paper's run (150,000 steps of {B} subchains of length {PROTOCOL_LENGTH} = the window, "
+          f"as in streamfhmm.power.SVI_SETTINGS) in <= 120 s: projected {wall:.0f} s "
+          f"({'met' if wall <= 120 else f'NOT met, {wall / 120:.1f}x over'})")
 
 
 if __name__ == "__main__":

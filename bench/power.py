@@ -21,9 +21,10 @@ spherical; default full) sets the noise covariance family of our SMF-EM and SVI 
 the tables name it in our rows. ``--em-rows N`` adds exact EM (maximum likelihood, 10
 chains, 2^10 joint states) on the last N training rows within ``--em-budget`` seconds,
 scored with exact posteriors: what the model family reaches without approximations.
-A fourth table gives, per step on the last ``--bound-rows`` training rows, each model's
-exact log-likelihood, its structured mean-field bound and the SVI model's ELBO: the
-gaps are how far each posterior is from the exact one.
+A fourth table (the third with --quick, which skips the whole test set) gives, per step
+on the last ``--bound-rows`` training rows, each model's exact log-likelihood, its
+structured mean-field bound and the SVI model's ELBO: the gaps are how far each
+posterior is from the exact one.
 
 ``--tune`` fits on training rows [0, 800,000) and scores the reconstruction of training
 rows [800,000, 1,000,000); the test rows are never touched.

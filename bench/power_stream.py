@@ -21,6 +21,15 @@ day (1,440 rows) per ``push_many``, and scores the emitted posteriors' means
   leaves far more).
 
 Rows are test MSE per dimension on those rows, the wall time and the learner's steps.
+
+The learner offers its reservoir one segment per ``subchain_length`` (= window, 21)
+samples. The engine's default reservoir (2,000 segments) fills only after some 42,000
+rows, and until it is full both schemes keep every segment offered, so the two learning
+rows can only differ once it is. ``--quick`` (20,000 rows) therefore streams with a
+reservoir that fills within the first quarter of the rows (``--reservoir-size``: by
+default ``rows / (5 · 21)``, 190 segments) and a half-life of a quarter of the rows
+(5,000 samples; ``--half-life`` overrides it), so that recency weighting has something
+to weigh within the stream; the output says where each learning run's reservoir filled.
 """
 from __future__ import annotations
 
@@ -42,19 +51,27 @@ DAY = 1440
 
 
 def stream_test_rows(model, X, *, learn, steps_per_sample=0.0, half_life=None,
-                     learning_rate=1e-3, seed=0, timeout=600.0):
+                     learning_rate=1e-3, seed=0, reservoir_size=None, timeout=600.0):
     """Stream X through a StreamEngine one day per push_many; returns the
-    reconstruction (n, D), the learner's steps and the wall time."""
+    reconstruction (n, D), the learner's steps, the wall time and the row count after
+    which the reservoir was first seen full (None: never)."""
     t0 = time.perf_counter()
     parts = []
+    full_at = None
+    extra = {} if reservoir_size is None else {"reservoir_size": reservoir_size}
     with StreamEngine(model, mode="smooth", learn=learn, recency_half_life=half_life,
-                      learning_rate=learning_rate, learner_duty=1.0, random_state=seed) as eng:
+                      learning_rate=learning_rate, learner_duty=1.0, random_state=seed, **extra) as eng:
+        capacity = reservoir_size or 2000
         for k in range(0, len(X), DAY):
             parts.append(eng.push_many(X[k:k + DAY]).mean.copy())
+            if learn and full_at is None and eng.metrics()["reservoir_size"] >= capacity:
+                full_at = min(k + DAY, len(X))
             target = int(steps_per_sample * min(k + DAY, len(X)))
             while (learn and eng.learner_steps < target and eng.learner_error is None
                    and time.perf_counter() - t0 < timeout):
                 time.sleep(0.002)
+            if learn and full_at is None and eng.metrics()["reservoir_size"] >= capacity:
+                full_at = min(k + DAY, len(X))
         parts.extend(p.mean[None] for p in eng.flush())
         steps = eng.learner_steps
         if eng.learner_error is not None:
@@ -62,7 +79,7 @@ def stream_test_rows(model, X, *, learn, steps_per_sample=0.0, half_life=None,
     R = np.concatenate(parts)
     if R.shape != X.shape:
         raise RuntimeError(f"the engine emitted {R.shape[0]} posteriors for {X.shape[0]} rows")
-    return R, steps, time.perf_counter() - t0
+    return R, steps, time.perf_counter() - t0, full_at
 
 
 def main(argv=None):
@@ -75,8 +92,13 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, help=f"test rows streamed (default {N_SCORED:,})")
     ap.add_argument("--steps-per-sample", type=float, default=0.1,
                     help="learner steps per sample streamed (default 0.1)")
-    ap.add_argument("--half-life", type=float, default=30 * DAY,
-                    help="recency-weighted reservoir's half-life in samples (default 30 days)")
+    ap.add_argument("--half-life", type=float, default=None,
+                    help="recency-weighted reservoir's half-life in samples (default 30 days; "
+                         "--quick: a quarter of the rows)")
+    ap.add_argument("--reservoir-size", type=int, default=None,
+                    help="the learner's reservoir, in segments of 21 samples (default: the "
+                         "engine's, 2,000; --quick: rows / (5 * 21), so that it fills within "
+                         "the first quarter of the rows)")
     ap.add_argument("--learning-rate", type=float, default=1e-3, help="the online learner's (default 1e-3)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -94,22 +116,30 @@ def main(argv=None):
         model = FHMM.load(args.model)
         source = args.model
     X = split.test[:n_rows]
+    stride = model.window if hasattr(model, "window") else PAPER_MODEL["window"]
+    reservoir = args.reservoir_size or (max(1, n_rows // (5 * stride)) if args.quick else None)
+    half_life = args.half_life or (n_rows / 4 if args.quick else 30 * DAY)
     print(f"model: {source}; first {n_rows:,} test rows, {args.steps_per_sample:g} learner steps "
           f"per sample, learning rate {args.learning_rate:g}, seed {args.seed}")
+    print(f"reservoir: {reservoir or 2000:,} segments (one offered per {stride} samples: full after "
+          f"about {(reservoir or 2000) * stride:,} rows{', set small by --quick so that it fills' if args.quick and not args.reservoir_size else ''}); "
+          f"half-life {half_life:,.0f} samples")
     rows = []
     t0 = time.perf_counter()
     ref = protocol_mse(model, split, n_rows)
     rows.append(("reference: protocol_mse (batch)", ref, time.perf_counter() - t0, None))
-    R, steps, s = stream_test_rows(model, X, learn=False)
+    R, steps, s, _ = stream_test_rows(model, X, learn=False)
     off = mse_per_dimension(X, R)
     rows.append(("engine, learning off", off, s, steps))
     for name, half in (("engine learning, uniform reservoir", None),
-                       (f"engine learning, half-life {args.half_life:,.0f}", args.half_life)):
-        R, steps, s = stream_test_rows(model, X, learn=True, steps_per_sample=args.steps_per_sample,
-                                       half_life=half, learning_rate=args.learning_rate,
-                                       seed=args.seed)
+                       (f"engine learning, half-life {half_life:,.0f}", half_life)):
+        R, steps, s, full_at = stream_test_rows(model, X, learn=True, steps_per_sample=args.steps_per_sample,
+                                                half_life=half, learning_rate=args.learning_rate,
+                                                seed=args.seed, reservoir_size=reservoir)
         rows.append((name, mse_per_dimension(X, R), s, steps))
-        print(f"{name}: {s:.0f} s", flush=True)
+        filled = (f"reservoir full after {full_at:,} of {n_rows:,} rows" if full_at is not None
+                  else f"reservoir NOT full after {n_rows:,} rows: this row equals the uniform one by construction")
+        print(f"{name}: {s:.0f} s; {filled}", flush=True)
     print()
     print("\n".join(format_mse_rows(rows, extra=("wall s", "steps"))))
     diff = float(np.max(np.abs(off - ref)))

@@ -1,7 +1,7 @@
 """CPU cost per message of the serve loop, in one process: the serving lane, the
 compiled wire path and the pure pyzmq path, measured in the same run.
 
-    python bench/serve_loop.py [--messages 40000] [--batches 1 10 256] [--format binary]
+    python bench/serve_loop.py [--messages 40000] [--batches 1 10 256] [--repeats 3] [--format binary]
 
 A publisher queues ``--messages`` samples on a real loopback TCP socket; once they are
 all queued, a :class:`~streamfhmm.service.StreamService` (learning off) reads them
@@ -9,15 +9,18 @@ all queued, a :class:`~streamfhmm.service.StreamService` (learning off) reads th
 them through its engine and publishes the posteriors to a connected subscriber. Printed:
 microseconds of CPU per message for each read size, for
 
-* the serving lane (:mod:`streamfhmm.io.lane`: receive, recognition and, for binary
-  output, publication in one compiled call per read; JSON output is encoded in Python
-  from its arrays),
+* the serving lane (:mod:`streamfhmm.io.lane`: receive, recognition and publication
+  in one compiled call per read, for binary and JSON output alike: the lane encodes
+  JSON in compiled code, with :mod:`streamfhmm.io.floatrepr`'s numbers),
 * the compiled wire path with the lane off (``ZmqSource.recv_runs``, the engine's
   ``push_many``, ``ZmqSink.send_block``: three compiled calls and the Python between),
 * the pure pyzmq path (``fast=False``: ``recv_ready`` and ``send_batch``),
 
-and the ratios. No network peer and no load generator share the processor: this is the
-service's own cost, the end-to-end figures are bench/zmq.py's.
+and the ratios. Each read size times at least 10,000 messages per path (``--messages``
+caps it), ``--repeats`` times with the three paths in alternating order; printed are
+the median CPU per message of each path, the ratios of those medians and the range of
+the per-repeat lane / compiled ratio. No network peer and no load generator share the
+processor: this is the service's own cost, the end-to-end figures are bench/zmq.py's.
 """
 from __future__ import annotations
 
@@ -95,6 +98,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=40_000)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 10, 256], help="messages per read")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed passes per path and read size, in alternating order (medians printed)")
     ap.add_argument("--format", default="binary", choices=["binary", "json"], help="output format")
     args = ap.parse_args(argv)
     header("streamfhmm serve loop in one process: CPU per message, compiled wire path vs pure pyzmq")
@@ -107,18 +112,25 @@ def main(argv=None):
     print(f"# model: M=3, D=4, window 5, 16 hidden units, smooth mode, learning off; "
           f"{args.messages:,} messages, output {args.format}")
     rows = []
+    paths = ["pyzmq", "compiled", "lane"]
     for b in args.batches:
-        n = min(args.messages, max(2000, 400 * b))   # one-message reads are slow: fewer of them
-        py = measure(model, X, args.format, "pyzmq", b, n)
-        c = measure(model, X, args.format, "compiled", b, n)
-        row = {"messages per read": b, "pyzmq path us/msg": py, "compiled path us/msg": c,
-               "compiled / pyzmq": py / c}
-        lane = measure(model, X, args.format, "lane", b, n)
-        row.update({"lane us/msg": lane, "lane / compiled": c / lane, "lane msg/s per core": 1e6 / lane})
-        rows.append(row)
-    cols = ["messages per read", "pyzmq path us/msg", "compiled path us/msg", "compiled / pyzmq",
-            "lane us/msg", "lane / compiled", "lane msg/s per core"]
-    print("# x / y: speed-up of x over y (their CPU per message, same run)")
+        n = min(args.messages, max(10_000, 400 * b))
+        us = {p: [] for p in paths}
+        for r in range(args.repeats):
+            for path in (paths if r % 2 == 0 else paths[::-1]):   # alternate the order
+                us[path].append(measure(model, X, args.format, path, b, n))
+        py, c, lane = (float(np.median(us[p])) for p in paths)
+        lc = [ci / li for ci, li in zip(us["compiled"], us["lane"])]
+        rows.append({"messages per read": b, "messages timed": f"{n:,} x {args.repeats}",
+                     "pyzmq path us/msg": py, "compiled path us/msg": c, "compiled / pyzmq": py / c,
+                     "lane us/msg": lane, "lane / compiled": c / lane,
+                     "lane / compiled range": f"{min(lc):.2f}-{max(lc):.2f}",
+                     "lane msg/s per core": 1e6 / lane})
+    cols = ["messages per read", "messages timed", "pyzmq path us/msg", "compiled path us/msg",
+            "compiled / pyzmq", "lane us/msg", "lane / compiled", "lane / compiled range",
+            "lane msg/s per core"]
+    print("# x / y: speed-up of x over y (ratio of their median CPU per message, same run); "
+          "range: lane / compiled in each repeat")
     table(rows, cols)
 
 if __name__ == "__main__":

@@ -12,9 +12,12 @@ power-disaggregation network) it prints, in one run:
 * per-sample cost against M (4 … 32 chains) for the recognition path and exact mode,
   showing where each is the right choice;
 
-each beside a reference measured in the same run: the bare window kernel
-(``forward_one``) and the batch exact forward pass (``exact.log_likelihood``), so the
-engine's overhead reads as a ratio. BLAS is limited to one thread.
+each beside a reference measured in the same run: for one-at-a-time pushes the bare
+window kernel (``forward_one``), for push_many the bare batch kernels on the same rows
+in the same blocks (``build_windows`` + ``forward_batch``), for exact mode the batch
+exact forward pass (``exact.log_likelihood``), so the engine's overhead reads as a
+ratio; and the learner's steps/s while inference runs as a fraction of its steps/s
+with inference idle. BLAS is limited to one thread.
 Targets (issue: streaming engine): ≥ 20,000 samples/s one push at a time with learning
 on and p99 ≤ 100 µs; push_many ≥ 300,000 samples/s.
 """
@@ -82,6 +85,26 @@ def bare_forward_one(net, X):
     return best_time(run, repeat=3, min_time=0.2) / 1000 * 1e6
 
 
+def bare_batch(net, X, chunk=10_000):
+    """Samples/s of the batch kernels alone (``build_windows`` + ``forward_batch``) on
+    the rows X in blocks of ``chunk``: push_many's reference."""
+    T, M = len(X), net.n_chains
+    lo, hi = np.zeros(T, np.int64), np.full(T, T, np.int64)
+    pos = np.arange(T, dtype=np.int64)
+    Xw = np.empty((chunk, net.n_inputs))
+    hidden = np.empty((chunk, net.n_groups * net.n_hidden))
+    th, rh = np.empty((chunk, M)), np.empty((chunk, M))
+
+    def run():
+        for s in range(0, T, chunk):
+            e = min(s + chunk, T)
+            rk.build_windows(X, lo[s:e], hi[s:e], pos[s:e], net.window, net.offset, net.mean,
+                             net.scale, Xw[:e - s])
+            rk.forward_batch(Xw[:e - s], net.weights, net.layout, th[:e - s], rh[:e - s], hidden[:e - s])
+    run()
+    return T / best_time(run, repeat=2, min_time=0.5)
+
+
 def measure_push(model, X, n, key=None, **kw):
     with StreamEngine(model, latency_window=n, **kw) as eng:
         eng.push_many(X[:3000])
@@ -113,7 +136,7 @@ def measure_push_learning(model, X, n, min_seconds=MIN_SECONDS, **kw):
             push_loop(eng, X[21_000:21_000 + n])
         dt = time.perf_counter() - t0
         busy, n_snap = (eng.learner_steps - s0) / dt, eng.version - v0
-        # the learner alone, inference idle, for the ratio
+        # the learner alone, inference idle (busy / idle is printed)
         s1, t1 = eng.learner_steps, time.perf_counter()
         time.sleep(min_seconds)
         idle = (eng.learner_steps - s1) / (time.perf_counter() - t1)
@@ -156,8 +179,9 @@ def main(argv=None):
                  "samples/CPU-s": CPU["on"], "p50 µs": p50_on,
                  "p99 µs": p99_on, "× kernel time": 1e6 / r_on / kernel_us})
     pm = measure_push_many(model, X[:50_000], mode="smooth", learn=False)
+    batch_rate = bare_batch(model.net_, X[:50_000])
     rows.append({"path": "recognition push_many (10k blocks)", "samples/s": pm,
-                 "× kernel time": 1e6 / pm / kernel_us})
+                 "× batch kernel time": batch_rate / pm})
     Mx = 10
     ll_rate = 20_000 / best_time(lambda: exact.log_likelihood(model.params_, X[:20_000]),
                                  repeat=2, min_time=0.3)
@@ -169,11 +193,15 @@ def main(argv=None):
         pme = measure_push_many(model, X[:30_000], mode=mode, learn=False, posterior="exact")
         rows.append({"path": f"exact {mode} push_many (M={Mx})", "samples/s": pme,
                      "× batch exact forward": ll_rate / pme})
+    print(f"reference: batch kernels (build_windows + forward_batch) on the same 50,000 rows in "
+          f"10k blocks {batch_rate:,.0f} samples/s")
     print(f"reference: batch exact forward (exact.log_likelihood) {ll_rate:,.0f} steps/s at M=10")
-    table(rows, ["path", "samples/s", "samples/CPU-s", "p50 µs", "p99 µs", "× kernel time", "× batch exact forward"])
+    table(rows, ["path", "samples/s", "samples/CPU-s", "p50 µs", "p99 µs", "× kernel time",
+                 "× batch kernel time", "× batch exact forward"])
     print(f"learner (duty {DEFAULT_LEARNER_DUTY:g}) while one-at-a-time inference runs: "
           f"{steps:,.1f} steps/s ({nsnap} snapshots in {MIN_SECONDS:g} s); learner alone: {idle:,.1f} steps/s "
-          f"(batch 10 subchains of {WINDOW} positions)")
+          f"(batch 10 subchains of {WINDOW} positions); busy / idle = "
+          f"{steps / idle if idle > 0 else float('nan'):.2f}")
 
     print()
     print("# per-sample cost against the number of chains (µs per sample, one push at a time;")

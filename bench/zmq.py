@@ -12,19 +12,26 @@ samples to it (multipart binary input) and subscribes to its posteriors:
   publishing the sample that completes its window (s + h in smooth mode, h = window // 2)
   to receiving the posterior: p50 and p99.
 
-Reference measured in the same run: a plain Python ZeroMQ relay (SUB -> PUB, the same
-sockets and message sizes, no decoding, no inference), so the ratio shows what the
-service costs over the transport. Targets (issue: ZeroMQ service): >= 20,000
-messages/s with learning on, p99 <= 2 ms.
+Reference measured in the same run: a ZeroMQ relay that runs entirely in libzmq
+(``zmq.proxy`` between an XSUB and an XPUB socket, in its own process; the same
+endpoints, messages and client, no decoding, no inference, no Python per message), so
+"/ relay" is the service's throughput as a fraction of what the transport alone carries
+through one extra hop, and the latency columns compare likewise. Targets (issue: ZeroMQ
+service): >= 20,000 messages/s with learning on, p99 <= 2 ms.
 
-With binary output a one-stream service reads through its serving lane (one compiled
-call per read: receive, recognition, publication); the row ``--no-lane`` is the same
+A one-stream service reads through its serving lane (one compiled call per read:
+receive, recognition, publication), for binary and JSON output alike (the lane encodes
+JSON in compiled code too: streamfhmm/io/lane.py); the row ``--no-lane`` is the same
 service on its general path, measured in the same run.
 
 The learning-on rows run the service with its default learner duty (the fraction of one
 core the background learner may use; ``--learner-duty`` here overrides it) and show the
 learner's steps/s during the throughput phase and over the whole run, read from the
 service's status lines, so that the trade-off between learning and serving is visible.
+The throughput phase is shorter than two status intervals, so its steps/s is taken
+between the last status line before the phase (the phase starts just after one) and the
+first one after it: a span up to one status interval (0.25 s) longer than the phase,
+that tail in the first latency phase; both durations are printed.
 """
 from __future__ import annotations
 
@@ -60,20 +67,11 @@ TARGET_P99_MS = 2.0
 _RELAY = """
 import sys, zmq
 ctx = zmq.Context()
-sub = ctx.socket(zmq.SUB); sub.setsockopt(zmq.RCVHWM, 100000); sub.connect(sys.argv[1])
-pub = ctx.socket(zmq.XPUB); pub.setsockopt(zmq.SNDHWM, 100000); pub.bind(sys.argv[2])
-assert pub.recv()[:1] == b"\\x01"          # the consumer is there: subscribe upstream
-sub.subscribe(b"")
-NB, SM = int(zmq.NOBLOCK), int(zmq.SNDMORE)
-while True:
-    fr = sub.recv(copy=False)
-    parts = [fr.bytes]
-    while fr.more:
-        fr = sub.recv(copy=False)
-        parts.append(fr.bytes)
-    for p in parts[:-1]:
-        pub.send(p, SM)
-    pub.send(parts[-1])
+xsub = ctx.socket(zmq.XSUB); xsub.setsockopt(zmq.RCVHWM, 100000); xsub.connect(sys.argv[1])
+xpub = ctx.socket(zmq.XPUB); xpub.setsockopt(zmq.SNDHWM, 100000); xpub.bind(sys.argv[2])
+# libzmq forwards messages (all frames) downstream and subscriptions upstream, without
+# the GIL and without a Python call per message
+zmq.proxy(xsub, xpub)
 """
 
 
@@ -305,13 +303,26 @@ class StderrLines(threading.Thread):
         for line in self.stream:
             self.lines.append((time.perf_counter(), line.rstrip("\n")))
 
+    def _points(self):
+        return [(t, int(m.group(1))) for t, ln in self.lines if (m := _STEPS.search(ln))]
+
     def steps_per_second(self, t0=None, t1=None):
         """Learner steps/s between t0 and t1, from the status lines' step counts."""
-        pts = [(t, int(m.group(1))) for t, ln in self.lines
-               if (m := _STEPS.search(ln)) and (t0 is None or t >= t0) and (t1 is None or t <= t1)]
+        pts = [(t, k) for t, k in self._points() if (t0 is None or t >= t0) and (t1 is None or t <= t1)]
         if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
             return None
         return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+    def steps_per_second_around(self, t0, t1):
+        """Learner steps/s from the last status line at or before t0 to the first at or
+        after t1 (for a phase shorter than two status intervals); (rate, span in s)."""
+        pts = self._points()
+        before = [p for p in pts if p[0] <= t0]
+        after = [p for p in pts if p[0] >= t1]
+        if not before or not after or after[0][0] <= before[-1][0]:
+            return None, None
+        (ta, ka), (tb, kb) = before[-1], after[0]
+        return (kb - ka) / (tb - ta), tb - ta
 
 
 def measure(cmd_factory, X, args, lag, label):
@@ -327,6 +338,13 @@ def measure(cmd_factory, X, args, lag, label):
         cl.handshake()
         rows = [x.tobytes() for x in X]
         run_phase(cl, rows[:args.warmup], rate=None, window=args.window, lag=lag)     # warm up
+        if "--learn" in label:
+            # start the throughput phase just after a status line, so that the span of
+            # steps/s (tp) begins with the phase (see steps_per_second_around)
+            n0 = len(err._points())
+            deadline = time.perf_counter() + 4 * STATUS_INTERVAL
+            while len(err._points()) == n0 and time.perf_counter() < deadline:
+                time.sleep(0.001)
         t_tp = time.perf_counter()
         tp, _, lost = run_phase(cl, rows[:args.messages], rate=None, window=args.window, lag=lag)
         t_tp = (t_tp, time.perf_counter())
@@ -355,7 +373,8 @@ def measure(cmd_factory, X, args, lag, label):
     row = {"configuration": label, "messages/s": tp, "lost": lost, "gaps": gaps,
            "duty": duty[0] if duty else "-"}
     if "--learn" in label:
-        row["steps/s (tp)"] = err.steps_per_second(*t_tp)
+        row["steps/s (tp)"], row["_tp_span"] = err.steps_per_second_around(*t_tp)
+        row["_tp_len"] = t_tp[1] - t_tp[0]
         row["steps/s (all)"] = err.steps_per_second(t_tp[0], t_end)
     for rate, lat in zip(args.rates, lats):
         row[f"p50 us @{rate:g}/s"] = float(np.percentile(lat, 50) * 1e6) if lat.size else None
@@ -407,12 +426,13 @@ def main(argv=None):
         rows.append(measure(lambda a, b: subprocess.Popen(
             [sys.executable, "-c", _RELAY, f"tcp://127.0.0.1:{a}", f"tcp://127.0.0.1:{b}"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-            X, args, 0, "reference: plain ZeroMQ relay"))
+            X, args, 0, "reference: zmq.proxy relay"))
         rows[-1]["gaps"] = "-"
         configs = [(fmt, learn, ()) for fmt in args.formats
                    for learn in ((True,) if args.no_learn_off else (False, True))]
         if "binary" in args.formats and not args.lane_only:
-            # the general path beside the serving lane, same run (the lane: binary output)
+            # the general path beside the serving lane, same run (the lane serves JSON output
+            # too; one --no-lane row, with binary output, keeps the run short)
             configs.insert(configs.index(("binary", True, ())) + 1, ("binary", True, ("--no-lane",)))
         for fmt, learn, extra in configs:
             label = " ".join([f"serve --format {fmt}"] + (["--learn"] if learn else []) + list(extra))
@@ -429,6 +449,12 @@ def main(argv=None):
           f"({'set by --learner-duty' if args.learner_duty is not None else 'its default'}); "
           "steps/s: learner SVI steps per second during the throughput phase (tp) and from "
           "its start to the end of the latency phases (all)")
+    spans = [f"{r['_tp_len']:.2f} s phase in {r['_tp_span']:.2f} s" for r in rows if r.get("_tp_span")]
+    if spans:
+        print("# steps/s (tp) spans the last status line before the throughput phase to the first "
+              f"after it (status every {STATUS_INTERVAL:g} s): {'; '.join(spans)}")
+    print("# reference: zmq.proxy (XSUB -> XPUB) in its own process: the transport through one "
+          "extra hop, no Python per message")
     print()
     key = f"p99 us @{args.rates[0]:g}/s"
     print(f"# targets: >= {TARGET_RATE:,} messages/s with learning on; p99 <= {TARGET_P99_MS:g} ms "
