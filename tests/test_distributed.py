@@ -474,3 +474,30 @@ def test_recovery_stays_on_the_given_workers(problem, monkeypatch):
     print(f"given {given}; placed {placed}; history {state.history[-1]}")
     assert state.history[-1]["recoveries"] >= 1 and len(placed) > 2
     assert set(placed) <= set(given)
+
+
+def test_a_restarted_worker_takes_its_shard_back(problem):
+    """Without workers=, recovery may use any worker of the cluster: a one-worker cluster
+    whose worker is killed and restarted by its nanny (on a new address) goes on there
+    (for a moment the recovery considered only the workers of the fit's start)."""
+    X, chunks, params, net = problem
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=DASHBOARD) as cluster, \
+            distributed.Client(cluster) as c:
+        c.wait_for_workers(1, timeout=60)
+        pids = c.run(os.getpid)
+        before = sorted(pids)
+        killed = []
+
+        def kill_once(state):
+            if not killed:
+                _signal_worker(pids[before[0]], signal.SIGKILL)
+                killed.append(1)
+
+        state = fit_svi_distributed(chunks, params, net, c, max_iter=100, log_every=25,
+                                    random_state=SEED, progress=False, callback=kill_once,
+                                    step_timeout=20.0, setup_timeout=60.0)
+        after = sorted(c.nthreads())
+    print(f"workers before {before}, after {after}; history {state.history[-1]}")
+    assert state.iteration == 100 and state.history[-1]["recoveries"] >= 1
+    assert after != before

@@ -631,9 +631,20 @@ def test_learn_samples_limits_what_the_warmup_learns(monkeypatch):
     assert len(seen) == 1
     np.testing.assert_array_equal(seen[0], X[:100])
     assert len(posts) == 400 and [p.t for p in posts] == list(range(400))
-    with pytest.raises(ValueError, match="learn_samples=3 is too few to initialise"):
+    # the samples before the limit cannot start the model (2 of the first 10 hold a
+    # value): the whole warm-up does (every push was refused for good: the rows are past)
+    Y = X[:50].copy()
+    Y[:8] = np.nan
+    seen.clear()
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", posterior="exact",
+                      learn=True, warmup=50, warmup_steps=5, learn_samples=10,
+                      random_state=0) as eng:
+        out = eng.push_many(Y)
+        assert eng.metrics()["phase"] == "running" and len(out) == 50
+    assert len(seen) == 1 and len(seen[0]) == 42      # the complete rows of all 50
+    for limit in (1, 3):  # (refused when built before: the fallback makes it needless)
         StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), posterior="exact", learn=True,
-                     learn_samples=3)
+                     learn_samples=limit).close()
 
 
 def test_periodic_checkpoints_during_the_warmup(tmp_path):
@@ -656,35 +667,35 @@ def test_periodic_checkpoints_during_the_warmup(tmp_path):
 
 
 def test_a_warmup_that_cannot_start_changes_nothing():
-    """push / push_many that raise because the warm-up cannot initialise (a feature never
-    observed) leave the engine as it was: the rows were kept before (and the rest of the
-    block dropped), and a caller retrying them (the service, one by one) filled the
+    """push / push_many that raise because the warm-up cannot initialise (too few samples
+    with a value) leave the engine as it was: the rows were kept before (and the rest of
+    the block dropped), and a caller retrying them (the service, one by one) filled the
     warm-up buffer with duplicates."""
     model = _model(M=2, D=2, window=3, n_hidden=4, seed=52)
     X = _data(model, 40, seed=53)
     Y = X.copy()
-    Y[:, 1] = np.nan                   # a dead sensor from the start
+    Y[3:] = np.nan                     # 3 samples, then every sensor dead
     eng = StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter",
                        posterior="exact", learn=False, warmup=10)
-    never = r"0 complete samples .* feature\(s\) \[1\] never observed"
+    few = r"3 samples with a value \(3 complete\); initialising 2 chains needs at least 4"
     with eng:
-        with pytest.raises(ValueError, match=never):
+        with pytest.raises(ValueError, match=few):
             eng.push_many(Y[:25])
         m = eng.metrics()
         assert m["samples"] == 0 and m["rejected"] == 25 and eng._D is None
         for x in Y[:9]:
             assert eng.push(x) == []
         for _ in range(3):             # the 10th sample, retried
-            with pytest.raises(ValueError, match=never):
+            with pytest.raises(ValueError, match=few):
                 eng.push(Y[9])
             assert eng.n_samples == 9 and eng.metrics()["samples"] == 9
         np.testing.assert_array_equal(eng._wbuf[:9], Y[:9])
         assert eng.metrics()["rejected"] == 28
-        with pytest.raises(ValueError, match=never):
+        with pytest.raises(ValueError, match=few):
             eng.push_many(Y[9:20])
         assert eng.n_samples == 9
-        out = eng.push(X[9])           # the sensor's first value: a mean-imputed start
-        assert eng.metrics()["imputed_start"] is True
+        out = eng.push(X[9])           # a 4th sample with a value: the warm-up starts
+        assert eng.metrics()["imputed_start"] is False   # 4 complete samples
     assert [p.t for p in out] == list(range(10)) and all(p.flags & FLAG_WARMUP for p in out)
     assert eng.metrics()["samples"] == 10
 

@@ -274,3 +274,23 @@ def test_take_job():
     th.request(lambda: None)
     job = th.take_job()
     assert callable(job) and th.take_job() is None
+
+
+def test_a_request_during_the_hand_over_is_not_lost():
+    """The learner thread read its job and reset it in two steps: a request between them
+    was erased (its checkpoint never written, its fence never lifted). The hand-over
+    and request() now exclude each other: a request made while a job is being taken
+    waits, then stays for the next round."""
+    import threading
+    learner = _learner()
+    th, _ = _thread(learner, 1.0)
+    th.request(lambda: "A")
+    done = threading.Event()
+    with th._job_lock:                      # the hand-over of A in progress
+        requester = threading.Thread(target=lambda: (th.request(lambda: "B"), done.set()))
+        requester.start()
+        assert not done.wait(0.2)           # B waits for the hand-over
+        job, th._job = th._job, None        # what take_job does under the lock
+    requester.join(5.0)
+    assert job() == "A" and done.is_set()
+    assert th.take_job()() == "B"           # B was not erased

@@ -360,6 +360,23 @@ def test_shuffled_dicts_give_identical_outputs():
     b.close()
 
 
+def test_cold_start_before_a_feature_is_ever_seen():
+    """A fixed feature absent for the whole warm-up (a sensor that comes online later):
+    the start imputes it and learn_one never raises (for a while the engine's imputed
+    start wanted every feature seen once, and 21 learn_one calls raised)."""
+    seed = 22
+    print(f"seed={seed}")
+    X = np.random.default_rng(seed).normal(size=(120, 3))
+    sc = FHMMAnomalyScorer(n_chains=2, window=3, n_hidden=4, warmup=60, warmup_steps=20,
+                           learn=False, seed=1, features=("x0", "x1", "x2"))
+    for i, x in enumerate(X):
+        sc.learn_one({"x0": x[0], "x1": x[1]} if i < 80 else {"x0": x[0], "x1": x[1], "x2": x[2]})
+    met = sc.metrics()
+    assert sc.ready and met["imputed_starts"] == 1 and met["samples"] == 120
+    assert np.isfinite(sc.score_one({"x0": 0.0, "x1": 0.0, "x2": 0.0}))
+    sc.close()
+
+
 def test_cold_start_when_no_warmup_sample_is_complete():
     """Every sample misses one feature: the parameters start from the mean-imputed warm-up
     (the engine's imputed start) and the adapter initialises."""

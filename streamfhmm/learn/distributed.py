@@ -530,13 +530,14 @@ class _Shard:
 class _ShardPool:
     """The driver's view of the shards: placing, calling and replacing the actors."""
 
-    def __init__(self, client, chunks, shards, spec, workers, setup_timeout, step_timeout,
-                 max_recoveries):
+    def __init__(self, client, chunks, shards, spec, workers, restricted, setup_timeout,
+                 step_timeout, max_recoveries):
         self.client = client
         self.chunks = chunks
         self.shards = shards
         self.spec = spec
         self.workers = workers
+        self.restricted = restricted   # the caller's workers=: recover on them only
         self.setup_timeout = setup_timeout
         self.step_timeout = step_timeout
         self.max_recoveries = max_recoveries
@@ -545,8 +546,12 @@ class _ShardPool:
 
     # -- liveness ------------------------------------------------------------------
     def _live_workers(self):
-        """The caller's ``workers`` still in the cluster and not given up on."""
-        return sorted((set(self.client.nthreads()) & set(self.workers)) - self.excluded)
+        """The cluster's workers not given up on (a restarted worker, on a new address,
+        included); with the caller's ``workers=``, only those."""
+        live = set(self.client.nthreads())
+        if self.restricted:
+            live &= set(self.workers)
+        return sorted(live - self.excluded)
 
     def _wait(self, get, address, key_future, deadline, what):
         """``get(timeout)`` until it answers; :class:`_Lost` when the worker at
@@ -742,7 +747,9 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         ``callback(state)`` after each logged step.
     workers : list of str, optional
         Worker addresses to use (default: every worker of the cluster, one shard each,
-        at most one shard per chunk).
+        at most one shard per chunk). A lost shard is re-created on one of them; by
+        default on any worker of the cluster, one that joined (or restarted) since
+        included.
     step_timeout : float
         Seconds to wait for the workers' gradients in one step before treating the
         silent workers as lost.
@@ -842,7 +849,8 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     previous_direct = client.direct_to_workers
     if direct_to_workers is not None:
         client.direct_to_workers = bool(direct_to_workers)
-    pool = _ShardPool(client, desc, shards, spec, addresses, setup_timeout, step_timeout,
+    pool = _ShardPool(client, desc, shards, spec, addresses, workers is not None,
+                      setup_timeout, step_timeout,
                       max_recoveries)
     _ks.constrain_model(state.model_vec, state.opt.sq, packer.n_chains, D, cov_mode)
     x = state.state_vector()

@@ -294,8 +294,9 @@ class StreamEngine:
         posteriors, e.g. from chains to sub-meters, which stays valid only while the
         chains keep their meaning. ``None`` (default): learn as long as the engine runs.
         A cold start's warm-up fit (start parameters, new networks' scalers, the
-        reservoir and its SVI steps) sees only the warm-up samples before the limit;
-        an unfitted model needs ``learn_samples >= max(n_chains + 2, 4)``.
+        reservoir and its SVI steps) sees only the warm-up samples before the limit,
+        unless those cannot start the model (too few with a value): then the whole
+        warm-up.
     checkpoint_path : str or path-like, optional
         Where periodic checkpoints (and a final one at :meth:`close`) go.
     checkpoint_every : int, optional
@@ -373,12 +374,6 @@ class StreamEngine:
         M = self._M
         if params is not None and params.n_chains != M:
             raise ValueError(f"model.params_ has {params.n_chains} chains, model.n_chains is {M}")
-        limit = self._cfg["learn_samples"]
-        if params is None and limit is not None and limit < max(M + 2, 4):
-            # the warm-up fit of an unfitted model only sees the first learn_samples samples
-            raise ValueError(f"learn_samples={limit} is too few to initialise an unfitted model "
-                             f"with {M} chains from the warm-up: it learns from the first "
-                             f"learn_samples samples only, and needs at least {max(M + 2, 4)}")
         if posterior == "exact" and M > _exact.MAX_EXACT_CHAINS:
             raise ValueError(f"posterior='exact' is limited to n_chains <= {_exact.MAX_EXACT_CHAINS} "
                              f"(2^M joint states per step); this model has {M} chains: use "
@@ -625,50 +620,24 @@ class StreamEngine:
     # ------------------------------------------------------------------ cold start
     def _initialise(self):
         """Initialise from the warm-up buffer; returns the warm-up posteriors."""
-        from ..learn.smf import fit_smf, init_params
         Y = self._wbuf[:self._wn].copy()
         M, D, rng = self._M, self._D, self._rng
         # learn_samples counts from the stream's start, warm-up included: what is learnt
         # here (the start fit, new networks' scalers, the reservoir and its SVI steps)
-        # sees only the warm-up samples before that limit; the replay below sees them all
+        # sees only the warm-up samples before that limit, unless those cannot start the
+        # model (then the whole warm-up: the rows are past, no later sample could cure
+        # it); the replay below sees them all
         n_fit = len(Y)
         if self._learn_stop is not None:
             n_fit = max(0, min(n_fit, self._learn_stop - self._t))
-        Yfit = Y[:n_fit]
-        within = (f" (the first {n_fit} of the {len(Y)} warm-up samples: learn_samples="
-                  f"{self._learn_stop})" if n_fit < len(Y) else "")
-        Y_obs = Yfit[~np.isnan(Yfit).all(axis=1)]  # the scaler's input: samples with a value
-        if len(Y_obs) == 0:
-            raise ValueError(f"the warm-up holds no observed value{within}: cannot initialise")
-        params = self._params0
-        if params is None:
-            need = max(M + 2, 4)
-            complete = Yfit[~np.isnan(Yfit).any(axis=1)]
-            ctype = self._cfg.get("covariance_type", "full")
-            if len(complete) >= need:
-                params = init_params(complete, M, random_state=rng, covariance_type=ctype)
-                params, _ = fit_smf(complete[-5000:], params=params, max_iter=30, tol=1e-5,
-                                    time_budget=0.5 * self._warmup_time, random_state=rng,
-                                    progress=False, covariance_type=ctype)
-            else:
-                # too few complete samples (a sensor missing for much of the warm-up): start
-                # from the samples with a value, each missing value replaced by its
-                # feature's mean. Only a start: the SVI that follows (warm-up and online)
-                # marginalises the missing values; no SMF on the made-up values.
-                observed = ~np.isnan(Y_obs)
-                counts = observed.sum(axis=0)
-                if len(Y_obs) < need or not counts.all():
-                    never = np.flatnonzero(counts == 0).tolist()
-                    raise ValueError(
-                        f"the warm-up holds {len(complete)} complete samples (no missing value)"
-                        f"{within} and {len(Y_obs)} with a value"
-                        + (f", feature(s) {never} never observed" if never else "")
-                        + f": initialising {M} chains needs {need} samples and every feature "
-                          f"observed at least once")
-                mean = np.where(observed, Y_obs, 0.0).sum(axis=0) / counts
-                params = init_params(np.where(observed, Y_obs, mean), M, random_state=rng,
-                                     covariance_type=ctype)
-                self._imputed_start = True
+        try:
+            params, Y_obs, imputed = self._start_params(Y[:n_fit])
+        except ValueError:
+            if n_fit == len(Y):
+                raise
+            n_fit = len(Y)
+            params, Y_obs, imputed = self._start_params(Y)
+        self._imputed_start = imputed
         if self.posterior == "recognition" and self._net is None:
             want = "centred" if self.mode == "smooth" else "causal"
             self._net = RecognitionNet(M, D, window=self.model_window, n_hidden=self._cfg["n_hidden"],
@@ -729,6 +698,41 @@ class StreamEngine:
             if self._learner is not None:
                 self._start_thread()
         return batch
+
+    def _start_params(self, Y):
+        """The starting parameters from warm-up rows ``Y``; returns them, the rows with a
+        value (the scalers' input) and whether the start was mean-imputed. ValueError
+        when ``Y`` cannot start the model."""
+        from ..learn.smf import fit_smf, init_params
+        M, rng = self._M, self._rng
+        Y_obs = Y[~np.isnan(Y).all(axis=1)]
+        if len(Y_obs) == 0:
+            raise ValueError("the warm-up holds no observed value: cannot initialise")
+        params = self._params0
+        if params is not None:
+            return params, Y_obs, False
+        need = max(M + 2, 4)
+        complete = Y[~np.isnan(Y).any(axis=1)]
+        ctype = self._cfg.get("covariance_type", "full")
+        if len(complete) >= need:
+            params = init_params(complete, M, random_state=rng, covariance_type=ctype)
+            params, _ = fit_smf(complete[-5000:], params=params, max_iter=30, tol=1e-5,
+                                time_budget=0.5 * self._warmup_time, random_state=rng,
+                                progress=False, covariance_type=ctype)
+            return params, Y_obs, False
+        if len(Y_obs) < need:
+            raise ValueError(f"the warm-up holds {len(Y_obs)} samples with a value ({len(complete)} "
+                             f"complete); initialising {M} chains needs at least {need}")
+        # too few complete samples (a sensor missing for much of the warm-up): start from
+        # the samples with a value, each missing value replaced by its feature's mean (0
+        # for a feature not seen yet, as its scaler takes it). Only a start: the SVI that
+        # follows (warm-up and online) marginalises the missing values; no SMF on the
+        # made-up values.
+        observed = ~np.isnan(Y_obs)
+        mean = np.where(observed, Y_obs, 0.0).sum(axis=0) / np.maximum(observed.sum(axis=0), 1)
+        params = init_params(np.where(observed, Y_obs, mean), M, random_state=rng,
+                             covariance_type=ctype)
+        return params, Y_obs, True
 
     def _all_or_nothing(self, fn, n_rows):
         """``fn()``; if it raises ValueError, the engine is put back as it was before

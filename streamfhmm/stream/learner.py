@@ -456,6 +456,9 @@ class LearnerThread(threading.Thread):
         self._halt = threading.Event()
         self._wake = threading.Event()   # ends a wait early: stop, a job, a new duty
         self._job = None
+        # request() and the hand-over are atomic: a request landing between the read and
+        # the reset of _job was lost (its checkpoint never written, its fence never lifted)
+        self._job_lock = threading.Lock()
 
     @property
     def duty(self) -> float:
@@ -470,13 +473,15 @@ class LearnerThread(threading.Thread):
     def request(self, job) -> None:
         """Run ``job()`` on this thread, holding the learner's lock, before the next
         steps (a newer request replaces one not yet run); a wait is cut short for it."""
-        self._job = job
+        with self._job_lock:
+            self._job = job
         self._wake.set()
 
     def take_job(self):
         """The requested job not yet run, or None; it will not run here (hold the
         learner's lock)."""
-        job, self._job = self._job, None
+        with self._job_lock:
+            job, self._job = self._job, None
         return job
 
     def run(self):
@@ -496,9 +501,8 @@ class LearnerThread(threading.Thread):
                 with learner.lock:
                     if learner.pending:
                         learner.drain()
-                    job = self._job
+                    job = self.take_job()
                     if job is not None:
-                        self._job = None
                         try:
                             after = job()
                         except Exception:  # a failed job must not stop the learning
