@@ -214,9 +214,12 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
                 break
     finally:
         # the steps taken so far, also when a step fails (iteration and the RMSprop
-        # statistics already count them: the state stays consistent and can continue)
-        state.model_vec = x[:nm].copy()
-        state.net.weights = x[nm:]
+        # statistics already count them: the state stays consistent and can continue);
+        # not a vector a diverging step overflowed (the error says so; writing it would
+        # raise here and hide that error)
+        if np.isfinite(x).all():
+            state.model_vec = x[:nm].copy()
+            state.net.weights = x[nm:]
         limiter.restore_original_limits()
         if bar is not None:
             bar.close()
