@@ -1,7 +1,8 @@
 """streamfhmm: streaming online inference for Factorial Hidden Markov Models.
 
-The public API: :class:`FHMM` (the estimator) and :class:`FHMMParams` (an immutable
-parameter set).
+The public API: :class:`FHMM` (the estimator), :class:`FHMMParams` (an immutable
+parameter set), :class:`StreamEngine` (online inference with a background learner) and
+:class:`Posterior` (what it emits per time step).
 """
 import logging as _logging
 

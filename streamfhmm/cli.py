@@ -942,7 +942,7 @@ def build_parser() -> argparse.ArgumentParser:
     _data_args(pr)
     pr.add_argument("--out", default="-", metavar="OUT.csv|OUT.npy", help="output file (default: CSV on stdout)")
     pr.add_argument("--method", choices=("recognition", "exact", "smf"),
-                    help="inference method (default: recognition if the model has networks, else exact)")
+                    help="inference method (default: recognition if the model has networks, else exact up to 12 chains, else smf)")
     pr.add_argument("--reconstruct", action="store_true", help="write the reconstructed data W^T E[s_t] instead")
     pr.set_defaults(func=_cmd_predict)
 

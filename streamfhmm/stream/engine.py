@@ -257,7 +257,9 @@ class StreamEngine:
     warmup_steps : int
         SVI steps on the warm-up buffer before streaming starts.
     warmup_time : float
-        Seconds the warm-up fits may take at most (SMF gets half).
+        Time limit of each warm-up fit: the structured mean-field start at most
+        ``warmup_time / 2`` seconds, then the SVI steps at most ``warmup_time`` (up to
+        1.5 × ``warmup_time`` in all).
     reservoir_size : int
         Segments the learner keeps.
     recency_half_life : float, optional
@@ -741,7 +743,7 @@ class StreamEngine:
         error was counted where it was raised), and the error propagates.
 
         For the calls that may end the warm-up: ``_initialise`` can refuse the warm-up
-        (too few complete samples) after rows were buffered, and a caller that retries
+        (too few samples with a value) after rows were buffered, and a caller that retries
         the same rows (the service does, one by one) must not buffer them twice."""
         saved = dict(self.__dict__)
         rng_state = self._rng.bit_generator.state
@@ -864,7 +866,8 @@ class StreamEngine:
         ------
         ValueError
             ``x`` is not D numbers, or holds an infinity, or it completes a warm-up that
-            cannot initialise the model (too few complete samples). Nothing is changed
+            cannot initialise the model (fewer than ``max(n_chains + 2, 4)`` samples
+            with an observed value). Nothing is changed
             (the ``rejected`` count grows): the sample may be pushed again.
         """
         t_ns = time.perf_counter_ns()
@@ -1549,6 +1552,8 @@ class StreamEngine:
         ------
         ValueError
             The file is not a valid checkpoint, or an override is unknown.
+        FileNotFoundError
+            ``path`` does not exist.
         """
         from ..io.checkpoint import load_checkpoint
         bad = set(overrides) - set(_RUNTIME_OVERRIDES)
