@@ -621,3 +621,60 @@ def test_invalid_arguments():
         tr.learn_one({"a": 1.0, "b": 2.0})
     with pytest.raises(ValueError, match="empty"):
         FHMMTransformer().learn_one({})
+
+
+def test_the_last_learnt_dict_is_known_by_identity_not_by_id():
+    """score_one/transform_one of the dict just learnt give its committed result; any
+    other dict is the next sample. The adapter kept only id(x): a temporary dict with the
+    same values, given the freed id, was taken for the learnt one."""
+    m = _model(M=2, D=2, seed=31)
+    sc = FHMMAnomalyScorer(model=m, posterior="exact", learn=False, warmup=10)
+    X, _ = m.params_.sample(30, random_state=32)
+    print("data seed=32")
+    for x in _dicts(X):
+        sc.learn_one(x)
+    # a repeated value, in temporaries, as river streams hand them over: each freed dict's
+    # id is free again at once, and the next dict may get it
+    sc.learn_one({"x0": 4.0, "x1": 4.0})
+    kept = {"x0": 4.0, "x1": 4.0}           # equal values, another dict: the next sample
+    scores = [sc.score_one(kept), sc.score_one({"x0": 4.0, "x1": 4.0})]
+    scores += [sc.score_one({"x0": 4.0, "x1": 4.0}) for _ in range(3)]
+    print(f"scores as the next sample {scores}")
+    assert len(set(scores)) == 1
+    sc.close()
+
+
+def test_unpickling_in_the_warmup_is_reproducible():
+    """A pickle taken during the warm-up: the copy's warm-up fit draws from the seed (the
+    engine checkpoint keeps no random state: it drew from fresh entropy)."""
+    seed = 33
+    print(f"seed={seed}")
+    X = np.random.default_rng(seed).normal(size=(60, 2))
+    xs = _dicts(X)
+
+    def run():
+        a = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=50, warmup_steps=10,
+                            learn=False, seed=1)
+        for x in xs[:30]:
+            a.learn_one(x)
+        b = pickle.loads(pickle.dumps(a))
+        a.close()
+        out = []
+        for x in xs[30:]:
+            b.learn_one(x)
+            out.append(b.transform_one(x))
+        b.close()
+        return out
+
+    assert run() == run()
+
+
+def test_values_beyond_the_float_range_and_iterator_features():
+    from fractions import Fraction
+    tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, learn=False)
+    for big in (10**400, Fraction(10**400, 3)):
+        with pytest.raises(ValueError, match="feature 'a' is .*: a value must be finite"):
+            tr.learn_one({"a": big, "b": 1.0})
+    tr.close()
+    with pytest.raises(ValueError, match="features must be a non-empty sequence .* got generator"):
+        FHMMTransformer(features=(k for k in ("a", "b")))

@@ -52,6 +52,7 @@ Two pickles of an idle adapter are byte-identical.
 """
 from __future__ import annotations
 
+import collections.abc
 import math
 import numbers
 import os
@@ -241,12 +242,14 @@ def _sorted_keys(keys) -> tuple:
 
 def _as_value(key, value) -> float:
     kind = type(value)
-    if kind is float or kind is int:  # the common case, without the ABC check
-        v = float(value)
+    if kind is float or kind is int or (value is not None and isinstance(value, numbers.Real)):
+        try:
+            v = float(value)
+        except OverflowError:  # an int or Fraction beyond the float range
+            raise ValueError(f"feature {key!r} is {value!s:.40}: a value must be finite (use "
+                             f"NaN, None or leave the key out for a missing value)") from None
     elif value is None:
         return math.nan
-    elif isinstance(value, numbers.Real):
-        v = float(value)
     else:
         raise TypeError(f"feature {key!r} has a value of type {kind.__name__}; the FHMM "
                         f"adapters take real numbers (None or NaN for a missing value)")
@@ -287,6 +290,10 @@ class _StreamAdapter:
                                       or not isinstance(self.seed, numbers.Integral)):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
         if self.features is not None:
+            if not isinstance(self.features, collections.abc.Sequence):  # an iterator
+                # would be used up by this check, leaving no features for learn_one
+                raise ValueError(f"features must be a non-empty sequence of distinct keys "
+                                 f"(a list or tuple), got {type(self.features).__name__}")
             feats = tuple(self.features) if not isinstance(self.features, (str, bytes)) else ()
             if not feats or len(set(feats)) != len(feats):
                 raise ValueError(f"features must be a non-empty sequence of distinct keys, got "
@@ -335,7 +342,7 @@ class _StreamAdapter:
     def _init_transient(self):
         """The state pickling drops and rebuilds: the engine and scratch/caches."""
         self._engine = None
-        self._last_id = None
+        self._last_obj = None   # the dict last learnt (not its id: ids are reused)
         self._net_cache = None
         self._table_cache = None
         self._state_cache = None
@@ -462,7 +469,7 @@ class _StreamAdapter:
         return v, unknown
 
     def _is_last(self, x, v) -> bool:
-        return (self._last_id is not None and id(x) == self._last_id
+        return (x is self._last_obj and self._last_obj is not None
                 and np.array_equal(v, self._last_x, equal_nan=True))
 
     # -- the engine -----------------------------------------------------------------------
@@ -610,7 +617,7 @@ class _StreamAdapter:
         self._n_learned += 1
         self._n_unknown += unknown > 0
         self._n_missing += bool(np.isnan(v).any())
-        self._last_id = id(x)
+        self._last_obj = x
 
     # -- pickling -------------------------------------------------------------------------
     def _state_key(self):
@@ -642,7 +649,7 @@ class _StreamAdapter:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for k in ("_engine", "_last_id", "_net_cache", "_table_cache", "_state_cache",
+        for k in ("_engine", "_last_obj", "_net_cache", "_table_cache", "_state_cache",
                   "_exact_work", "_saved"):
             state.pop(k, None)
         state["_engine_state"] = self._engine_state()
@@ -658,7 +665,9 @@ class _StreamAdapter:
             meta, arrays = engine_state
             with tempfile.TemporaryDirectory(prefix="streamfhmm-") as tmp:
                 path = save_checkpoint(os.path.join(tmp, "engine.npz"), arrays, meta)
-                self._engine = StreamEngine.resume(path)
+                # the seed again: a warm-up still to fit draws from it (the checkpoint
+                # keeps no random state)
+                self._engine = StreamEngine.resume(path, random_state=self.seed)
 
 
 # --------------------------------------------------------------------------------------
