@@ -13,7 +13,7 @@ from scipy.optimize import linear_sum_assignment
 
 from . import exact
 from ._validation import check_observations
-from .model import FHMMParams
+from .model import FHMMParams, sigmoid
 
 __all__ = ["loglik_per_step", "posterior_mae", "align_params", "recovery_errors"]
 
@@ -55,7 +55,8 @@ def align_params(estimate: FHMMParams, reference: FHMMParams):
     """Relabel ``estimate``'s chains to best match ``reference``.
 
     The cost of matching estimated chain j to reference chain i with relabelling f is
-    ``‖±w_j - w_i‖²``; the permutation minimising the total cost is found exactly
+    ``‖±w_j - w_i‖²`` (ties between equal or opposite rows broken by the switch
+    probabilities); the permutation minimising the total cost is found exactly
     (Hungarian algorithm on the per-pair best relabelling).
 
     Returns
@@ -70,6 +71,13 @@ def align_params(estimate: FHMMParams, reference: FHMMParams):
     We, Wr = estimate.W[:M], reference.W[:M]
     cost_keep = ((Wr[:, None, :] - We[None, :, :]) ** 2).sum(-1)
     cost_flip = ((Wr[:, None, :] + We[None, :, :]) ** 2).sum(-1)
+    # ties (equal or opposite w rows) are broken by the switch probabilities (a flip
+    # swaps them): a tiny term, so it decides only between matchings of equal w cost
+    ae, be = sigmoid(estimate.alpha), sigmoid(estimate.beta)
+    ar, br = sigmoid(reference.alpha)[:, None], sigmoid(reference.beta)[:, None]
+    tie = 1e-9 * (1.0 + max(cost_keep.max(), cost_flip.max()))
+    cost_keep = cost_keep + tie * ((ar - ae) ** 2 + (br - be) ** 2)
+    cost_flip = cost_flip + tie * ((ar - be) ** 2 + (br - ae) ** 2)
     cost = np.minimum(cost_keep, cost_flip)
     rows, cols = linear_sum_assignment(cost)
     perm = cols[np.argsort(rows)]

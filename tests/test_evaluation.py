@@ -33,3 +33,19 @@ def test_posterior_mae_shape_error():
     with pytest.raises(ValueError, match="same shape"):
         posterior_mae(np.zeros((3, 2)), np.zeros((3, 3)))
     assert posterior_mae(np.zeros((2, 2)), np.full((2, 2), 0.25)) == 0.25
+
+
+def test_align_params_breaks_ties_by_the_switch_probabilities():
+    """Two chains with equal (or opposite) w rows: every matching has the same W cost,
+    and the Hungarian step kept the identity, reporting a transition error for an
+    estimate that is an exact relabelling of the reference."""
+    from streamfhmm import FHMM
+    A = [[[0.95, 0.05], [0.2, 0.8]], [[0.9, 0.1], [0.3, 0.7]]]
+    for W, flip in (([[1.0, 0.0], [1.0, 0.0], [0.5, 0.5]], [False, False]),
+                    ([[1.0, 0.0], [-1.0, 0.0], [0.5, 0.5]], [True, True])):
+        ref = FHMM.from_params(W=W, covariance=0.1 * np.eye(2), transmat=A).params_
+        est = relabel(ref, [1, 0], flip)
+        err = recovery_errors(est, ref)
+        print(err)
+        assert err["W"] < 1e-12 and err["transmat"] < 1e-12 and err["perm"] == [1, 0]
+        assert err["flip"] == flip
