@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._validation import check_positive_int
+
 __all__ = [
     "PAPER_COLUMNS", "AGGREGATE_COLUMNS", "SUBMETER_COLUMNS", "N_TRAIN", "N_SCORED",
     "PAPER_TABLE2", "PAPER_MODEL", "SVI_SETTINGS", "NET_WARMUP_FRACTION", "svi_settings",
@@ -854,6 +856,9 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         kw.update(model_kwargs or {})
         fkw = {"max_iter": 20_000, "learning_rate": SVI_SETTINGS["learning_rate"]}
         fkw.update(fit_kwargs or {})
+        # a step count: the networks' warm-up default is a fraction of it (a fit limited by
+        # time only would give a TypeError here)
+        fkw["max_iter"] = check_positive_int(fkw["max_iter"], "fit_kwargs['max_iter']")
         _with_net_warmup(fkw)
         if fkw["net_warmup"] >= fkw["max_iter"]:
             raise ValueError(f"net_warmup ({fkw['net_warmup']:,}) must be less than max_iter "

@@ -304,6 +304,8 @@ def test_likelihood_per_step_orders_the_bounds():
     (dict(fit_kwargs=dict(max_iter=10, net_warmup=100)),
      "net_warmup (100) must be less than max_iter (10): the model would never be trained, only its networks"),
     (dict(fit_kwargs=dict(max_iter=10, net_warmup=10)), "net_warmup (10) must be less than max_iter (10)"),
+    (dict(fit_kwargs=dict(max_iter=None, time_budget=5.0)),
+     "fit_kwargs['max_iter'] must be an integer >= 1, got None"),
     (dict(plot_day="2012-01-01"), "no data on 2012-01-01"),
 ])
 def test_disaggregate_report_checks_before_the_fit(monkeypatch, kwargs, message):
