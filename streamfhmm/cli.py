@@ -395,8 +395,11 @@ def _install_stop_handlers(callback):
 
 
 def _restore_handlers(old):
+    """Put back the handlers ``old`` maps signals to (None: one not installed from Python,
+    which cannot be put back)."""
     for s, h in old.items():
-        signal.signal(s, h)
+        if h is not None:
+            signal.signal(s, h)
 
 
 # -- fit / score / predict / bench ------------------------------------------------------

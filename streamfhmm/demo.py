@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .cli import DIE_WITH_PARENT_ENV, _restore_handlers
 from .power import (AGGREGATE_COLUMNS, SUBMETER_COLUMNS, disaggregation_metrics, fit_aggregate_baseline,
                     fit_submeter_map, predict_aggregate_baseline, predict_submeters)
 
@@ -181,7 +182,6 @@ class _Child:
     """A ``python -m streamfhmm`` subprocess whose stderr lines are collected by a thread."""
 
     def __init__(self, name: str, args: list[str], registry: list | None = None):
-        from .cli import DIE_WITH_PARENT_ENV
         self.name = name
         # with it, the child is killed when the demo dies, however it dies (Linux)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{DIE_WITH_PARENT_ENV: str(os.getpid())})
@@ -237,8 +237,7 @@ class _Child:
                 self.proc.send_signal(sig)
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10.0)
+                self.kill()
             except ProcessLookupError:
                 pass
         self._reader.join(timeout=5.0)
@@ -254,17 +253,11 @@ class _Child:
             pass
 
 
-def _set_handlers(handler) -> dict:
-    """``handler`` for SIGINT and SIGTERM (the main thread only); the previous ones."""
+def _set_handlers(handler, signals=(signal.SIGINT, signal.SIGTERM)) -> dict:
+    """``handler`` for ``signals`` (the main thread only); the previous ones."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _restore_handlers(old: dict):
-    for sig, h in old.items():
-        if h is not None:   # (None: a handler not installed from Python, which cannot be restored)
-            signal.signal(sig, h)
+    return {sig: signal.signal(sig, handler) for sig in signals}
 
 
 def _stop_children(children: list) -> None:
@@ -407,9 +400,7 @@ def run_demo(*, seconds: float | None = None, samples: int | None = None, rate: 
     def terminate(signum, frame):
         raise DemoTerminated()
 
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        old = {signal.SIGTERM: signal.signal(signal.SIGTERM, terminate)}
+    old = _set_handlers(terminate, (signal.SIGTERM,))
     try:
         return _run_demo(seconds=seconds, samples=samples, rate=rate, start=start, out_dir=out_dir, view=view,
                          seed=seed, n_chains=n_chains, window=window, n_hidden=n_hidden,
