@@ -666,38 +666,28 @@ def test_periodic_checkpoints_during_the_warmup(tmp_path):
         assert eng.metrics()["phase"] == "running" and eng.metrics()["checkpoint_error"] is None
 
 
-def test_a_warmup_that_cannot_start_changes_nothing():
-    """push / push_many that raise because the warm-up cannot initialise (too few samples
-    with a value) leave the engine as it was: the rows were kept before (and the rest of
-    the block dropped), and a caller retrying them (the service, one by one) filled the
-    warm-up buffer with duplicates."""
+def test_a_warmup_with_too_few_values_goes_on():
+    """A warm-up whose samples mostly hold no value (dead sensors) goes on past
+    ``warmup`` until a start is possible: every sample is kept once, none refused.
+    (Raising there made the service retry the rows one by one, buffering them twice;
+    refusing them instead left the warm-up where it was for good: a demo with
+    --warmup 2 and 6 chains never started.)"""
     model = _model(M=2, D=2, window=3, n_hidden=4, seed=52)
     X = _data(model, 40, seed=53)
     Y = X.copy()
-    Y[3:] = np.nan                     # 3 samples, then every sensor dead
+    Y[3:] = np.nan                     # 3 samples with a value, then every sensor dead
     eng = StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter",
                        posterior="exact", learn=False, warmup=10)
-    few = r"3 samples with a value \(3 complete\); initialising 2 chains needs at least 4"
     with eng:
-        with pytest.raises(ValueError, match=few):
-            eng.push_many(Y[:25])
+        assert len(eng.push_many(Y[:25])) == 0
         m = eng.metrics()
-        assert m["samples"] == 0 and m["rejected"] == 25 and eng._D is None
-        for x in Y[:9]:
-            assert eng.push(x) == []
-        for _ in range(3):             # the 10th sample, retried
-            with pytest.raises(ValueError, match=few):
-                eng.push(Y[9])
-            assert eng.n_samples == 9 and eng.metrics()["samples"] == 9
-        np.testing.assert_array_equal(eng._wbuf[:9], Y[:9])
-        assert eng.metrics()["rejected"] == 28
-        with pytest.raises(ValueError, match=few):
-            eng.push_many(Y[9:20])
-        assert eng.n_samples == 9
-        out = eng.push(X[9])           # a 4th sample with a value: the warm-up starts
-        assert eng.metrics()["imputed_start"] is False   # 4 complete samples
-    assert [p.t for p in out] == list(range(10)) and all(p.flags & FLAG_WARMUP for p in out)
-    assert eng.metrics()["samples"] == 10
+        assert m["phase"] == "warmup" and m["samples"] == 25 and m["rejected"] == 0
+        np.testing.assert_array_equal(eng._wbuf[:25], Y[:25])
+        assert eng.push(Y[25]) == []
+        out = eng.push(X[26])          # a 4th sample with a value: the warm-up starts
+        assert eng.metrics()["imputed_start"] is False   # its 4 samples are complete
+    assert [p.t for p in out] == list(range(27)) and all(p.flags & FLAG_WARMUP for p in out)
+    assert eng.metrics()["samples"] == 27 and eng.metrics()["rejected"] == 0
 
 
 def test_too_few_complete_samples_start_from_imputed_ones(tmp_path):

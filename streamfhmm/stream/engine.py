@@ -251,8 +251,9 @@ class StreamEngine:
     n_features : int, optional
         D, for an unfitted model (default: the length of the first sample).
     warmup : int
-        Samples buffered before an unfitted model (or a new network) is initialised.
-        The warm-up posteriors are emitted, flagged ``FLAG_WARMUP``, by the call that
+        Samples buffered before an unfitted model (or a new network) is initialised;
+        more when fewer than ``max(n_chains + 2, 4)`` of them hold a value (one, for a
+        fitted model): the warm-up goes on until that many have. The warm-up posteriors are emitted, flagged ``FLAG_WARMUP``, by the call that
         completes the warm-up.
     warmup_steps : int
         SVI steps on the warm-up buffer before streaming starts.
@@ -713,7 +714,7 @@ class StreamEngine:
         params = self._params0
         if params is not None:
             return params, Y_obs, False
-        need = max(M + 2, 4)
+        need = self._warmup_needs()
         complete = Y[~np.isnan(Y).any(axis=1)]
         ctype = self._cfg.get("covariance_type", "full")
         if len(complete) >= need:
@@ -777,9 +778,22 @@ class StreamEngine:
         self._n_samples += 1
         if status == _ko.STATUS_MISSING:
             self._n_imputed += 1
-        if self._wn >= self._warmup:
+        if self._wn >= self._warmup and self._warmup_can_start():
             return list(self._initialise())
         return []
+
+    def _warmup_needs(self) -> int:
+        """Samples with a value a start needs: one for given parameters (the scalers),
+        ``max(n_chains + 2, 4)`` to fit them."""
+        return 1 if self._params0 is not None else max(self._M + 2, 4)
+
+    def _warmup_can_start(self) -> bool:
+        """Whether the buffered warm-up holds the samples with a value a start needs; if
+        not, the warm-up goes on past ``warmup`` samples until it does (a stream whose
+        sensors are dead at first: refusing the samples instead left the warm-up where
+        it was for good)."""
+        Y = self._wbuf[:self._wn]
+        return int((~np.isnan(Y).all(axis=1)).sum()) >= self._warmup_needs()
 
     # ------------------------------------------------------------------ input checks
     def _reject(self, msg, n=1):
@@ -865,10 +879,10 @@ class StreamEngine:
         Raises
         ------
         ValueError
-            ``x`` is not D numbers, or holds an infinity, or it completes a warm-up that
-            cannot initialise the model (fewer than ``max(n_chains + 2, 4)`` samples
-            with an observed value). Nothing is changed
-            (the ``rejected`` count grows): the sample may be pushed again.
+            ``x`` is not D numbers, or holds an infinity, or the start fitted when it
+            completes the warm-up fails. Nothing is changed (the ``rejected`` count
+            grows): the sample may be pushed again. (A warm-up with too few samples
+            holding a value is not an error: it goes on, see ``warmup``.)
         """
         t_ns = time.perf_counter_ns()
         if self._closed:
@@ -975,8 +989,8 @@ class StreamEngine:
         Raises
         ------
         ValueError
-            X is not (n, D) numbers (D >= 1) or holds an infinity, or it completes a
-            warm-up that cannot initialise the model. Nothing is processed (the
+            X is not (n, D) numbers (D >= 1) or holds an infinity, or the start fitted
+            when it completes the warm-up fails. Nothing is processed (the
             ``rejected`` count grows by the block's rows).
         """
         self._check_open()
