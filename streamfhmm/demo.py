@@ -462,7 +462,7 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
     # warm-up is of minute warmup - lag; the calibration's last one arrives with sample
     # cal.stop + lag, the last the service learns from
     lag = window // 2
-    first = warmup - lag
+    first = max(0, warmup - lag)   # (a warm-up shorter than the lag: from minute 0)
     n_cal = (n - first) // 3
     if calibration_days * _MINUTES_PER_DAY < n_cal:    # (compared as floats: no overflow)
         n_cal = int(round(calibration_days * _MINUTES_PER_DAY))
