@@ -222,7 +222,7 @@ def test_sigkill_during_periodic_checkpoints_leaves_an_intact_checkpoint(tmp_pat
                     break
                 seen = int(line.split()[0])
                 if seen >= 3:
-                    # kill at a random moment of the next checkpoint interval
+                    # kill within the next checkpoint interval, after a seeded (fixed) delay
                     kill_seed = 44
                     delay = np.random.default_rng(kill_seed).uniform(0, 0.03)
                     print(f"kill seed={kill_seed} delay={delay:.4f} s")

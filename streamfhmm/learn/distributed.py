@@ -100,7 +100,7 @@ from ..model import FHMMParams
 from ..network import RecognitionNet
 from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
-from .svi import RMSprop, SVIState, check_svi_settings, cosine_lr, log_step
+from .svi import RMSprop, SVIState, check_svi_settings, cosine_lr, log_step, store
 
 __all__ = ["fit_svi_distributed", "write_npy_chunks", "chunk_lengths", "chunk_scaler",
            "head_rows"]
@@ -920,8 +920,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         # not a vector a diverging step overflowed (the error says so; writing it would
         # raise here and hide that error)
         if np.isfinite(x).all():
-            state.model_vec = x[:nm].copy()
-            state.net.weights = x[nm:]
+            store(state, x)
         if limiter is not None:
             limiter.restore_original_limits()
         if bar is not None:

@@ -103,9 +103,15 @@ def log_step(state: SVIState, entry: dict, x: np.ndarray, bar, callback) -> None
     if bar is not None:
         bar.set_postfix(elbo=f"{entry['elbo']:.4f}")
     if callback is not None:
-        nm = state.packer.size
-        state.model_vec, state.net.weights = x[:nm].copy(), x[nm:]
+        store(state, x)
         callback(state)
+
+
+def store(state: SVIState, x: np.ndarray) -> None:
+    """Write the learner's vector ``x`` (model vector, then network weights) into
+    ``state``."""
+    nm = state.packer.size
+    state.model_vec, state.net.weights = x[:nm].copy(), x[nm:]
 
 
 def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int = 10_000,
@@ -218,8 +224,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         # not a vector a diverging step overflowed (the error says so; writing it would
         # raise here and hide that error)
         if np.isfinite(x).all():
-            state.model_vec = x[:nm].copy()
-            state.net.weights = x[nm:]
+            store(state, x)
         limiter.restore_original_limits()
         if bar is not None:
             bar.close()
