@@ -34,6 +34,7 @@ to weigh within the stream; the output says where each learning run's reservoir 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 import time
@@ -48,6 +49,8 @@ from streamfhmm.power import (N_SCORED, PAPER_MODEL, format_mse_rows,  # noqa: E
                               mse_per_dimension, power_split, protocol_mse, svi_settings)
 
 DAY = 1440
+#: the engine's default reservoir (segments)
+DEFAULT_RESERVOIR = inspect.signature(StreamEngine).parameters["reservoir_size"].default
 
 
 def stream_test_rows(model, X, *, learn, steps_per_sample=0.0, half_life=None,
@@ -61,11 +64,9 @@ def stream_test_rows(model, X, *, learn, steps_per_sample=0.0, half_life=None,
     extra = {} if reservoir_size is None else {"reservoir_size": reservoir_size}
     with StreamEngine(model, mode="smooth", learn=learn, recency_half_life=half_life,
                       learning_rate=learning_rate, learner_duty=1.0, random_state=seed, **extra) as eng:
-        capacity = reservoir_size or 2000
+        capacity = reservoir_size or DEFAULT_RESERVOIR
         for k in range(0, len(X), DAY):
             parts.append(eng.push_many(X[k:k + DAY]).mean.copy())
-            if learn and full_at is None and eng.metrics()["reservoir_size"] >= capacity:
-                full_at = min(k + DAY, len(X))
             target = int(steps_per_sample * min(k + DAY, len(X)))
             while (learn and eng.learner_steps < target and eng.learner_error is None
                    and time.perf_counter() - t0 < timeout):
@@ -116,13 +117,13 @@ def main(argv=None):
         model = FHMM.load(args.model)
         source = args.model
     X = split.test[:n_rows]
-    stride = model.window if hasattr(model, "window") else PAPER_MODEL["window"]
+    stride = model.window
     reservoir = args.reservoir_size or (max(1, n_rows // (5 * stride)) if args.quick else None)
     half_life = args.half_life or (n_rows / 4 if args.quick else 30 * DAY)
     print(f"model: {source}; first {n_rows:,} test rows, {args.steps_per_sample:g} learner steps "
           f"per sample, learning rate {args.learning_rate:g}, seed {args.seed}")
-    print(f"reservoir: {reservoir or 2000:,} segments (one offered per {stride} samples: full after "
-          f"about {(reservoir or 2000) * stride:,} rows{', set small by --quick so that it fills' if args.quick and not args.reservoir_size else ''}); "
+    print(f"reservoir: {reservoir or DEFAULT_RESERVOIR:,} segments (one offered per {stride} samples: "
+          f"full after about {(reservoir or DEFAULT_RESERVOIR) * stride:,} rows{', set small by --quick so that it fills' if args.quick and not args.reservoir_size else ''}); "
           f"half-life {half_life:,.0f} samples")
     rows = []
     t0 = time.perf_counter()
