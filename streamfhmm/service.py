@@ -33,10 +33,10 @@ in the owner's thread), which a consumer blocked in ``recv`` does.
 
 Checkpoint directory layout: per stream, ``stream-<topic hex>.json`` (the commit
 record: topic, last sequence number, stream position, the (t, seq, ts) of samples
-still inside the smoothing lag, the engine file's name) and the engine checkpoint it
-names, ``stream-<topic hex>.<generation>.npz``. The record is replaced atomically
-after the engine file is complete, so a crash at any moment leaves the previous
-consistent pair.
+still inside the smoothing lag, each ``ts`` the number text it arrived as, the engine
+file's name) and the engine checkpoint it names, ``stream-<topic hex>.<generation>.npz``.
+The record is replaced atomically after the engine file is complete, so a crash at any
+moment leaves the previous consistent pair.
 
 The library installs no signal handlers and configures no logging.
 """
@@ -70,6 +70,8 @@ logger = logging.getLogger(__name__)
 _RECORD_TAG = "streamfhmm.service-stream"
 _RECORD_VERSION = 1
 _RECORD_RE = re.compile(r"^stream-([0-9a-f]*|h[0-9a-f]{40})\.json$")
+#: a JSON number's text (what a time stamp arrives as, or ``repr`` of a finite float)
+_JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?\Z").match
 
 
 #: messages per general-path read of a lane service waiting for its lane to apply again
@@ -141,6 +143,25 @@ class _Pending:
         self.seq[i] = seq
         self.text[i, :len(txt)] = np.frombuffer(txt, np.uint8)
         self.tlen[i] = len(txt)
+
+    def append_text(self, t: int, seq: int, text: bytes):
+        """Position t: sequence number and time-stamp text (at most TS_TEXT_BYTES)."""
+        i = self._room(int(t), 1)
+        self.seq[i] = seq
+        self.text[i, :len(text)] = np.frombuffer(text, np.uint8)
+        self.tlen[i] = len(text)
+
+    def json_text(self) -> str:
+        """The JSON text of ``[[t, seq, ts], ...]``, each ``ts`` the number text it
+        arrived as (a text that is no JSON number: ``repr`` of its float)."""
+        h = self.head
+        rows = []
+        for i, seq in enumerate(self.seq[h:h + self.n].tolist()):
+            txt = self.text[h + i, :self.tlen[h + i]].tobytes()
+            if not _JSON_NUMBER(txt):
+                txt = ts_text(float(txt))
+            rows.append(b"[%d,%d,%s]" % (self.t0 + i, seq, txt))
+        return (b"[" + b",".join(rows) + b"]").decode("ascii")
 
     def append_row(self, t: int, run: SampleRun, i: int):
         j = self._room(int(t), 1)
@@ -303,6 +324,7 @@ def read_stream_record(path: str) -> dict:
     -------
     dict
         ``topic`` (bytes), ``seq``, ``t_next``, ``pending`` (list of (t, seq, ts)),
+        ``pending_text`` (the JSON number text of each pending ``ts``, bytes),
         ``generation``, ``file`` (the engine checkpoint's full path), ``time``.
 
     Raises
@@ -325,6 +347,7 @@ def read_stream_record(path: str) -> dict:
         topic = bytes.fromhex(rec["topic"])
         seq, t_next, gen = int(rec["seq"]), int(rec["t_next"]), int(rec["generation"])
         pending = [(int(t), int(s), float(ts)) for t, s, ts in rec["pending"]]
+        texts = [p[2] for p in json.loads(raw, parse_float=str, parse_int=str)["pending"]] if pending else []
         fname = str(rec["file"])
         when = float(rec["time"])
         check_topic(topic)  # the service publishes under it
@@ -339,8 +362,10 @@ def read_stream_record(path: str) -> dict:
     full = os.path.join(os.path.dirname(path), fname)
     if not os.path.isfile(full):
         raise CheckpointError(f"{path} names the engine checkpoint {fname}, which is missing")
-    return {"topic": topic, "seq": seq, "t_next": t_next, "pending": pending, "generation": gen,
-            "file": full, "time": when}
+    texts = [txt.encode() if type(txt) is str and len(txt) <= TS_TEXT_BYTES and _JSON_NUMBER(txt.encode())
+             else ts_text(p[2]) for p, txt in zip(pending, texts)]
+    return {"topic": topic, "seq": seq, "t_next": t_next, "pending": pending, "pending_text": texts,
+            "generation": gen, "file": full, "time": when}
 
 
 class StreamService:
@@ -484,7 +509,8 @@ class StreamService:
             self._block = callable(getattr(engine, "push_many", None))
         st.t_next = rec["t_next"]
         st.last_seq = rec["seq"]
-        st.pending.extend(rec["pending"])
+        for (t, seq, _), text in zip(rec["pending"], rec["pending_text"]):
+            st.pending.append_text(t, seq, text)   # (the text the samples arrived with)
         st.generation = rec["generation"]
         st.resumed_seq = rec["seq"]
         self.streams[st.topic] = st
@@ -508,9 +534,12 @@ class StreamService:
         try:
             st.engine.checkpoint(path)
             rec = {"format": _RECORD_TAG, "version": _RECORD_VERSION, "topic": st.topic.hex(),
-                   "seq": st.last_seq, "t_next": st.t_next, "pending": [list(p) for p in st.pending],
-                   "generation": gen, "file": os.path.basename(path), "time": time.time()}
-            _atomic_write_text(f"{stem}.json", json.dumps(rec))
+                   "seq": st.last_seq, "t_next": st.t_next, "generation": gen,
+                   "file": os.path.basename(path), "time": time.time()}
+            # the time stamps as the number texts they arrived as (json.dumps would write
+            # repr of their floats): a resumed stream publishes them as it received them
+            text = json.dumps(rec)[:-1] + ', "pending": ' + st.pending.json_text() + "}"
+            _atomic_write_text(f"{stem}.json", text)
         except (OSError, ValueError) as exc:
             self.counters["checkpoint_failures"] += 1
             st.since_checkpoint = 0   # try again after another checkpoint_every samples
@@ -937,6 +966,9 @@ class StreamService:
         its engine's metrics.
         """
         seqs = list(self.source.streams.values())
+        gone = getattr(self.source, "evicted_totals", None)   # (bookkeeping the source gave up)
+        if gone is not None:
+            seqs.append(gone)
         out = dict(self.counters)
         out["streams_full"] += getattr(self.source, "untracked", 0)
         out.update(streams=len(self.streams), malformed=dict(self.source.errors),

@@ -139,7 +139,8 @@ def _handshake(pub, sub=None, timeout=30.0):
 class Harness:
     """A service in a thread between a test publisher (XPUB) and a test subscriber."""
 
-    def __init__(self, tmp_path=None, engine=FakeEngine, D=3, checkpoint_every=None, start=True, **kw):
+    def __init__(self, tmp_path=None, engine=FakeEngine, D=3, checkpoint_every=None, start=True,
+                 source_kw=None, **kw):
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
@@ -152,12 +153,14 @@ class Harness:
         self.tmp_path = tmp_path
         self.checkpoint_every = checkpoint_every
         self.kw = kw
+        self.source_kw = source_kw or {}
         self.sub = None
         if start:
             self.start()
 
     def start(self):
-        self.source = ZmqSource(self.pub_ep, self.D, context=self.ctx, subscribe=False, linger_ms=0)
+        self.source = ZmqSource(self.pub_ep, self.D, context=self.ctx, subscribe=False, linger_ms=0,
+                                **self.source_kw)
         self.sink = ZmqSink(ANY, context=self.ctx, linger_ms=0)
         if self.sub is not None:   # a restart: follow the service to its new port
             self.sub.disconnect(self.sink_ep)
@@ -348,6 +351,34 @@ def test_max_streams(harness):
     assert m["streams"] == 2 and m["streams_full"] == 2
 
 
+def test_heartbeats_of_idle_topics_never_take_the_room_of_samples(tmp_path, harness):
+    """Source and service bounded alike (as ``serve --max-streams``): heartbeats of a
+    topic that sends no sample do not keep a new stream out, the resumed stream's
+    checkpointed sequence number stays, and no gap count is lost."""
+    h = harness(tmp_path, max_streams=2, source_kw={"max_streams": 2})
+    for seq in range(5):
+        h.sample(b"s", seq, _values(0, seq))
+    h.send(encode_heartbeat(b"s", 4, 0.0, end=True))
+    h.recv(5)
+    h.stop()                                      # checkpoints s at sequence number 4
+    h.start()                                     # resumes s: the source knows its 4
+    h.send(encode_heartbeat(b"idle", 3, 0.0))     # an idle publisher: its table place ...
+    h.send(encode_heartbeat(b"idle", 5, 0.0))     # (... and the gap 4, 5 it reveals)
+    for seq in range(3):
+        h.sample(b"new", seq, _values(1, seq))    # ... goes to a new stream's samples
+    for seq in range(7, 10):
+        h.sample(b"s", seq, _values(0, seq))      # 5, 6 lost since the checkpoint
+    h.send(encode_heartbeat(b"new", 2, 0.0, end=True))
+    h.send(encode_heartbeat(b"s", 9, 0.0, end=True))
+    got = h.recv(6)
+    m = h.stop()
+    assert sorted((g.topic, g.seq) for g in got) == [(b"new", 0), (b"new", 1), (b"new", 2),
+                                                     (b"s", 7), (b"s", 8), (b"s", 9)]
+    assert [g.t for g in got if g.topic == b"s"] == [5, 6, 7]
+    assert m["streams"] == 2 and m["streams_full"] == 0 and m["lost_on_resume"] == 2
+    assert (m["gaps"], m["gap_samples"]) == (2, 4)    # idle's, kept after its eviction, and s's
+
+
 def test_heartbeats_when_idle(harness):
     h = harness(heartbeat_interval=0.05)
     svc = h.recv(1, heartbeats=True)[0]
@@ -415,6 +446,56 @@ def test_resume_after_a_crash_restores_the_smoothing_lag(tmp_path, harness):
     h.stop()
     assert [g.seq for g in got] == list(range(8, 15))     # 8 and 9 again: at-least-once
     np.testing.assert_array_equal(np.array([g.mean for g in got]), np.array([_values(0, s) for s in range(8, 15)]))
+
+
+def test_resume_publishes_pending_time_stamps_as_they_arrived(tmp_path):
+    """The posteriors of samples pending at a checkpoint repeat, after a resume, the
+    time-stamp texts those samples arrived with, as a service that never stopped does."""
+    from streamfhmm.io.wire import TS_TEXT_BYTES, SampleRun
+
+    def text(s):   # JSON numbers that repr of their float would write otherwise
+        return [b"%d" % (1700000000000 + s), b"1700000%03d.50" % s, b"1700000000.12345678%02d" % s,
+                b"%dE+3" % (s + 1)][s % 4]
+
+    def run(seqs):   # what the compiled receive path hands over
+        k = len(seqs)
+        txt, tlen = np.zeros((k, TS_TEXT_BYTES), np.uint8), np.zeros(k, np.int64)
+        for i, s in enumerate(seqs):
+            txt[i, :len(text(s))] = np.frombuffer(text(s), np.uint8)
+            tlen[i] = len(text(s))
+        return SampleRun(b"s", np.array(seqs, np.int64), txt, tlen, np.array([_values(0, s) for s in seqs]))
+
+    ctx = zmq.Context()
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(sink.endpoint)
+    sub.subscribe(b"")
+    assert sink.wait_for_subscribers(1, timeout=10.0)
+    sources = []
+
+    def service():
+        sources.append(ZmqSource(ANY, 3, bind=True, context=ctx, subscribe=False, linger_ms=0))
+        return StreamService(sources[-1], sink, lambda topic: BlockFakeEngine(lag=4),
+                             resume_engine=BlockFakeEngine.resume, checkpoint_dir=str(tmp_path / "ckpt"),
+                             checkpoint_every=10, heartbeat_interval=0, batch_threshold=2)
+    try:
+        service().process([run(range(12))])        # checkpointed after 12: 8..11 in the lag
+        rec = read_stream_record(str(tmp_path / "ckpt" / "stream-73.json"))
+        assert rec["pending_text"] == [text(s) for s in range(8, 12)]
+        assert [p[2] for p in rec["pending"]] == [float(text(s)) for s in range(8, 12)]
+        service().process([run(range(12, 17))])    # a crash, then a resume from that checkpoint
+        got = []
+        while len(got) < 13 and sub.poll(10_000):
+            got.append(sub.recv_multipart()[1])
+        heads = [(json.loads(h)["seq"], re.search(rb'"ts":([^,]*),', h).group(1)) for h in got]
+        assert heads == [(s, text(s)) for s in range(13)]
+    finally:
+        for src in sources:
+            src.close(0)
+        sink.close(0)
+        sub.close(0)
+        ctx.term()
 
 
 def test_bad_checkpoint_directory_is_a_clear_error(tmp_path):

@@ -296,3 +296,42 @@ def test_source_tracks_a_bounded_number_of_topics(ctx):
     assert [i.topic for i in items] == [b"a", b"b", b"a", b"b"]
     assert sorted(src.streams) == [b"a", b"b"] and src.untracked == 3
     src.close(0)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_heartbeats_never_take_the_room_of_samples(ctx, fast):
+    """Heartbeats of topics that sent no sample (idle publishers, junk) fill the table
+    only until a sample of a new topic needs the room; a resumed stream keeps its place."""
+    pub, ep = _pub(ctx)
+    src = ZmqSource(ep, 1, context=ctx, linger_ms=0, max_streams=2, fast=fast)
+    if fast and not src.fast:
+        pytest.skip("the compiled receive path needs a reachable libzmq")
+    src.set_last_seq(b"r", 99)                       # a stream resumed from a checkpoint
+    _wait_sub(pub)
+    msgs = [encode_heartbeat(b"idle", 3, 0.0), encode_heartbeat(b"idle", 5, 0.0),  # 4, 5 lost
+            encode_heartbeat(b"junk", 0, 0.0)]       # the table is full: never evicts
+    msgs += [encode_sample(b"new", s, 0.0, [1.0]) for s in range(4)]    # takes idle's place
+    msgs += [encode_heartbeat(b"idle", 6, 0.0),      # full again: untracked
+             encode_sample(b"r", 120, 0.0, [1.0]),   # 100..119 lost since the checkpoint
+             encode_sample(b"x", 0, 0.0, [1.0]),     # full, nothing to give up: untracked
+             encode_sample(b"r", 121, 0.0, [1.0])]
+    for frames in msgs:
+        pub.send_multipart(frames)
+    got = []
+    for _ in range(200):
+        if src.socket.poll(50):
+            for it in src.recv_runs(100):
+                seqs = it.seq.tolist() if hasattr(it.seq, "tolist") else [it.seq]
+                got += [(type(it) is Heartbeat, it.topic, s) for s in seqs]
+        if (False, b"r", 121) in got:
+            break
+    assert got == [(True, b"idle", 3), (True, b"idle", 5)] + [(False, b"new", s) for s in range(4)] + [
+        (False, b"r", 120), (False, b"r", 121)]
+    assert sorted(src.streams) == [b"new", b"r"]
+    assert src.streams[b"new"].samples == 4 and src.streams[b"new"].gaps == 0
+    r = src.streams[b"r"]
+    assert (r.samples, r.gaps, r.gap_samples) == (2, 1, 20)
+    assert src.untracked == 3 and src.evicted == 1
+    gone = src.evicted_totals                        # the gap idle's heartbeats revealed is kept
+    assert (gone.gaps, gone.gap_samples, gone.heartbeats) == (1, 2, 2)
+    src.close(0)

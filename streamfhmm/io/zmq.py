@@ -220,7 +220,14 @@ class ZmqSource:
         Seconds between two log lines of the same kind of problem.
     max_streams : int
         Topics tracked at most; messages of further topics are counted (``untracked``)
-        and skipped, so that the bookkeeping stays bounded whatever arrives.
+        and skipped, so that the bookkeeping stays bounded whatever arrives. A heartbeat
+        never takes the room of samples: the bookkeeping that heartbeats made for a topic
+        that has sent no sample yet is given up, oldest first, when a sample of a new
+        topic finds the table full (counted in ``evicted``, its gaps kept in
+        ``evicted_totals``; a later message of that topic starts afresh, with no gap
+        before it), and a heartbeat of a new topic never gives up anything. The
+        bookkeeping of a topic that sent a sample, or whose last sequence number was
+        declared by :meth:`set_last_seq` (a resumed stream), is never given up.
     fast : bool
         Let :meth:`recv_runs` use the compiled receive path
         (:mod:`streamfhmm.io.fastwire`) where libzmq is reachable; False forces the
@@ -234,7 +241,9 @@ class ZmqSource:
     errors : dict
         Malformed messages counted by kind (:data:`~streamfhmm.io.wire.ERROR_KINDS`).
     streams : dict of bytes to StreamSeq
-    untracked, disconnects, reconnects : int
+    untracked, evicted, disconnects, reconnects : int
+    evicted_totals : StreamSeq
+        The gaps and heartbeats counted in the bookkeeping given up (see ``max_streams``).
     """
 
     def __init__(self, endpoint: str, n_features: int, *, topics=None, bind: bool = False,
@@ -248,6 +257,10 @@ class ZmqSource:
         self.n_features = int(n_features)
         self.max_streams = int(max_streams)
         self.untracked = 0
+        self.evicted = 0
+        self.evicted_totals = StreamSeq()
+        # topics whose bookkeeping only heartbeats made (no sample yet), oldest first
+        self._heartbeat_only: dict[bytes, None] = {}
         self.endpoint = endpoint
         self.context = context or zmq.Context.instance()
         prefixes = []
@@ -289,10 +302,16 @@ class ZmqSource:
         return sum(self.errors.values())
 
     def set_last_seq(self, topic: bytes, seq: int):
-        """Declare ``seq`` the last sequence number seen on ``topic`` (after a restart)."""
+        """Declare ``seq`` the last sequence number seen on ``topic`` (after a restart).
+
+        This bookkeeping is never given up (see ``max_streams``).
+        """
         st = self.streams.get(topic)
         if st is None:
+            if len(self.streams) >= self.max_streams:
+                self._evict()
             st = self.streams[topic] = StreamSeq()
+        self._heartbeat_only.pop(topic, None)
         st.last_seq = int(seq)
 
     def feed(self, frames) -> Sample | Heartbeat | None:
@@ -309,12 +328,13 @@ class ZmqSource:
             self._log(exc.kind, "skipped a malformed message (%s): %s", exc.kind, exc)
             return None
         topic = item.topic
-        st = self._stream(topic, 1)
+        heartbeat = type(item) is Heartbeat
+        st = self._stream(topic, 1, not heartbeat)
         if st is None:
             return None
         seq = item.seq
         last = st.last_seq
-        if type(item) is Heartbeat:
+        if heartbeat:
             st.heartbeats += 1
             if seq > last and last >= 0:
                 self._gap(topic, st, last, seq + 1)
@@ -326,18 +346,40 @@ class ZmqSource:
             return None
         return item
 
-    def _stream(self, topic: bytes, n: int) -> StreamSeq | None:
+    def _stream(self, topic: bytes, n: int, samples: bool = True) -> StreamSeq | None:
         """The bookkeeping of ``topic`` (new if there is room), or None: its n messages
-        are then counted as untracked."""
+        are then counted as untracked. ``samples``: the messages are samples (else a
+        heartbeat), which may take the room of a topic only heartbeats were seen of."""
         st = self.streams.get(topic)
         if st is None:
-            if len(self.streams) >= self.max_streams:
+            if len(self.streams) >= self.max_streams and not (samples and self._evict()):
                 self.untracked += n
                 self._log("streams", "skipped a message of a new topic %r: already %d topics "
                           "(max_streams)", topic[:40], len(self.streams))
                 return None
             st = self.streams[topic] = StreamSeq()
+            if not samples:
+                self._heartbeat_only[topic] = None
+        elif samples and self._heartbeat_only:
+            self._heartbeat_only.pop(topic, None)
         return st
+
+    def _evict(self) -> bool:
+        """Give up the bookkeeping of the oldest topic only heartbeats were seen of (its
+        gaps and heartbeats go to ``evicted_totals``); False if there is none."""
+        if not self._heartbeat_only:
+            return False
+        topic = next(iter(self._heartbeat_only))
+        del self._heartbeat_only[topic]
+        st = self.streams.pop(topic)
+        gone = self.evicted_totals
+        gone.gaps += st.gaps
+        gone.gap_samples += st.gap_samples
+        gone.heartbeats += st.heartbeats
+        self.evicted += 1
+        self._log("evict", "gave up the bookkeeping of topic %r (heartbeats only, no sample) for "
+                  "a new topic: already %d topics (max_streams)", topic[:40], len(self.streams) + 1)
+        return True
 
     def _accept(self, topic: bytes, st: StreamSeq, seq: int, n: int) -> int:
         """Sequence-check n samples with consecutive numbers from ``seq``: count a gap
