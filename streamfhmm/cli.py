@@ -923,7 +923,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--covariance-type", choices=("full", "diag", "spherical"), default="full",
                    help="noise covariance: full (default), diagonal, or spherical (σ² I: every "
                         "channel weighs the same)")
-    f.add_argument("--method", choices=("svi", "smf"), default="svi", help="learning method (default svi)")
+    f.add_argument("--method", choices=("svi", "smf", "em"), default="svi",
+                   help="learning method: svi (default), smf (structured mean-field EM) or em (exact EM, "
+                        "at most 14 chains)")
     f.add_argument("--max-iter", type=_positive_int, help="SVI steps or EM iterations")
     f.add_argument("--time-budget", type=_nonneg_float, metavar="SECONDS", help="stop learning after this long")
     f.add_argument("--batch-size", type=_positive_int, default=10, help="subchains per SVI step (default 10)")

@@ -212,13 +212,19 @@ class _Child:
                 return line.strip()
         return "(no message)"
 
-    def wait_line(self, pattern, timeout: float):
-        """The first stderr line matching ``pattern`` (a compiled regex); its match."""
-        deadline = time.monotonic() + timeout
+    def wait_line(self, pattern, timeout: float, on_slow=None, slow_after: float = 5.0):
+        """The first stderr line matching ``pattern`` (a compiled regex); its match.
+        ``on_slow()`` is called once if none has come after ``slow_after`` seconds."""
+        start = time.monotonic()
+        deadline = start + timeout
         while True:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 raise DemoError(f"{self.name} did not start within {timeout:g} s")
+            if on_slow is not None and now - start >= slow_after:
+                on_slow()
+                on_slow = None
             try:
                 line = self.queue.get(timeout=min(left, 0.2))
             except queue.Empty:
@@ -494,7 +500,8 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
             "--warmup", str(warmup), "--bind", "--sub", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*",
             "--wait-subscribers", "1", "--status-interval", "1", "--heartbeat", "1"]
             + ([] if learn_samples is None else ["--learn-samples", str(learn_samples)]), children)
-        m = serve.wait_line(_ENDPOINTS, timeout=120.0)
+        m = serve.wait_line(_ENDPOINTS, timeout=120.0, on_slow=lambda: out.message(
+            "serve is starting (a first run compiles its kernels first: a minute or two)"))
         ep_in, ep_out = m.group(1), m.group(2)
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)

@@ -143,6 +143,22 @@ def test_fit_net_warmup(files, capsys):
     assert not np.array_equal(got.W_, joint.W_)
 
 
+def test_fit_exact_em(files, capsys):
+    """--method em reaches FHMM.fit: the same model as the library's exact EM; more
+    chains than exact EM takes is a one-line error."""
+    out_path = str(files["dir"] / "em.npz")
+    code, out, _ = _run(["fit", files["csv"], "--chains", "2", "--window", "3", "--hidden", "4",
+                         "--method", "em", "--max-iter", "5", "--seed", "1", "--out", out_path,
+                         "--no-progress"], capsys)
+    assert code == 0 and "(em)" in out
+    ref = FHMM(n_chains=2, window=3, n_hidden=4, random_state=1).fit(files["X"], method="em", max_iter=5,
+                                                                     progress=False)
+    np.testing.assert_array_equal(FHMM.load(out_path).W_, ref.W_)
+    code, _, err = _run(["fit", files["csv"], "--chains", "15", "--method", "em", "--max-iter", "1",
+                         "--out", out_path, "--no-progress"], capsys)
+    assert code != 0 and "Traceback" not in err and "14" in err
+
+
 @pytest.mark.parametrize("kind", ["diag", "spherical"])
 def test_fit_covariance_type(files, capsys, kind):
     out_path = str(files["dir"] / f"cov_{kind}.npz")
@@ -219,7 +235,7 @@ def _errors(tmp_path, files):
         (["fit", csv], 2, "the following arguments are required: --out"),
         (["fit", csv, "--out", "x", "--chains", "0"], 2, "argument --chains: expected a positive integer, got 0"),
         (["fit", csv, "--out", "x", "--window", "w"], 2, "argument --window: expected a positive integer, got 'w'"),
-        (["fit", csv, "--out", "x", "--method", "em"], 2, "argument --method: invalid choice: 'em'"),
+        (["fit", csv, "--out", "x", "--method", "adam"], 2, "argument --method: invalid choice: 'adam'"),
         (["serve", "--model", m, "--cold"], 2, "argument --cold: not allowed with argument --model"),
         (["serve"], 2, "one of the arguments --model --cold is required"),
         (["serve", "--model", m, "--sub", "localhost:5"], 2,

@@ -3,11 +3,13 @@
 import importlib.metadata
 import math
 import os
+import queue
 import re
 import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zlib
 
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 
 from streamfhmm.cli import main
-from streamfhmm.demo import _SAMPLES, DemoError, _frame, _View, resolve_start
+from streamfhmm.demo import _SAMPLES, DemoError, _Child, _frame, _View, resolve_start
 
 SEED = 3
 
@@ -432,3 +434,25 @@ def test_disaggregate_bad_periods_are_one_line_errors(capsys):
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1
     assert err.startswith("streamfhmm disaggregate: error: calibration_days and evaluation_days must"), err
+
+
+def test_a_slow_start_is_explained_once():
+    """A child slow to print its start line (a first run compiles its kernels) makes
+    wait_line say so once, then it still returns the line's match."""
+    child = _Child.__new__(_Child)       # a running child whose stderr lines are fed below
+    child.name, child.queue = "slow", queue.Queue()
+    child.proc = type("Running", (), {"poll": lambda self: None, "returncode": None})()
+    said = []
+
+    def feed():
+        time.sleep(0.5)
+        child.queue.put("input bound at tcp://a:1, output bound at tcp://b:2 (")
+
+    threading.Thread(target=feed, daemon=True).start()
+    m = child.wait_line(re.compile(r"input bound at (\S+), output bound at (\S+) \("), timeout=30.0,
+                        on_slow=lambda: said.append(1), slow_after=0.1)
+    assert m.group(1) == "tcp://a:1" and said == [1]
+    child.queue.put("input bound at tcp://c:3, output bound at tcp://d:4 (")
+    m = child.wait_line(re.compile(r"input bound at ([^,]+)"), timeout=30.0, on_slow=lambda: said.append(2),
+                        slow_after=10.0)
+    assert m.group(1) == "tcp://c:3" and said == [1]     # a quick line: nothing said

@@ -230,10 +230,12 @@ class StreamEngine:
     Parameters
     ----------
     model : FHMM
-        The model. A fitted one (``params_``) starts at once; an unfitted one is
-        initialised from a warm-up of the stream's first ``warmup`` samples (k-means
-        start and a short structured mean-field fit, then a short SVI run). The engine
-        never modifies ``model``: read the current parameters from :attr:`params`.
+        The model. A fitted one (``params_``) starts at once, unless the engine needs
+        a network it lacks (``mode="filter"`` with recognition posteriors: :meth:`FHMM.fit`
+        trains a centred network only; see ``net``); an unfitted one is initialised
+        from a warm-up of the stream's first ``warmup`` samples (k-means start and a
+        short structured mean-field fit, then a short SVI run). The engine never
+        modifies ``model``: read the current parameters from :attr:`params`.
     mode : {"smooth", "filter"}
         ``"smooth"``: the posterior of ``t - h`` when sample t arrives (``h =
         window // 2``); ``"filter"``: the posterior of t at once.
@@ -253,8 +255,8 @@ class StreamEngine:
     warmup : int
         Samples buffered before an unfitted model (or a new network) is initialised;
         more when fewer than ``max(n_chains + 2, 4)`` of them hold a value (one, for a
-        fitted model): the warm-up goes on until that many have. The warm-up posteriors are emitted, flagged ``FLAG_WARMUP``, by the call that
-        completes the warm-up.
+        fitted model): the warm-up goes on until that many have. The warm-up posteriors
+        are emitted, flagged ``FLAG_WARMUP``, by the call that completes the warm-up.
     warmup_steps : int
         SVI steps on the warm-up buffer before streaming starts.
     warmup_time : float
