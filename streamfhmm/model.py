@@ -192,9 +192,14 @@ class FHMMParams:
 
     @property
     def stationary(self) -> np.ndarray:
-        """Stationary ``P(s^m = 1) = a / (a + b)``, shape (M,)."""
-        a, b = sigmoid(self.alpha), sigmoid(self.beta)
-        return a / (a + b)
+        """Stationary ``P(s^m = 1) = a / (a + b)``, shape (M,).
+
+        Evaluated as ``σ(log a - log b)`` with ``log σ(x) = -softplus(-x)`` from the logits:
+        ``a`` and ``b`` both underflow to 0.0 for logits below -745 (``0 / 0``), while the
+        ratio stays well defined (``σ(-10)`` for ``α = -800``, ``β = -790``)."""
+        log_a = -np.logaddexp(0.0, -self.alpha)
+        log_b = -np.logaddexp(0.0, -self.beta)
+        return sigmoid(log_a - log_b)
 
     # -- sampling -------------------------------------------------------------------
     def sample(self, n_samples: int, random_state=None) -> tuple[np.ndarray, np.ndarray]:

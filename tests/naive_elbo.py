@@ -10,6 +10,7 @@ Conventions as in ``streamfhmm.model``: ``W`` (M+1, D) with the bias last, ``Sig
 ``NaN`` in ``Y`` marks a missing value.
 """
 import math
+from fractions import Fraction
 
 import numpy as np
 from scipy import integrate, special, stats
@@ -19,6 +20,7 @@ __all__ = [
     "bvn_cdf_owens_t",
     "copula_cells_naive",
     "log_gauss_observed",
+    "log_gauss_observed_exact",
     "all_state_sequences",
     "elbo_naive",
     "log_likelihood_naive",
@@ -106,6 +108,46 @@ def log_gauss_observed(y, mean, Sigma):
     return float(stats.multivariate_normal.logpdf(y[obs], mean=mean[obs], cov=cov))
 
 
+def log_gauss_observed_exact(y, s, W, L):
+    """``log N(y_o; (Wᵀŝ)_o, Σ_oo)`` for ``Σ = L Lᵀ`` in exact rational arithmetic.
+
+    ``Σ_oo``, the mean and the residual are formed exactly from the float64 entries of
+    ``y``, ``W`` and ``L`` (as fractions), the linear system and the determinant solved
+    by exact Gaussian elimination: only the final logarithm and conversion round. The
+    reference for a Σ too ill-conditioned for ``log_gauss_observed`` (for which a formed
+    ``Σ_oo`` is singular in float64). ``s`` is the binary state (M,); 0 if nothing is
+    observed.
+    """
+    y = np.asarray(y, dtype=float)
+    M, D = W.shape[0] - 1, W.shape[1]
+    obs = [d for d in range(D) if not math.isnan(y[d])]
+    n = len(obs)
+    if n == 0:
+        return 0.0
+    Lf = [[Fraction(float(L[i, j])) for j in range(D)] for i in range(D)]
+    S = [[sum(Lf[i][k] * Lf[j][k] for k in range(D)) for j in obs] for i in obs]
+    r = []
+    for d in obs:
+        mean = Fraction(float(W[M, d])) + sum(Fraction(float(W[m, d])) for m in range(M) if s[m])
+        r.append(Fraction(float(y[d])) - mean)
+    # Gaussian elimination on [S | r]: S is positive definite, so no pivoting is needed
+    A = [row[:] + [r[i]] for i, row in enumerate(S)]
+    det = Fraction(1)
+    for j in range(n):
+        det *= A[j][j]
+        for i in range(j + 1, n):
+            f = A[i][j] / A[j][j]
+            for k in range(j, n + 1):
+                A[i][k] -= f * A[j][k]
+    x = [Fraction(0)] * n
+    for i in range(n - 1, -1, -1):
+        x[i] = (A[i][n] - sum(A[i][k] * x[k] for k in range(i + 1, n))) / A[i][i]
+    quad = sum(ri * xi for ri, xi in zip(r, x))
+    assert det > 0
+    log_det = math.log(det.numerator) - math.log(det.denominator)
+    return -0.5 * n * math.log(2.0 * math.pi) - 0.5 * log_det - 0.5 * float(quad)
+
+
 def all_state_sequences(T, M):
     """Every joint sequence as an int array (2^{MT}, T, M) of 0/1."""
     n = M * T
@@ -114,8 +156,9 @@ def all_state_sequences(T, M):
     return bits.reshape(-1, T, M)
 
 
-def _log_joint_terms(Y, W, Sigma, log_A, log_pi):
-    """``log p(y, s)`` for every joint sequence, shape (2^{MT},)."""
+def _log_joint_terms(Y, W, Sigma, log_A, log_pi, L=None):
+    """``log p(y, s)`` for every joint sequence, shape (2^{MT},); with ``L`` the
+    emissions are :func:`log_gauss_observed_exact` (``Sigma`` is then unused)."""
     T = Y.shape[0]
     M = W.shape[0] - 1
     S = all_state_sequences(T, M)
@@ -125,6 +168,9 @@ def _log_joint_terms(Y, W, Sigma, log_A, log_pi):
     le = np.empty((T, K))
     for t in range(T):
         for k in range(K):
+            if L is not None:
+                le[t, k] = log_gauss_observed_exact(Y[t], kbits[k], W, L)
+                continue
             mean = kbits[k] @ W[:M] + W[M]
             le[t, k] = log_gauss_observed(Y[t], mean, Sigma)
     kidx = (S << np.arange(M)[None, None, :]).sum(axis=2)  # (N, T)
@@ -156,16 +202,19 @@ def _log_q_sequences(S, theta, rho):
     return logq
 
 
-def elbo_naive(Y, theta, rho, W, Sigma, log_A, log_pi):
+def elbo_naive(Y, theta, rho, W, Sigma, log_A, log_pi, L=None):
     """``E_q[log p(y, s)] - E_q[log q(s)]`` by enumeration of all joint sequences.
 
     Parameters
     ----------
     Y : (T, D), NaN = missing; theta, rho : (T, M) (``rho[0]`` unused);
     W : (M+1, D); Sigma : (D, D); log_A : (M, 2, 2); log_pi : (M, 2).
+    L : (D, D), optional
+        Cholesky factor of Σ: the emissions are then computed from it in exact
+        arithmetic (:func:`log_gauss_observed_exact`) and ``Sigma`` is not used.
     """
     Y = np.asarray(Y, dtype=float)
-    S, logp = _log_joint_terms(Y, W, Sigma, log_A, log_pi)
+    S, logp = _log_joint_terms(Y, W, Sigma, log_A, log_pi, L=L)
     logq = _log_q_sequences(S, np.asarray(theta, float), np.asarray(rho, float))
     q = np.exp(logq)
     assert abs(q.sum() - 1.0) < 1e-11, q.sum()

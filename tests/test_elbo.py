@@ -311,6 +311,44 @@ def test_gradients_finite_differences(missing, first):
         assert not np.any(g["logpi"])
 
 
+@pytest.mark.parametrize("eps", [1e-7, 1e-8, 1e-9])
+def test_missing_values_with_an_ill_conditioned_covariance(eps):
+    """A valid L whose Σ = L Lᵀ has eigenvalues ~1 and ~eps² (rows 1 and 2 of L parallel
+    up to eps), dimension 0 missing: the formed Σ_oo = [[1, 1], [1, 1 + eps²]] is
+    singular in float64 for eps ≤ 1e-8 and its Cholesky gave a NaN bound (and for
+    eps = 1e-7 an error of 6e-3 through the formed Σ_oo and its explicit inverse). Against exact
+    rational arithmetic from L, and θ-gradients against central differences of it."""
+    seed = 83
+    print(f"seed={seed} eps={eps}")
+    rng = np.random.default_rng(seed)
+    T, M, D = 4, 2, 3
+    L = np.array([[1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.6, 0.8, eps]])
+    W = rng.standard_normal((M + 1, D))
+    W[:, 2] = W[:, 1]  # along Σ_oo's well-conditioned direction: a bound of order 1, not 1e16
+    alpha, beta = np.array([-1.0, -2.0]), np.array([-1.5, -0.5])
+    log_pi = np.log(np.array([[0.7, 0.3], [0.4, 0.6]]))
+    theta, rho = random_variational(rng, T, M)
+    S = rng.integers(0, 2, size=(T, M))
+    Y = S @ W[:M] + W[M] + rng.standard_normal((T, D)) @ L.T
+    Y[:, 0] = np.nan       # every row observes dimensions 1 and 2 (one cached pattern) ...
+    Y[2] = np.nan          # ... but row 2, which observes nothing
+    Linv = np.linalg.inv(L)
+    P = Linv.T @ Linv
+    log_A = log_transitions(alpha, beta)
+    v, g = run(Y, theta, rho, True, W, L, alpha, beta, log_pi, P=P)
+    ref = elbo_naive(Y, theta, rho, W, None, log_A, log_pi, L=L)
+    print(f"kernel {v!r} exact {ref!r}")
+    assert abs(v - ref) <= 1e-6
+    assert all(np.isfinite(a).all() for a in g.values())
+    # one position (ℓ_1 needs no copula cells): ∂/∂θ against differences of the reference
+    y1, th1, rh1 = Y[:1].copy(), theta[:1].copy(), rho[:1].copy()
+    v1, g1 = run(y1, th1, rh1, True, W, L, alpha, beta, log_pi, P=P)
+    assert v1 == pytest.approx(elbo_naive(y1, th1, rh1, W, None, log_A, log_pi, L=L),
+                               rel=0, abs=1e-7)
+    fd = central_fd(lambda: elbo_naive(y1, th1, rh1, W, None, log_A, log_pi, L=L), th1, 1e-5)
+    assert rel_err(g1["theta"], fd) <= 1e-6, (g1["theta"], fd)
+
+
 def test_floor_keeps_value_and_gradients_finite():
     """Cells that underflow to 0 are floored: the value is finite and equals the true
     ELBO (0 log 0 = 0), the gradients are finite and match central differences."""

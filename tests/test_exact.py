@@ -98,6 +98,48 @@ def test_extreme_observation_does_not_underflow():
     assert ll == pytest.approx(naive.forward_loglik_loops(p, X), rel=1e-9)
 
 
+@pytest.mark.parametrize("alpha0", [-800.0, -1e5, -725.0])
+@pytest.mark.parametrize("block", [1, 2, 256])
+def test_smoother_state_favoured_by_data_but_unreachable(alpha0, block):
+    """Chain 0 starts off and switches on with probability σ(α0): exactly 0.0 in float64
+    for α0 = -800 and -1e5, subnormal (1.4e-315) for -725. One sample favours chain 0 on
+    by 730 nats, so ``e_r(s) / c_r = exp(730)`` overflows: the smoother gave NaN marginals
+    (0·inf, inf·A) while the forward pass and log p(y) were right. Reference: enumeration
+    of all 4^T joint paths under the same float64 transition matrix (log 0 = -inf)."""
+    seed = 47
+    print(f"seed={seed} alpha0={alpha0} block={block}")
+    W = np.array([[1.0, 0.0], [0.3, -0.8], [0.2, 0.1]])
+    L = np.array([[0.1, 0.0], [0.03, 0.1]])
+    p = FHMMParams(W=W, L=L, alpha=np.array([alpha0, -1.5]), beta=np.array([2.0, -1.0]),
+                   startprob=np.array([0.0, 0.4]))
+    X, S = p.sample(4, random_state=seed)
+    assert not S[:, 0].any()
+    # y_2 = mean + k w_0: chain 0 on instead of off gains (k - ½) w_0ᵀ P w_0 = 730 nats,
+    # less than the 800 the prior charges, so the posterior keeps it off (as with a = 0)
+    P = np.linalg.inv(p.covariance)
+    c = W[0] @ P @ W[0]
+    mean = S[2] @ W[:2] + W[2]
+    X[2] = mean + (730.0 / c + 0.5) * W[0]
+    gain = W[0] @ P @ (X[2] - mean) - 0.5 * c
+    assert 709.8 < gain < 800.0
+    with np.errstate(divide="ignore"):
+        ll_ref, theta_ref, xi_ref, filt_ref = naive.brute_force_posterior(p, X)
+    T, M = X.shape[0], p.n_chains
+    theta = np.zeros((T, M))
+    xi = np.zeros((T, M, 2, 2))
+    ll = kx.forward_backward(X, bounds_from_lengths(np.array([T])), p.W, p.L, p.transmat,
+                             p.startprob, block, True, theta, xi, np.zeros(0))
+    assert ll == pytest.approx(ll_ref, rel=1e-12)
+    np.testing.assert_allclose(theta, theta_ref, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(xi, xi_ref, rtol=0, atol=1e-10)
+    ll2, theta2, xi2 = exact.smoothed_marginals(p, X, pairwise=True)
+    np.testing.assert_allclose(theta2, theta_ref, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(xi2, xi_ref, rtol=0, atol=1e-10)
+    llf, filt = exact.filtered_marginals(p, X)
+    assert exact.log_likelihood(p, X) == llf == pytest.approx(ll_ref, rel=1e-12)
+    np.testing.assert_allclose(filt, filt_ref, rtol=0, atol=1e-10)
+
+
 def test_errors():
     p = _model(2, 2, 0)
     with pytest.raises(ValueError, match="X must have 2 features"):

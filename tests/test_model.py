@@ -24,6 +24,28 @@ def test_default_startprob_is_stationary():
     np.testing.assert_allclose(m.startprob_, [0.1 / 0.3, 0.05 / 0.35])
 
 
+def test_stationary_when_both_switch_probabilities_underflow():
+    """σ(α) and σ(β) are both exactly 0.0 in float64 for logits below -745, and
+    a / (a + b) was 0/0 = NaN; the ratio is fine. Reference: 50-digit decimal arithmetic."""
+    from decimal import Decimal, localcontext
+    alpha = np.array([-800.0, -800.0, -1e5, -760.0, 3.0, -2.0, 760.0, 0.3])
+    beta = np.array([-790.0, -800.0, -1e5 + 5.0, -790.0, -800.0, 1.5, 800.0, -0.7])
+    M = alpha.shape[0]
+    p = FHMMParams(W=np.zeros((M + 1, 1)), L=[[1.0]], alpha=alpha, beta=beta,
+                   startprob=np.full(M, 0.5))
+    ref = []
+    with localcontext() as ctx:
+        ctx.prec = 50
+        for a_, b_ in zip(alpha, beta):
+            a = 1 / (1 + Decimal(-float(a_)).exp())
+            b = 1 / (1 + Decimal(-float(b_)).exp())
+            ref.append(float(a / (a + b)))
+    with np.errstate(invalid="raise", divide="raise"):
+        got = p.stationary
+    np.testing.assert_allclose(got, ref, rtol=1e-14, atol=0)
+    assert got[0] == pytest.approx(1.0 / (1.0 + np.exp(10.0)), rel=1e-14)
+
+
 def test_sigmoid_logit():
     x = np.array([-800.0, -3.0, 0.0, 2.0, 800.0])
     s = sigmoid(x)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from streamfhmm import exact
 from streamfhmm.learn.smf import (SMFEStep, expected_complete_loglik, fit_smf, init_params,
                                   smf_e_step, smf_m_step, smf_posterior)
+from streamfhmm.kernels import smf as _ksmf
 from streamfhmm.model import FHMMParams
 
 from . import naive_smf as naive
@@ -199,6 +200,74 @@ def test_extreme_parameters_single_chain(a, b, noise):
     assert np.isfinite(est.theta).all()
     assert est.bound == pytest.approx(ll, rel=1e-10)
     np.testing.assert_allclose(est.theta, theta, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("pi0,gain", [(0.0, 712.0), (0.0, 730.0), (1e-310, 730.0),
+                                      (1e-320, 740.0)])
+def test_start_mass_zero_or_subnormal_and_potential_in_the_subnormal_range(pi0, gain):
+    """π_0 = 0 or subnormal, and data favouring chain 0 on at t = 1 by 708 < g < 745 nats:
+    the other state's factor exp(-g) is subnormal, not 0, so the forward step's mass was a
+    subnormal number and its rescaling 1/sm overflowed (NaN everywhere). Against the
+    brute-force sweeps and bound."""
+    seed = 67
+    print(f"seed={seed} pi0={pi0} gain={gain}")
+    rng = np.random.default_rng(seed)
+    # w_0 ⟂ w_1 in the metric P = Σ⁻¹: chain 0's potential does not depend on θ^1
+    W = np.array([[1.0, 0.0], [0.0, 0.7], [0.2, -0.1]])
+    p = FHMMParams(W=W, L=0.1 * np.eye(2), alpha=np.array([-1.0, -2.0]),
+                   beta=np.array([-2.0, -1.5]), startprob=np.array([pi0, 0.4]))
+    X, _ = p.sample(4, random_state=seed)
+    X[0, 0] = W[2, 0] + (gain + 50.0) / 100.0  # g_1^0 = 100 (y - w_0) - 50 = gain
+    theta0 = rng.uniform(size=(4, 2))
+    est = smf_e_step(p, X, theta_init=theta0, tol=0.0, max_sweeps=2)
+    ref_theta, potentials, ref_xi, ref_log_Z, ref_entropy = naive.smf_sweeps(p, X, theta0, 2)
+    assert potentials[0][0] == pytest.approx(gain, abs=1e-9)
+    np.testing.assert_allclose(est.theta, ref_theta, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(est.xi, ref_xi, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(est.log_Z, ref_log_Z, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(est.entropy, ref_entropy, rtol=1e-9, atol=1e-10)
+    assert est.bound == pytest.approx(naive.smf_bound_bruteforce(p, X, potentials), rel=1e-10)
+    ll = naive.log_likelihood_bruteforce(p, X)
+    assert est.bound <= ll + 1e-10 * abs(ll)
+
+
+@pytest.mark.parametrize("alpha,beta,pi1,g", [
+    (-40.0, -800.0, 1e-320, [658.0, 718.7, -702.0, -743.4, 661.3, 698.1]),
+    (-800.0, -800.0, 0.5, [-728.5, 695.2, 748.0, -677.5, 688.5, 657.1]),
+    (-40.0, -800.0, 0.5, [678.9, 703.0, 701.2, 755.2, -683.3, -683.7]),
+    (1.5, -800.0, 0.0, [-654.0, -715.4, 714.4, -674.6, -720.2, -735.3]),
+    (-800.0, -800.0, 0.5, [711.5, -684.3, -712.6, -742.1]),
+])
+def test_kernel_transition_probability_exactly_zero(alpha, beta, pi1, g):
+    """The kernel (below the Python layer's 1e-100 limit) with logits past ±745, where
+    σ(∓α) is exactly 0.0 in float64, and potentials of 650-760 nats: the subnormal
+    exp(-|g|) window, excluded states with huge potentials, backward messages that grew
+    or whose pair normaliser was subnormal gave NaN/inf. One chain (SMF is then exact),
+    against enumeration of its 2^T paths under the same float64 transition matrix."""
+    print(f"alpha={alpha} beta={beta} pi1={pi1} g={g}")
+    g = np.array(g)
+    T = g.shape[0]
+    log_A = np.array([[[-np.logaddexp(0.0, alpha), -np.logaddexp(0.0, -alpha)],
+                       [-np.logaddexp(0.0, -beta), -np.logaddexp(0.0, beta)]]])
+    with np.errstate(divide="ignore"):
+        log_start = np.log(np.array([[1.0 - pi1, pi1]]))
+        log_A_float = np.log(np.exp(log_A[0]))  # the zeros the recursions multiply by
+    assert (log_A_float == -np.inf).any()
+    # whitened unit chain row, θ = ½: the potential g_t = ũᵀ(ỹ_t - θ_t ũ) + (θ_t - ½)‖ũ‖² = g
+    ytil = (g + 0.5)[:, None]
+    theta = np.full((T, 1), 0.5)
+    xi, log_Z, theta_g, entropy = np.zeros((1, 2, 2)), np.zeros(1), np.zeros(1), np.zeros(1)
+    trace = np.zeros(2)
+    _ksmf.smf_e_step(ytil, np.ones((1, 1)), log_A, log_start, np.array([0, T]), theta, 0.0, 1,
+                     0.0, np.full(1, np.nan), xi, log_Z, theta_g, entropy, trace)
+    with np.errstate(divide="ignore"):
+        ref_theta, ref_xi, ref_log_Z, ref_entropy = naive.chain_posterior(log_start[0],
+                                                                          log_A_float, g)
+    np.testing.assert_allclose(theta[:, 0], ref_theta, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(xi[0], ref_xi, rtol=0, atol=1e-10)
+    # a factor exp(-|g|) in the subnormal range (|g| > 708.4) keeps only some of its digits
+    assert log_Z[0] == pytest.approx(ref_log_Z, rel=1e-10)
+    assert theta_g[0] == pytest.approx(float(ref_theta @ g), rel=1e-12, abs=1e-9)
 
 
 # ----------------------------------------------------------------------------------------

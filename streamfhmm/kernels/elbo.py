@@ -24,7 +24,9 @@ Conventions
   previous one's last row as its context row, sum to the full ELBO.
 * A missing value is ``NaN`` in ``Y``. The emission term of a row with missing
   dimensions is that of the marginal Gaussian of its observed dimensions; a row with
-  every dimension missing has no emission term.
+  every dimension missing has no emission term. ``Σ_oo`` is factorised from the rows of
+  ``L`` (never from a formed ``Σ``) and its quadratic forms are evaluated by
+  substitution, so the term is finite whenever ``L`` is a valid factor.
 * Every gradient output is **accumulated** (``+=``), so a batch of subchains, and
   subchains that share rows, can share the outputs; zero them before the first call.
 * Inside logarithms ``q_ij``, ``θ`` and ``1-θ`` are floored at ``Q_FLOOR = 1e-300``
@@ -70,21 +72,54 @@ def _neg_entropy(theta):
 
 
 @jit
-def _cholesky_inplace(A, n):
-    """Lower Cholesky factor of the leading ``n × n`` block of ``A``, in place."""
-    for j in range(n):
-        s = A[j, j]
-        for k in range(j):
-            s -= A[j, k] * A[j, k]
-        ljj = math.sqrt(s)
-        A[j, j] = ljj
-        for i in range(j + 1, n):
-            s = A[i, j]
-            for k in range(j):
-                s -= A[i, k] * A[j, k]
-            A[i, j] = s / ljj
-        for i in range(j):
-            A[i, j] = 0.0
+def observed_cholesky(L, obs, n, C):
+    """Lower Cholesky factor of ``Σ_oo`` computed from ``L``, never from ``Σ = L Lᵀ``.
+
+    Parameters
+    ----------
+    L : ndarray, shape (D, D)
+        Lower Cholesky factor of Σ, positive diagonal.
+    obs : ndarray of int64, shape (≥ n,)
+        The observed dimensions, increasing.
+    n : int
+        Their number.
+    C : ndarray, shape (≥ n, D)
+        Out: ``C[:n, :n]`` lower triangular with a positive diagonal,
+        ``C Cᵀ = Σ_oo = L_o L_oᵀ`` (``L_o`` the rows ``obs`` of L); the rest is scratch.
+
+    Notes
+    -----
+    MATH.md §4, missing dimensions. Forming ``Σ_oo`` squares the condition number:
+    ``1 + ε²`` rounds to 1 for ``ε < 1e-8``, so the Cholesky of the formed block of a
+    valid L with eigenvalues 1 and 1e-16 met a zero (or negative) pivot and gave NaN.
+    Here the rows ``L_o`` are rotated instead (an LQ factorisation by Givens rotations,
+    backward stable): ``L_o Q = [C 0]``. Row i of ``L_o`` is zero beyond column
+    ``obs[i]``, and the rotations of rows before it touch only columns up to
+    ``obs[i-1] < obs[i]``, so ``L[obs[i], obs[i]] > 0`` is still in place when row i is
+    reduced and ``C_ii ≥ L[obs[i], obs[i]] > 0``: the factor exists whenever L is valid.
+    When the missing dimensions are the last ones no rotation is made: ``C = L_oo``.
+    """
+    D = L.shape[0]
+    for i in range(n):
+        r = obs[i]
+        for j in range(D):
+            C[i, j] = L[r, j] if j <= r else 0.0
+    for i in range(n):
+        for j in range(obs[i], i, -1):
+            # rotate columns (i, j) so that C[i, j] becomes 0; rows above i are 0 there
+            b = C[i, j]
+            if b == 0.0:
+                continue
+            a = C[i, i]
+            h = math.hypot(a, b)
+            cs = a / h
+            sn = b / h
+            for k in range(i, n):
+                u = C[k, i]
+                v = C[k, j]
+                C[k, i] = cs * u + sn * v
+                C[k, j] = cs * v - sn * u
+            C[i, j] = 0.0
 
 
 @jit
@@ -115,9 +150,11 @@ def _spd_inverse_from_chol(Lc, n, Linv, out):
 def _workspace(M, D):
     """Scratch arrays for one kernel call (allocated once per call, never per position).
 
-    ``mats`` (5, D, D): Σ, Q = Σ_t (P r_t)(P r_t)ᵀ over fully observed rows, and the
-    missing-pattern scratch ``L_oo``, ``L_oo⁻¹``, ``P_oo``. ``vecs`` (5, D): ``r``,
-    ``P r``, and the missing-row ``r_o``, ``P_oo r_o``, ``P_oo w_{m,o}``.
+    ``mats`` (5, D, D): L, Q = Σ_t (P r_t)(P r_t)ᵀ over fully observed rows, and the
+    missing-pattern scratch ``C`` (``C Cᵀ = Σ_oo``), ``C⁻¹``, ``P_oo``. ``vecs`` (5, D):
+    ``r``, ``P r``, and the missing-row ``r_o``, ``C⁻¹ r_o``, ``P_oo r_o``.
+    ``wmiss`` (2, M, D): per cached missing pattern, rows ``C⁻¹ w_{m,o}`` and
+    ``P_oo w_{m,o}``.
     ``chain`` (3, M+1): row 0 ``a_m = A_m(0,1)``, row 1 ``b_m = A_m(1,0)``, row 2
     ``Σ_t v_t`` over fully observed rows.
     ``WP`` (M+1, D): rows ``P w_k``. ``c`` (M,): ``w_mᵀ P w_m``.
@@ -127,6 +164,7 @@ def _workspace(M, D):
     """
     mats = np.zeros((5, D, D))
     vecs = np.zeros((5, D))
+    wmiss = np.zeros((2, M, D))
     chain = np.zeros((3, M + 1))
     WP = np.zeros((M + 1, D))
     c = np.zeros(M)
@@ -135,23 +173,19 @@ def _workspace(M, D):
     obs_prev = np.zeros(D + 1, dtype=np.int64)
     q = np.zeros(4)
     dq = np.zeros((4, 3))
-    return mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq
+    return mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev, q, dq
 
 
 @jit
 def _prepare(W, L, P, log_A, mats, chain, WP, c):
-    """Per-call constants: Σ = L Lᵀ, ``P w_k``, ``w_mᵀ P w_m``, ``a_m``, ``b_m``; returns
-    ``Σ_d log L_dd``."""
+    """Per-call constants: a copy of L (for rows with missing values), ``P w_k``,
+    ``w_mᵀ P w_m``, ``a_m``, ``b_m``; returns ``Σ_d log L_dd``."""
     M = W.shape[0] - 1
     D = W.shape[1]
-    Sigma = mats[0]
+    Lc = mats[0]
     for i in range(D):
-        for j in range(i + 1):
-            acc = 0.0
-            for k in range(j + 1):
-                acc += L[i, k] * L[j, k]
-            Sigma[i, j] = acc
-            Sigma[j, i] = acc
+        for j in range(D):
+            Lc[i, j] = L[i, j] if j <= i else 0.0
     for k in range(M + 1):
         for i in range(D):
             acc = 0.0
@@ -237,18 +271,28 @@ def _emission_full(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, ch
 
 
 @jit
-def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, vecs, scal,
-                      gW, gSigma):
+def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, vecs, wmiss,
+                      scal, gW, gSigma):
     """Emission term of a row with ``0 < n_obs < D`` observed dimensions ``obs``: the
-    marginal ``N(y_o; (Wᵀŝ)_o, Σ_oo)``; all of its gradients are added directly."""
+    marginal ``N(y_o; (Wᵀŝ)_o, Σ_oo)``; all of its gradients are added directly.
+
+    ``C Cᵀ = Σ_oo`` comes from L (:func:`observed_cholesky`) and every quadratic form is
+    a sum of squares of whitened vectors, ``rᵀ P_oo r = ‖C⁻¹ r‖²``, ``w_mᵀ P_oo w_m =
+    ‖C⁻¹ w_m‖²``, ``w_mᵀ P_oo r = (C⁻¹ w_m)ᵀ(C⁻¹ r)`` (MATH.md §7's whitening), and
+    ``P_oo r = C⁻ᵀ(C⁻¹ r)`` by substitution: with ``P_oo`` formed explicitly these lose
+    everything when Σ_oo is ill-conditioned (``rᵀ P_oo r`` of order 1 from entries of
+    order 1e16). ``P_oo`` itself is formed only for its own term of ``∂/∂Σ``.
+    """
     M = W.shape[0] - 1
-    Sigma = mats[0]
-    Lo = mats[2]
-    Linv = mats[3]
+    Lfull = mats[0]
+    C = mats[2]
+    Cinv = mats[3]
     Po = mats[4]
     ro = vecs[2]
-    Pro = vecs[3]
-    z = vecs[4]
+    yt = vecs[3]
+    Pro = vecs[4]
+    Ut = wmiss[0]
+    Z = wmiss[1]
     no = n_obs
     # factorise Σ_oo unless the previous missing row had the same pattern
     last = obs_prev.shape[0] - 1
@@ -259,14 +303,16 @@ def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, 
                 same = False
                 break
     if not same:
-        for i in range(no):
-            for j in range(no):
-                Lo[i, j] = Sigma[obs[i], obs[j]]
-        _cholesky_inplace(Lo, no)
-        _spd_inverse_from_chol(Lo, no, Linv, Po)
+        observed_cholesky(Lfull, obs, no, C)
+        _spd_inverse_from_chol(C, no, Cinv, Po)
         logdet = 0.0
         for i in range(no):
-            logdet += 2.0 * math.log(Lo[i, i])
+            logdet += 2.0 * math.log(C[i, i])
+        for m in range(M):
+            u = Ut[m]
+            z = Z[m]
+            _solve_lower(C, no, W[m], obs, u)
+            _solve_upper_t(C, no, u, z)
         scal[1] = logdet
         scal[2] = 1.0
         for i in range(no):
@@ -279,25 +325,25 @@ def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, 
         for m in range(M):
             acc -= theta_row[m] * W[m, d]
         ro[i] = acc
+    for i in range(no):  # ỹ = C⁻¹ r_o
+        acc = ro[i]
+        for k in range(i):
+            acc -= C[i, k] * yt[k]
+        yt[i] = acc / C[i, i]
+    _solve_upper_t(C, no, yt, Pro)
     quad = 0.0
     for i in range(no):
-        acc = 0.0
-        for j in range(no):
-            acc += Po[i, j] * ro[j]
-        Pro[i] = acc
-        quad += ro[i] * acc
+        quad += yt[i] * yt[i]
     for m in range(M):
         th = theta_row[m]
         v = th * (1.0 - th)
+        u = Ut[m]
+        z = Z[m]
         cm = 0.0
         wPr = 0.0
         for i in range(no):
-            acc = 0.0
-            for j in range(no):
-                acc += Po[i, j] * W[m, obs[j]]
-            z[i] = acc
-            cm += W[m, obs[i]] * acc
-            wPr += W[m, obs[i]] * Pro[i]
+            cm += u[i] * u[i]
+            wPr += u[i] * yt[i]
         quad += v * cm
         g_theta_row[m] += wPr - 0.5 * (1.0 - 2.0 * th) * cm
         for i in range(no):
@@ -314,8 +360,28 @@ def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, 
 
 
 @jit
-def _emission(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, chain, scal, obs,
-              obs_prev, gW, gSigma):
+def _solve_lower(C, n, w, obs, out):
+    """``out[:n] = C⁻¹ w_o`` (forward substitution), ``w_o = w[obs[:n]]``."""
+    for i in range(n):
+        acc = w[obs[i]]
+        for k in range(i):
+            acc -= C[i, k] * out[k]
+        out[i] = acc / C[i, i]
+
+
+@jit
+def _solve_upper_t(C, n, b, out):
+    """``out[:n] = C⁻ᵀ b`` (back substitution with the transpose of the lower ``C``)."""
+    for i in range(n - 1, -1, -1):
+        acc = b[i]
+        for k in range(i + 1, n):
+            acc -= C[k, i] * out[k]
+        out[i] = acc / C[i, i]
+
+
+@jit
+def _emission(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, wmiss, chain, scal,
+              obs, obs_prev, gW, gSigma):
     """Dispatch one row to the fully observed or the missing-value path."""
     D = W.shape[1]
     n_obs = 0
@@ -329,7 +395,7 @@ def _emission(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, chain, 
     if n_obs == 0:
         return 0.0
     return _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, vecs,
-                             scal, gW, gSigma)
+                             wmiss, scal, gW, gSigma)
 
 
 # --------------------------------------------------------------------------------------
@@ -337,8 +403,8 @@ def _emission(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, chain, 
 # --------------------------------------------------------------------------------------
 @jit
 def _subchain(Y, theta, rho, row0, n, first_is_start, W, P, log_A, log_pi, const, mats, vecs,
-              chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho, gW, gSigma, g_alpha,
-              g_beta, g_logpi):
+              wmiss, chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho, gW, gSigma,
+              g_alpha, g_beta, g_logpi):
     """Σ ℓ over the counted rows of the subchain in rows ``row0 .. row0+n-1``."""
     M = W.shape[0] - 1
     total = 0.0
@@ -346,8 +412,8 @@ def _subchain(Y, theta, rho, row0, n, first_is_start, W, P, log_A, log_pi, const
         return 0.0
     if first_is_start:
         t = row0
-        total += _emission(Y[t], theta[t], g_theta[t], W, P, WP, c, const, mats, vecs, chain,
-                           scal, obs, obs_prev, gW, gSigma)
+        total += _emission(Y[t], theta[t], g_theta[t], W, P, WP, c, const, mats, vecs, wmiss,
+                           chain, scal, obs, obs_prev, gW, gSigma)
         for m in range(M):
             th = theta[t, m]
             ne, dne = _neg_entropy(th)
@@ -356,8 +422,8 @@ def _subchain(Y, theta, rho, row0, n, first_is_start, W, P, log_A, log_pi, const
             g_logpi[m, 0] += 1.0 - th
             g_logpi[m, 1] += th
     for t in range(row0 + 1, row0 + n):
-        total += _emission(Y[t], theta[t], g_theta[t], W, P, WP, c, const, mats, vecs, chain,
-                           scal, obs, obs_prev, gW, gSigma)
+        total += _emission(Y[t], theta[t], g_theta[t], W, P, WP, c, const, mats, vecs, wmiss,
+                           chain, scal, obs, obs_prev, gW, gSigma)
         for m in range(M):
             tp = theta[t - 1, m]
             copula_cells(tp, theta[t, m], rho[t, m], q, dq)
@@ -413,8 +479,8 @@ def elbo_subchain(Y, theta, rho, first_is_start, W, L, P, log_A, log_pi, g_theta
     W : ndarray, shape (M+1, D)
         Chain contributions, bias last.
     L : ndarray, shape (D, D)
-        Lower Cholesky factor of Σ (only its diagonal is read, for ``log|Σ|``, and Σ
-        itself for rows with missing values).
+        Lower Cholesky factor of Σ (its diagonal gives ``log|Σ|``; rows with missing
+        values factorise ``Σ_oo`` from its rows, :func:`observed_cholesky`).
     P : ndarray, shape (D, D)
         ``Σ⁻¹``.
     log_A : ndarray, shape (M, 2, 2)
@@ -460,12 +526,12 @@ def elbo_subchain(Y, theta, rho, first_is_start, W, L, P, log_A, log_pi, g_theta
     """
     M = W.shape[0] - 1
     D = W.shape[1]
-    mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
+    mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
     half_logdet = _prepare(W, L, P, log_A, mats, chain, WP, c)
     const = -0.5 * D * LOG_2PI - half_logdet
     total = _subchain(Y, theta, rho, 0, Y.shape[0], first_is_start, W, P, log_A, log_pi, const,
-                      mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho, gW,
-                      gSigma, g_alpha, g_beta, g_logpi)
+                      mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho,
+                      gW, gSigma, g_alpha, g_beta, g_logpi)
     _finish(P, mats, chain, WP, scal, gW, gSigma)
     return total
 
@@ -507,14 +573,14 @@ def elbo_batch(Y, starts, n_pos, seq_start_flags, theta, rho, W, L, P, log_A, lo
     """
     M = W.shape[0] - 1
     D = W.shape[1]
-    mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
+    mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
     half_logdet = _prepare(W, L, P, log_A, mats, chain, WP, c)
     const = -0.5 * D * LOG_2PI - half_logdet
     total = 0.0
     for b in range(starts.shape[0]):
         total += _subchain(Y, theta, rho, starts[b], n_pos[b], seq_start_flags[b], W, P, log_A,
-                           log_pi, const, mats, vecs, chain, WP, c, scal, obs, obs_prev, q, dq,
-                           g_theta, g_rho, gW, gSigma, g_alpha, g_beta, g_logpi)
+                           log_pi, const, mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev,
+                           q, dq, g_theta, g_rho, gW, gSigma, g_alpha, g_beta, g_logpi)
     _finish(P, mats, chain, WP, scal, gW, gSigma)
     return total
 

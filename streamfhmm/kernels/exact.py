@@ -24,6 +24,8 @@ from ._jit import jit
 LOG_2PI = math.log(2.0 * math.pi)
 #: normalised state probabilities below this are set to zero (they cannot matter in float64)
 FLUSH = 1e-290
+#: the backward pass keeps ``e_r(s) / c_r`` below ``exp(_G_MAX)`` (``exp`` overflows at 709.8)
+_G_MAX = 700.0
 
 
 @jit
@@ -266,6 +268,50 @@ def _step(u, work, le, mx):
 
 
 @jit
+def _backward_weights(alpha_r, le, mx, lc, beta, g):
+    """``g(s) = e_r(s) β_r(s) / c_r`` on the states the forward pass kept at r, 0 elsewhere.
+
+    Parameters
+    ----------
+    alpha_r : ndarray, shape (2^M,)
+        Normalised forward message at r.
+    le : ndarray, shape (2^M,)
+        Log emission densities at r; ``mx`` their maximum.
+    lc : float
+        ``log c_r``, the forward pass's log normaliser at r.
+    beta : ndarray, shape (2^M,)
+        Backward message at r (max-normalised).
+    g : ndarray, shape (2^M,)
+        Out; its overall scale is arbitrary (``β_{r-1} = A g`` is renormalised, the pair
+        posteriors are normalised per step).
+
+    Notes
+    -----
+    A state with ``α_r(s) = 0`` has a zero prediction (a transition probability that is
+    0.0 in float64, ``σ(-α)`` for ``α > 745``) or was flushed: the forward pass's model
+    excludes it, so every path through it has posterior 0 and it gets ``g(s) = 0``. Its
+    ``exp(le(s) - log c_r)`` is unbounded — the data may favour it by any margin — and
+    taken literally it overflows to ``inf`` and ``0 · inf`` makes the posteriors NaN (or,
+    finite but huge, it dominates the max-normalisation of β and underflows the states
+    that matter). On a kept state ``exp(le(s) - log c_r) = α_r(s) / pred_r(s)`` is below
+    ``1 / pred_r(s)``, i.e. at most ``e^744.5`` (a subnormal prediction); when the largest
+    exponent passes ``_G_MAX`` every ``g`` is scaled by the same ``e^{-shift}`` so that the
+    largest is ``e^{_G_MAX}``. Below that (every ordinary step) ``g`` is unchanged.
+    """
+    K = g.shape[0]
+    shift = lc
+    if mx - lc > _G_MAX:
+        top = -np.inf
+        for s in range(K):
+            if alpha_r[s] > 0.0 and le[s] > top:
+                top = le[s]
+        if top - lc > _G_MAX:
+            shift = top - _G_MAX
+    for s in range(K):
+        g[s] = math.exp(le[s] - shift) * beta[s] if alpha_r[s] > 0.0 else 0.0
+
+
+@jit
 def _chain_marginals(u, out):
     """``out[m] = Σ_s u[s] [bit m of s]``."""
     M = out.shape[0]
@@ -479,9 +525,7 @@ def forward_backward(X, bounds, W, L, A, startprob, block, want_pairs, theta, xi
                     break
                 # g(s) = e_r(s) beta_r(s) / c_r, then beta_{r-1} = A g
                 mx = log_emission(X[start + r], bias, Linv, Ut, half_c, const, ytil, le)
-                lc = logc[r]
-                for s in range(K):
-                    g[s] = math.exp(le[s] - lc) * beta[s]
+                _backward_weights(alphas[r - r0], le, mx, logc[r], beta, g)
                 if want_pairs:
                     if r - 1 >= r0:
                         prev = alphas[r - 1 - r0]

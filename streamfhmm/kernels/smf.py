@@ -19,6 +19,10 @@ forward recursion's critical path — but rescaled only when their sum falls bel
 ``1e-30``, with the scale factors added to ``log Z``; the posterior of each step and
 pair is normalised on the way back, off the recursion's path. This is exact for
 transition probabilities down to about 1e-100 (the Python layer refuses smaller ones).
+Below that, down to 0.0 (``σ(-α)`` underflows for ``α > 745``) and for start
+probabilities of 0 or subnormal size, the recursions stay finite, but a state whose
+weight relative to the other falls below float64's range (about e^-745) is dropped,
+and with a zero transition probability it cannot come back.
 
 Because the residual sum of squares is re-summed at every chain update, the bound
 
@@ -36,6 +40,13 @@ from ._jit import jit
 _RESCALE = 1e-30
 #: a pairwise normaliser below this value is recomputed from normalised messages
 _TINY = 1e-250
+#: a forward step whose mass falls below this value is redone in logs: ``1 / sm`` must be
+#: finite and ``sm`` a normal number (a subnormal one, e.g. ``exp(-730)``, overflows it)
+_LOG_PATH = 1e-300
+#: the log path keeps both scaled potentials below ``exp(_EMIS_MAX)``
+_EMIS_MAX = 700.0
+#: the smallest normal float64
+_NORMAL_MIN = 2.2250738585072014e-308
 
 
 @jit
@@ -119,6 +130,14 @@ def _xlogy(x, logy):
     if x == 0.0:
         return 0.0
     return x * logy
+
+
+@jit
+def _log_cell(a, log_a, f):
+    """``log(a · A · f)`` from ``log A``; ``-inf`` if ``a`` or ``f`` is 0."""
+    if a > 0.0 and f > 0.0:
+        return math.log(a) + log_a + math.log(f)
+    return -np.inf
 
 
 @jit
@@ -268,22 +287,29 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
                     emis[t, 1] = e1
                     sm = a0 + a1
                     if sm < _RESCALE:
-                        if sm > 0.0:
+                        if sm > _LOG_PATH:
                             inv = 1.0 / sm
                             a0 *= inv
                             a1 *= inv
                             logz += math.log(sm)
                         else:
-                            # the favoured state has zero prior mass (π or A exactly 0 or 1)
-                            # and the other one's potential underflowed: redo in logs
+                            # the favoured state has zero or subnormal prior mass (π or A
+                            # exactly 0 or 1, σ(-α) for α > 745) and the other one's
+                            # potential underflowed: redo in logs. The scale c makes the
+                            # larger message 1 unless a potential e^{le - c} (= a/pr, up to
+                            # 1/pr for a subnormal pr) would pass e^_EMIS_MAX; a state with
+                            # pr = 0 is excluded (potential 0: the backward pass must not
+                            # weight it, 0·inf)
                             l0 = math.log(pr0) - shift if pr0 > 0.0 else -np.inf
                             l1 = math.log(pr1) + gt - shift if pr1 > 0.0 else -np.inf
-                            mx = max(l0, l1)
-                            a0 = math.exp(l0 - mx)
-                            a1 = math.exp(l1 - mx)
-                            emis[t, 0] = a0 / pr0 if pr0 > 0.0 else 0.0
-                            emis[t, 1] = a1 / pr1 if pr1 > 0.0 else 0.0
-                            logz += mx
+                            le0 = -shift if pr0 > 0.0 else -np.inf
+                            le1 = gt - shift if pr1 > 0.0 else -np.inf
+                            c = max(max(l0, l1), max(le0, le1) - _EMIS_MAX)
+                            a0 = math.exp(l0 - c)
+                            a1 = math.exp(l1 - c)
+                            emis[t, 0] = math.exp(le0 - c)
+                            emis[t, 1] = math.exp(le1 - c)
+                            logz += c
                     alpha[t, 0] = a0
                     alpha[t, 1] = a1
                 logz += math.log(a0 + a1)
@@ -306,8 +332,11 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
                     a0 = alpha[t, 0]
                     a1 = alpha[t, 1]
                     if t < e - 1:
-                        f0 = emis[t + 1, 0] * b0
-                        f1 = emis[t + 1, 1] * b1
+                        # a state the forward pass excluded at t+1 (its message is 0:
+                        # zero prior mass) carries no backward weight, whatever its
+                        # potential; otherwise it can dominate b and underflow the rest
+                        f0 = emis[t + 1, 0] * b0 if alpha[t + 1, 0] > 0.0 else 0.0
+                        f1 = emis[t + 1, 1] * b1 if alpha[t + 1, 1] > 0.0 else 0.0
                         b0 = A00 * f0 + A01 * f1
                         b1 = A10 * f0 + A11 * f1
                         p00 = a0 * A00 * f0
@@ -330,6 +359,20 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
                             p10 = a1 * A10 * f0
                             p11 = a1 * A11 * f1
                             n = p00 + p01 + p10 + p11
+                            if n < _NORMAL_MIN:
+                                # the pair is carried by a transition probability below the
+                                # normal range (σ(-α), α > 708): 1/n would overflow; form
+                                # the cells in logs, with log A from the logits
+                                p00 = _log_cell(a0, log_A[m, 0, 0], f0)
+                                p01 = _log_cell(a0, log_A[m, 0, 1], f1)
+                                p10 = _log_cell(a1, log_A[m, 1, 0], f0)
+                                p11 = _log_cell(a1, log_A[m, 1, 1], f1)
+                                lmx = max(max(p00, p01), max(p10, p11))
+                                p00 = math.exp(p00 - lmx)
+                                p01 = math.exp(p01 - lmx)
+                                p10 = math.exp(p10 - lmx)
+                                p11 = math.exp(p11 - lmx)
+                                n = p00 + p01 + p10 + p11
                         inv = 1.0 / n
                         x00 += p00 * inv
                         x01 += p01 * inv
@@ -338,7 +381,9 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
                         q0 = (p00 + p01) * inv
                         q1 = (p10 + p11) * inv
                         sb = b0 + b1
-                        if sb < _RESCALE:
+                        # b ≤ 1 while every potential is ≤ 1; only a log-path step (potentials
+                        # up to e^_EMIS_MAX) makes it grow, and it must not compound
+                        if sb < _RESCALE or sb > 2.0:
                             b0 /= sb
                             b1 /= sb
                     else:
