@@ -21,6 +21,7 @@ __all__ = [
     "copula_cells_naive",
     "log_gauss_observed",
     "log_gauss_observed_exact",
+    "log_gauss_fraction",
     "all_state_sequences",
     "elbo_naive",
     "log_likelihood_naive",
@@ -130,8 +131,16 @@ def log_gauss_observed_exact(y, s, W, L):
     for d in obs:
         mean = Fraction(float(W[M, d])) + sum(Fraction(float(W[m, d])) for m in range(M) if s[m])
         r.append(Fraction(float(y[d])) - mean)
+    return log_gauss_fraction(r, S)
+
+
+def log_gauss_fraction(r, S):
+    """``log N(r; 0, S)`` for a residual ``r`` (n,) and a positive definite ``S`` (n, n)
+    given as ``Fraction`` entries: exact Gaussian elimination, only the final
+    logarithm and conversion round."""
+    n = len(r)
     # Gaussian elimination on [S | r]: S is positive definite, so no pivoting is needed
-    A = [row[:] + [r[i]] for i, row in enumerate(S)]
+    A = [list(row) + [r[i]] for i, row in enumerate(S)]
     det = Fraction(1)
     for j in range(n):
         det *= A[j][j]

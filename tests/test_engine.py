@@ -202,6 +202,44 @@ def test_exact_smooth_flush_on_long_sequence():
     np.testing.assert_allclose(np.array([q.theta for q in tail]), smooth[-5:], rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("eps", [1e-8, 1e-9])
+def test_exact_posteriors_with_missing_value_and_ill_conditioned_L(eps):
+    """A valid L with rows 1 and 2 parallel up to eps (Σ = L Lᵀ has an eigenvalue of
+    order eps²) and dimension 0 missing: the formed Σ_oo is singular in float64, the
+    missing-value emission was NaN for every state and filter_step left it out as an
+    overflow (the posteriors were the predictions, loglik_per_sample -inf). Push and
+    push_many, filtering and fixed-lag smoothing, against the dense smoother with the
+    emissions in exact rational arithmetic from L."""
+    seed = 57
+    print(f"seed={seed} eps={eps}")
+    rng = np.random.default_rng(seed)
+    M = 2
+    L = np.array([[1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.6, 0.8, eps]])
+    W = rng.standard_normal((M + 1, 3))
+    W[:, 2] = W[:, 1]  # the states' densities differ by O(1) along Σ_oo's good direction
+    p = FHMMParams(W=W, L=L, alpha=np.array([-1.0, -2.0]), beta=np.array([-1.5, -0.5]),
+                   startprob=np.array([0.3, 0.6]))
+    model = FHMM(n_chains=M, window=3, n_hidden=4)
+    model._set_params(p)
+    X, _ = p.sample(12, random_state=rng)
+    X[[2, 3, 7, 8, 9], 0] = np.nan
+    X[5] = np.nan
+    ll_ref = naive.loglik_dense(p.W, None, p.transmat, p.startprob, X, L=p.L)
+    for mode, lag in (("filter", 0), ("smooth", 1)):
+        ref = naive.fixed_lag_dense(p.W, None, p.transmat, p.startprob, X, lag, L=p.L)
+        with StreamEngine(model, mode=mode, posterior="exact", learn=False) as e:
+            a = PosteriorBatch.from_posteriors([q for y in X for q in e.push(y)] + e.flush())
+            ll_a = e.metrics()["loglik_per_sample"] * len(X)
+        with StreamEngine(model, mode=mode, posterior="exact", learn=False) as e:
+            b = PosteriorBatch.from_posteriors(list(e.push_many(X)) + e.flush())
+            ll_b = e.metrics()["loglik_per_sample"] * len(X)
+        print(f"mode={mode} loglik push {ll_a!r} push_many {ll_b!r} exact {ll_ref!r}")
+        for got, ll in ((a, ll_a), (b, ll_b)):
+            np.testing.assert_array_equal(got.t, np.arange(len(X)))
+            np.testing.assert_allclose(got.theta, ref, rtol=0, atol=1e-6)
+            assert ll == pytest.approx(ll_ref, rel=0, abs=1e-5)
+
+
 # ------------------------------------------------------------------ bad input
 def test_bad_input_messages_and_counts():
     model = _model(D=3, seed=16)

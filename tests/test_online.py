@@ -24,7 +24,7 @@ def _tables(p):
     pi = np.empty(1 << p.n_chains)
     kx.joint_startprob(p.startprob, pi)
     return dict(bias=p.W[-1].copy(), Linv=Linv, Ut=Ut, half_c=half_c, const=const, A=p.transmat,
-                pi=pi, W=p.W, Sigma=p.covariance)
+                pi=pi, W=p.W, L=p.L)
 
 
 def _run(p, X, lag, t0=0):
@@ -37,7 +37,7 @@ def _run(p, X, lag, t0=0):
     work, beta, g, ytil = np.empty(K), np.empty(K), np.empty(K), np.empty(D)
     n, ll = ko.exact_run(X, t0, t0, lag, alpha, le, logc, work, beta, g, ytil, tb["bias"],
                          tb["Linv"], tb["Ut"], tb["half_c"], tb["const"], tb["A"], tb["pi"], tb["W"],
-                         tb["Sigma"], theta, mean, tau)
+                         tb["L"], theta, mean, tau)
     tail = np.empty((lag, M))
     tail_mean = np.empty((lag, D))
     t_last = t0 + len(X) - 1
@@ -113,7 +113,7 @@ def test_log_emission_missing_matches_scipy(seed, M, D):
     y = rng.normal(size=D) * 2
     y[rng.random(D) < 0.5] = np.nan
     out = np.empty(1 << M)
-    mx = ko.log_emission_missing(y, p.W, p.covariance, out)
+    mx = ko.log_emission_missing(y, p.W, p.L, out)
     ref = naive.log_emission_dense(p.W, p.covariance, y)
     np.testing.assert_allclose(out, ref, rtol=1e-10, atol=1e-10)
     assert mx == out.max()
@@ -125,8 +125,79 @@ def test_log_emission_missing_without_missing_equals_whitened_kernel():
     Linv, Ut, half_c, const = kx.prepare_emission(p.W, p.L)
     a, b = np.empty(16), np.empty(16)
     kx.log_emission(y, p.W[-1].copy(), Linv, Ut, half_c, const, np.empty(5), a)
-    ko.log_emission_missing(y, p.W, p.covariance, b)
+    ko.log_emission_missing(y, p.W, p.L, b)
     np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-10)
+
+
+def _ill_conditioned(eps, seed, M=2):
+    """D=3, a valid L whose rows 1 and 2 are parallel up to ``eps``: ``Σ = L Lᵀ`` has an
+    eigenvalue of order eps², and with dimension 0 missing the formed
+    ``Σ_oo = [[1, 1], [1, 1 + eps²]]`` is singular in float64 for eps ≤ 1e-8. ``W``'s
+    columns 1 and 2 are equal (along Σ_oo's well-conditioned direction), so the states'
+    densities differ by O(1), not O(1/eps²)."""
+    print(f"seed={seed} eps={eps}")
+    rng = np.random.default_rng(seed)
+    L = np.array([[1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.6, 0.8, eps]])
+    W = rng.standard_normal((M + 1, 3))
+    W[:, 2] = W[:, 1]
+    return FHMMParams(W=W, L=L, alpha=np.array([-1.0, -2.0, -1.2][:M]),
+                      beta=np.array([-1.5, -0.5, -1.0][:M]),
+                      startprob=np.array([0.3, 0.6, 0.5][:M])), rng
+
+
+@pytest.mark.parametrize("eps", [1e-7, 1e-8, 1e-9])
+def test_log_emission_missing_ill_conditioned_L_against_exact_arithmetic(eps):
+    """Σ_oo was factorised from the formed Σ = L Lᵀ: NaN for every state at eps ≤ 1e-8
+    (a zero pivot), and at eps = 1e-7 an error of order 1e-2. Now from the rows of L
+    (elbo.observed_cholesky). Reference: exact rational arithmetic from L."""
+    p, rng = _ill_conditioned(eps, seed=61, M=3)
+    X, _ = p.sample(4, random_state=rng)
+    X[:, 0] = np.nan
+    X[3, 1] = np.nan  # observed {2}: a 1x1 block, no rotation of rows 0..1 needed
+    out = np.empty(8)
+    for y in X:
+        mx = ko.log_emission_missing(y, p.W, p.L, out)
+        ref = naive.log_emission_exact(p.W, p.L, y)
+        print("kernel", out, "exact", ref)
+        assert np.isfinite(out).all()
+        np.testing.assert_allclose(out, ref, rtol=0, atol=1e-6)
+        assert mx == out.max()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_log_emission_missing_ordinary_L_against_exact_arithmetic(seed):
+    """A well-conditioned Σ, every pattern with 1 ≤ |o| < D (rows of L rotated when a
+    missing dimension comes before an observed one): as exact arithmetic to rounding."""
+    M, D = 3, 4
+    p = _params(M, D, seed=100 + seed)
+    rng = np.random.default_rng(seed)
+    print(f"y seed={seed}")
+    y0 = p.sample(1, random_state=rng)[0][0]
+    out = np.empty(1 << M)
+    for code in range(1, (1 << D) - 1):
+        y = y0.copy()
+        y[[(code >> d) & 1 == 1 for d in range(D)]] = np.nan
+        ko.log_emission_missing(y, p.W, p.L, out)
+        np.testing.assert_allclose(out, naive.log_emission_exact(p.W, p.L, y), rtol=1e-12,
+                                   atol=1e-12)
+
+
+@pytest.mark.parametrize("lag", [0, 2])
+def test_exact_run_with_missing_values_and_ill_conditioned_L(lag):
+    """exact_run through filter_step: the NaN emissions of samples with dimension 0
+    missing were taken for an overflow and left out (the posteriors were the
+    predictions, log p(y) = -inf). Against the dense smoother with exact emissions."""
+    p, rng = _ill_conditioned(1e-9, seed=62)
+    X, _ = p.sample(10, random_state=rng)
+    X[[1, 2, 5, 6, 7], 0] = np.nan
+    X[8] = np.nan
+    theta, _, tau, ll, tail, _ = _run(p, X, lag)
+    ref = naive.fixed_lag_dense(p.W, None, p.transmat, p.startprob, X, lag, L=p.L)
+    ll_ref = naive.loglik_dense(p.W, None, p.transmat, p.startprob, X, L=p.L)
+    print(f"loglik {ll!r} exact {ll_ref!r}")
+    np.testing.assert_array_equal(tau, np.arange(len(X) - lag))
+    np.testing.assert_allclose(np.concatenate([theta, tail]), ref, rtol=0, atol=1e-6)
+    assert ll == pytest.approx(ll_ref, rel=0, abs=1e-5)
 
 
 def test_ring_write_and_recognition_push_match_forward_one():

@@ -225,6 +225,77 @@ def test_exact_transformer_and_scorer_against_brute_force():
         a.close()
 
 
+def test_exact_scores_with_missing_values_and_ill_conditioned_L():
+    """A valid L with rows 1 and 2 parallel up to 1e-9 and dimension 0 missing: the
+    formed Σ_oo is singular in float64 and its Cholesky made the missing-value emission
+    NaN: score_one gave inf (the filter took it for an overflow), mixture_logpdf NaN.
+    Against enumeration with the densities in exact rational arithmetic from L."""
+    from scipy.special import logsumexp
+
+    from .naive_stream import filtered_dense, log_emission_exact, loglik_dense
+    seed = 59
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    L = np.array([[1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.6, 0.8, 1e-9]])
+    W = rng.standard_normal((3, 3))
+    W[:, 2] = W[:, 1]  # the states' densities differ by O(1) along Σ_oo's good direction
+    p = FHMMParams(W=W, L=L, alpha=np.array([-1.0, -2.0]), beta=np.array([-1.5, -0.5]),
+                   startprob=np.array([0.3, 0.6]))
+    m = FHMM(n_chains=2, window=3, n_hidden=4)
+    m._set_params(p)
+    X, _ = p.sample(8, random_state=rng)
+    X[[1, 2, 5], 0] = np.nan
+    ll = [0.0] + [loglik_dense(p.W, None, p.transmat, p.startprob, X[:t + 1], L=p.L)
+                  for t in range(len(X))]
+    theta = filtered_dense(p.W, None, p.transmat, p.startprob, X, L=p.L)
+    feats = ("x0", "x1", "x2")
+    tr = FHMMTransformer(model=m, posterior="exact", learn=False, features=feats)
+    sc = FHMMAnomalyScorer(model=m, posterior="exact", learn=False, features=feats)
+    for t, x in enumerate(_dicts(X)):
+        tr.learn_one(x)
+        sc.learn_one(x)
+        got = [tr.transform_one(x)[f"chain_{j}"] for j in range(2)]
+        np.testing.assert_allclose(got, theta[t], rtol=0, atol=1e-6)
+        assert sc.score_one(x) == pytest.approx(-(ll[t + 1] - ll[t]), rel=0, abs=1e-5)
+    tr.close()
+    sc.close()
+    on = np.array([0.3, 0.7])
+    w = np.log(np.where(_states(2) == 1, on, 1 - on)).sum(axis=1)
+    for y in X[[1, 2, 5]]:
+        want = float(logsumexp(w + log_emission_exact(p.W, p.L, y)))
+        assert mixture_logpdf(y, on, p) == pytest.approx(want, rel=0, abs=1e-6)
+
+
+@pytest.mark.parametrize("eps", [1e-7, 1e-8, 1e-9])
+def test_gaussian_predictive_with_an_ill_conditioned_L(eps):
+    """The moment-matched predictive for a valid L whose Σ = L Lᵀ has eigenvalues ~1 and
+    ~eps²: the Cholesky of the formed covariance failed (LinAlgError from score_one for
+    eps ≤ 1e-8, even with every value observed, and 1e-2 off at eps = 1e-7). Against
+    exact rational arithmetic: C = L Lᵀ + Σ_m π_m(1-π_m) w_m w_mᵀ formed as fractions."""
+    from fractions import Fraction
+
+    from .naive_elbo import log_gauss_fraction
+    seed = 61
+    print(f"seed={seed} eps={eps}")
+    rng = np.random.default_rng(seed)
+    L = np.array([[1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.6, 0.8, eps]])
+    W = rng.standard_normal((3, 3))
+    W[:, 2] = W[:, 1]       # the chains move along Σ's well-conditioned direction
+    p = FHMMParams(W=W, L=L, alpha=np.zeros(2), beta=np.zeros(2), startprob=np.full(2, 0.5))
+    F = np.vectorize(lambda v: Fraction(float(v)), otypes=[object])
+    for on in ([1.0, 0.0], [0.3, 0.6]):
+        on = np.array(on)
+        y = W[-1] + on @ W[:-1] + L @ rng.standard_normal(3)
+        v = F(on) * (1 - F(on))
+        C = F(L) @ F(L).T + (F(W[:-1]).T * v) @ F(W[:-1])
+        mu = F(W[-1]) + F(on) @ F(W[:-1])
+        for obs in ([0, 1, 2], [1, 2]):
+            yy = np.full(3, np.nan)
+            yy[obs] = y[obs]
+            want = log_gauss_fraction(list(F(y[obs]) - mu[obs]), C[np.ix_(obs, obs)].tolist())
+            assert gaussian_logpdf(yy, on, p) == pytest.approx(want, rel=0, abs=1e-6)
+
+
 def test_predictive_densities_against_enumeration():
     rng = np.random.default_rng(11)
     print("seed=11")

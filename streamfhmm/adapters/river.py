@@ -175,7 +175,7 @@ def mixture_logpdf(y, on_prob, params: FHMMParams, tables=None) -> float:
         return 0.0
     le = np.empty(1 << M)
     if missing.any():
-        _ko.log_emission_missing(y, params.W, params.covariance, le)
+        _ko.log_emission_missing(y, params.W, params.L, le)
     else:
         if tables is None:
             tables = _kx.prepare_emission(params.W, params.L)
@@ -184,7 +184,7 @@ def mixture_logpdf(y, on_prob, params: FHMMParams, tables=None) -> float:
     return _logsumexp(_log_weights(np.asarray(on_prob, dtype=np.float64)) + le)
 
 
-def gaussian_logpdf(y, on_prob, params: FHMMParams, covariance=None) -> float:
+def gaussian_logpdf(y, on_prob, params: FHMMParams) -> float:
     """Log-density of ``y`` under the Gaussian with the mixture's mean and covariance.
 
     Parameters
@@ -194,8 +194,6 @@ def gaussian_logpdf(y, on_prob, params: FHMMParams, covariance=None) -> float:
     on_prob : ndarray, shape (M,)
         Independent on-probabilities ``π_m``.
     params : FHMMParams
-    covariance : ndarray, shape (D, D), optional
-        ``params.covariance``, when cached.
 
     Returns
     -------
@@ -205,23 +203,24 @@ def gaussian_logpdf(y, on_prob, params: FHMMParams, covariance=None) -> float:
 
     Notes
     -----
-    MATH.md §1 (the emission); O(M D² + D³).
+    MATH.md §1 (the emission); O((D + M) D²). ``C = B Bᵀ`` with ``B = [L, W_cᵀ
+    diag(√(π(1-π)))]`` (D, D + M), and ``C_oo = Rᵀ R`` from the QR factorisation of
+    ``B_oᵀ`` (the observed rows of B): C is never formed, so the density is finite
+    whenever L is a valid factor. (The Cholesky of a formed C failed for a valid L with
+    ``cond(Σ) ~ 1e16``: ``1 + ε²`` rounds to 1.)
     """
     y = np.asarray(y, dtype=np.float64)
     p = np.asarray(on_prob, dtype=np.float64)
     Wc = params.W[:-1]
     mu = params.W[-1] + p @ Wc
-    S = params.covariance if covariance is None else covariance
-    C = S + (Wc.T * (p * (1.0 - p))) @ Wc
     obs = ~np.isnan(y)
     n = int(obs.sum())
     if n == 0:
         return 0.0
-    if n < y.shape[0]:
-        C = C[np.ix_(obs, obs)]
-    Lc = np.linalg.cholesky(C)
-    z = solve_triangular(Lc, y[obs] - mu[obs], lower=True, check_finite=False)
-    return float(-0.5 * (n * LOG_2PI + z @ z) - np.log(np.diag(Lc)).sum())
+    B = np.hstack([params.L, Wc.T * np.sqrt(p * (1.0 - p))])
+    R = np.linalg.qr(B[obs].T, mode="r")   # B_oᵀ = Q R: C_oo = Rᵀ R (R's diagonal of any sign)
+    z = solve_triangular(R, y[obs] - mu[obs], trans="T", lower=False, check_finite=False)
+    return float(-0.5 * (n * LOG_2PI + z @ z) - np.log(np.abs(np.diag(R))).sum())
 
 
 def _chain_marginals(alpha, M) -> np.ndarray:
@@ -561,7 +560,7 @@ class _StreamAdapter:
         ex = self._engine.snapshot.exact
         _, le, work, ytil = self._work()
         return _ko.filter_step(y, self._first, alpha_prev, alpha, le, work, ex.bias, ex.Linv,
-                               ex.Ut, ex.half_c, ex.const, ex.A, ex.pi, ex.W, ex.Sigma, ytil)
+                               ex.Ut, ex.half_c, ex.const, ex.A, ex.pi, ex.W, ex.L, ytil)
 
     def _exact_preview(self, v):
         """(log p(v | past), the filtered message if v were the next sample)."""
@@ -899,7 +898,7 @@ class FHMMAnomalyScorer(_StreamAdapter, _river_base.AnomalyDetector):
         if cache is None or cache[0] is not snap:  # per-parameter-set tables
             params = snap.params
             tables = (_kx.prepare_emission(params.W, params.L)
-                      if self._predictive() == "mixture" else params.covariance)
+                      if self._predictive() == "mixture" else None)
             cache = (snap, sigmoid(params.alpha), sigmoid(params.beta), tables)
             self._table_cache = cache
         snap, a, b, tables = cache
@@ -908,7 +907,7 @@ class FHMMAnomalyScorer(_StreamAdapter, _river_base.AnomalyDetector):
         else:
             pi = theta_prev * (1.0 - b) + (1.0 - theta_prev) * a  # predicted_on_probability
         if self._predictive() == "gaussian":
-            return gaussian_logpdf(v, pi, snap.params, tables)
+            return gaussian_logpdf(v, pi, snap.params)
         return mixture_logpdf(v, pi, snap.params, tables)
 
     def score_one(self, x) -> float:

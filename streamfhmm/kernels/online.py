@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from ._jit import jit
+from .elbo import observed_cholesky
 from .exact import _chain_marginals, _step, log_emission, transition_backward, transition_forward
 from .recognition import LAYOUT_N_CHAINS, consecutive_windows, forward_batch, forward_one
 from .svi import svi_step
@@ -237,7 +238,7 @@ def recognition_block(Xc, ring, capacity, t, seq_start, window, lag, hist, mean,
 
 
 @jit
-def log_emission_missing(y, W, Sigma, out):
+def log_emission_missing(y, W, L, out):
     """Log emission density of a sample with missing values, for every joint state.
 
     Parameters
@@ -245,8 +246,8 @@ def log_emission_missing(y, W, Sigma, out):
     y : ndarray, shape (D,)
         NaN marks a missing value.
     W : ndarray, shape (M+1, D)
-    Sigma : ndarray, shape (D, D)
-        Noise covariance.
+    L : ndarray, shape (D, D)
+        Lower Cholesky factor of the noise covariance ``Σ = L Lᵀ``, positive diagonal.
     out : ndarray, shape (2^M,)
         Receives ``log N(y_o; (Wᵀŝ)_o, Σ_oo)`` over the observed dimensions o (0 for
         every state when nothing is observed).
@@ -259,8 +260,13 @@ def log_emission_missing(y, W, Sigma, out):
     Notes
     -----
     MATH.md §4 (marginal Gaussian of the observed dimensions) and §7 (whitening and
-    the state-by-state linear part). The slow path: it factorises ``Σ_oo`` and
-    allocates O(2^M · |o|).
+    the state-by-state linear part). ``C Cᵀ = Σ_oo`` is computed from the rows of L
+    (:func:`.elbo.observed_cholesky`), never from a formed Σ, and the quadratic forms
+    are squared norms of vectors whitened by ``C⁻¹`` (forward substitution), so the
+    density is finite whenever L is a valid factor (the Cholesky of a formed ``Σ_oo``
+    meets a zero or negative pivot, NaN for every state, when ``L Lᵀ`` rounds to a
+    singular block: ``1 + ε²`` is 1 for ``ε < 1e-8``).
+    The slow path: it allocates O(2^M · |o| + |o| · D).
     """
     M = W.shape[0] - 1
     D = W.shape[1]
@@ -275,16 +281,8 @@ def log_emission_missing(y, W, Sigma, out):
         for s in range(K):
             out[s] = 0.0
         return 0.0
-    Lo = np.zeros((n, n))
-    for i in range(n):
-        for j in range(i + 1):
-            acc = Sigma[obs[i], obs[j]]
-            for k in range(j):
-                acc -= Lo[i, k] * Lo[j, k]
-            if i == j:
-                Lo[i, i] = math.sqrt(acc)
-            else:
-                Lo[i, j] = acc / Lo[j, j]
+    Lo = np.empty((n, D))   # Lo[:n, :n] lower, Lo Loᵀ = Σ_oo
+    observed_cholesky(L, obs, n, Lo)
     # whiten the residual and the contributions: solve Lo z = v
     ytil = np.empty(n)
     Ut = np.empty((M, n))
@@ -328,7 +326,7 @@ def log_emission_missing(y, W, Sigma, out):
 
 @jit
 def filter_step(y, first, alpha_prev, alpha, le, work, bias, Linv, Ut, half_c, const, A, pi,
-                W, Sigma, ytil):
+                W, L, ytil):
     """One forward step: ``alpha ← p(s_t | y_1..y_t)`` from ``alpha_prev = p(s_{t-1} | …)``.
 
     Parameters
@@ -348,8 +346,9 @@ def filter_step(y, first, alpha_prev, alpha, le, work, bias, Linv, Ut, half_c, c
     A : ndarray, shape (M, 2, 2)
     pi : ndarray, shape (2^M,)
         Joint start distribution (:func:`.exact.joint_startprob`).
-    W, Sigma : ndarray, shapes (M+1, D), (D, D)
-        For samples with missing values.
+    W, L : ndarray, shapes (M+1, D), (D, D)
+        Loadings with the bias, and the lower Cholesky factor of Σ: for samples with
+        missing values (:func:`log_emission_missing`).
 
     Returns
     -------
@@ -376,7 +375,7 @@ def filter_step(y, first, alpha_prev, alpha, le, work, bias, Linv, Ut, half_c, c
             missing = True
             break
     if missing:
-        mx = log_emission_missing(y, W, Sigma, le)
+        mx = log_emission_missing(y, W, L, le)
     else:
         mx = log_emission(y, bias, Linv, Ut, half_c, const, ytil, le)
     if _all_finite(le):
@@ -464,7 +463,7 @@ def fixed_lag_marginals(alpha_ring, le_ring, t, tau, A, beta, g, out_theta):
 
 @jit
 def exact_push(x, ring, slot, capacity, t, first, lag, alpha_ring, le_ring, logc_ring, work,
-               beta, g, ytil, bias, Linv, Ut, half_c, const, A, pi, W, Sigma, emit,
+               beta, g, ytil, bias, Linv, Ut, half_c, const, A, pi, W, L, emit,
                theta_blk, mean_blk, i):
     """Write one sample into the raw ring, take an exact forward step and, if ``emit``,
     the posterior of step ``t - lag``.
@@ -484,8 +483,8 @@ def exact_push(x, ring, slot, capacity, t, first, lag, alpha_ring, le_ring, logc
         Receives ``log p(y_t | y_<t)`` in slot ``t % (lag + 1)``.
     work, beta, g, ytil
         Scratch, shapes (2^M,), (2^M,), (2^M,), (D,).
-    bias, Linv, Ut, half_c, const, A, pi, W, Sigma
-        Parameter tables (:func:`filter_step`).
+    bias, Linv, Ut, half_c, const, A, pi, W, L
+        Parameter tables and the Cholesky factor of Σ (:func:`filter_step`).
     emit : bool
         ``t - lag`` is a step of the current sequence.
     theta_blk, mean_blk : ndarray, shapes (n, M), (n, D)
@@ -507,7 +506,7 @@ def exact_push(x, ring, slot, capacity, t, first, lag, alpha_ring, le_ring, logc
     cur = t % R
     prev = (t - 1) % R
     logc_ring[cur] = filter_step(x, first, alpha_ring[prev], alpha_ring[cur], le_ring[cur], work,
-                                 bias, Linv, Ut, half_c, const, A, pi, W, Sigma, ytil)
+                                 bias, Linv, Ut, half_c, const, A, pi, W, L, ytil)
     if emit:
         fixed_lag_marginals(alpha_ring, le_ring, t, t - lag, A, beta, g, theta_blk[i])
         reconstruct(theta_blk[i], W, mean_blk[i])
@@ -516,12 +515,12 @@ def exact_push(x, ring, slot, capacity, t, first, lag, alpha_ring, le_ring, logc
 
 @jit
 def exact_run(Y, t0, seq_start, lag, alpha_ring, le_ring, logc_ring, work, beta, g, ytil, bias,
-              Linv, Ut, half_c, const, A, pi, W, Sigma, theta_out, mean_out, tau_out):
+              Linv, Ut, half_c, const, A, pi, W, L, theta_out, mean_out, tau_out):
     """:func:`exact_push` over a block of samples (positions ``t0 … t0 + n - 1``).
 
-    ``Y`` (n, D) must hold no infinity. Posteriors of the steps ``t - lag ≥ seq_start``
-    are written to consecutive rows of ``theta_out`` / ``mean_out`` with their step in
-    ``tau_out``.
+    ``Y`` (n, D) must hold no infinity. The tables (``bias`` … ``W``, ``L``) are those of
+    :func:`filter_step`. Posteriors of the steps ``t - lag ≥ seq_start`` are written to
+    consecutive rows of ``theta_out`` / ``mean_out`` with their step in ``tau_out``.
 
     Returns
     -------
@@ -537,7 +536,7 @@ def exact_run(Y, t0, seq_start, lag, alpha_ring, le_ring, logc_ring, work, beta,
         cur = t % R
         prev = (t - 1) % R
         lc = filter_step(Y[i], t == seq_start, alpha_ring[prev], alpha_ring[cur], le_ring[cur],
-                         work, bias, Linv, Ut, half_c, const, A, pi, W, Sigma, ytil)
+                         work, bias, Linv, Ut, half_c, const, A, pi, W, L, ytil)
         logc_ring[cur] = lc
         total += lc
         if t - lag >= seq_start:

@@ -918,7 +918,7 @@ class StreamEngine:
             status = _ko.exact_push(x, self._ring.buf, t % C, C, t, t == self._seq_start, lag,
                                     self._alpha_ring, self._le_ring, self._logc_ring, self._work,
                                     self._beta, self._g, self._ytil, ex.bias, ex.Linv, ex.Ut,
-                                    ex.half_c, ex.const, ex.A, ex.pi, ex.W, ex.Sigma, emit,
+                                    ex.half_c, ex.const, ex.A, ex.pi, ex.W, ex.L, emit,
                                     self._tb, self._mb, i)
             if status != _ko.STATUS_INFINITE:
                 self._loglik += self._logc_ring[t % (lag + 1)]
@@ -1136,7 +1136,7 @@ class StreamEngine:
         ne, ll = _ko.exact_run(Xc, t, s0, lag, self._alpha_ring, self._le_ring,
                                self._logc_ring, self._work, self._beta, self._g, self._ytil,
                                ex.bias, ex.Linv, ex.Ut, ex.half_c, ex.const, ex.A, ex.pi, ex.W,
-                               ex.Sigma, self._ch_theta, self._ch_mean, self._ch_tau)
+                               ex.L, self._ch_theta, self._ch_mean, self._ch_tau)
         self._loglik += ll
         self._loglik_n += m
         tau = self._ch_tau[:ne]

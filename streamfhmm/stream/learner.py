@@ -81,7 +81,7 @@ class ExactTables:
     A: np.ndarray
     pi: np.ndarray
     W: np.ndarray
-    Sigma: np.ndarray
+    L: np.ndarray
 
     @classmethod
     def from_params(cls, params: FHMMParams) -> "ExactTables":
@@ -90,7 +90,7 @@ class ExactTables:
         _kx.joint_startprob(params.startprob, pi)
         return cls(bias=_frozen(params.W[-1]), Linv=_frozen(Linv), Ut=_frozen(Ut),
                    half_c=_frozen(half_c), const=float(const), A=_frozen(params.transmat),
-                   pi=_frozen(pi), W=params.W, Sigma=_frozen(params.covariance))
+                   pi=_frozen(pi), W=params.W, L=_frozen(params.L))
 
 
 @dataclass(frozen=True, eq=False)
