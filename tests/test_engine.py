@@ -1,5 +1,8 @@
 """The streaming engine: push against the batch path, exact mode against the exact
 smoother, cold start, drift, stress, bad input, the learner thread."""
+import gc
+import sys
+import threading
 import time
 
 import numpy as np
@@ -775,3 +778,29 @@ def test_huge_finite_sample_does_not_poison_exact_posteriors():
         assert np.isfinite(a.theta).all() and np.isfinite(b.theta).all()
         np.testing.assert_allclose(a.theta[:len(ref)], ref.theta, rtol=0, atol=1e-12)
         np.testing.assert_allclose(b.theta, ref.theta, rtol=0, atol=1e-12)
+
+
+def test_an_unclosed_engine_collected_on_its_learner_thread_stops_it(monkeypatch):
+    """An engine left unclosed in a reference cycle is freed by whichever thread the
+    garbage collector runs on, its learner thread included: its finalizer then stopped
+    the thread by joining it from itself (RuntimeError, printed as unraisable)."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=31)
+    X = _data(model, 300, seed=32)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    eng = StreamEngine(model, mode="filter", posterior="exact", learn=True, blas_threads=None,
+                       random_state=0)     # (never closed: no BLAS limit left behind)
+    eng.push_many(X)
+    thread = eng._thread
+    eng.cycle = eng          # only the cyclic garbage collector frees it
+    del eng
+    ran = threading.Event()
+
+    def collect_here():      # runs on the learner thread
+        gc.collect()
+        ran.set()
+    thread.request(collect_here)
+    assert ran.wait(60)
+    thread.join(60)
+    assert not thread.is_alive() and thread.error is None
+    assert not unraisable, [(u.exc_value, u.object) for u in unraisable]

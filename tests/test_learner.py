@@ -298,3 +298,58 @@ def test_a_request_during_the_hand_over_is_not_lost():
     # whichever came first, A is taken once and B is not erased
     jobs = [taken[0]() if taken[0] else None, (th.take_job() or (lambda: None))()]
     assert sorted(j for j in jobs if j) in (["A", "B"], ["B"]), jobs
+
+
+def test_a_tiny_duty_does_not_stop_the_thread():
+    """A duty of 1e-300 asks for a pause beyond what ``Event.wait`` accepts: it used to
+    raise OverflowError on the thread, which stopped learning for good (raising the duty
+    again did nothing). The pause is waited in bounded pieces."""
+    th, _ = _thread(_learner(), 1e-300)
+    th.start()
+    try:
+        t0 = time.monotonic()
+        while th.rounds < 1 and time.monotonic() - t0 < 60:
+            time.sleep(0.005)
+        assert th.rounds == 1
+        th.duty = 1.0            # the pause (and its wait) ends at once
+        t1 = time.monotonic()
+        while th.rounds < 3 and th.is_alive() and time.monotonic() - t1 < 60:
+            time.sleep(0.005)
+        assert th.error is None, th.error
+        assert th.is_alive() and th.rounds >= 3
+    finally:
+        th.stop(timeout=60)
+    assert not th.is_alive()
+
+
+def test_learner_added_on_resume_continues_the_snapshot_versions(tmp_path):
+    """A checkpoint written without a learner (resumed with learn=False), resumed with
+    one: its snapshots used to start again at version 1, below the checkpoint's."""
+    model = _model(SEED)
+    X, _ = model.sample(200_000, random_state=SEED)   # (more than a slow machine pushes below)
+    with StreamEngine(model, mode="filter", posterior="exact", learn=True, learner_duty=1.0,
+                      snapshot_interval=5, random_state=0) as eng:
+        i, t0 = 0, time.monotonic()
+        while eng.version < 3 and time.monotonic() - t0 < 60:
+            eng.push_many(X[i:i + 100])
+            i += 100
+            time.sleep(0.01)
+        assert eng.version >= 3 and eng.learner_error is None
+        a = eng.checkpoint(tmp_path / "a")
+    with StreamEngine.resume(a, learn=False) as eng:
+        eng.push_many(X[i:i + 100])
+        i += 100
+        b = eng.checkpoint(tmp_path / "b")
+    with StreamEngine.resume(b, learn=True, learner_duty=1.0) as eng:
+        v0 = eng.version
+        assert v0 >= 3
+        versions = []
+        t0 = time.monotonic()
+        while eng.version == v0 and eng.learner_error is None and time.monotonic() - t0 < 60:
+            versions.extend(eng.push_many(X[i:i + 50]).version)
+            i += 50
+            time.sleep(0.01)
+        versions.extend(eng.push_many(X[i:i + 50]).version)
+        assert eng.learner_error is None
+        assert eng.version > v0
+        assert min(versions) >= v0 and (np.diff(versions) >= 0).all()

@@ -572,7 +572,8 @@ class StreamEngine:
         self._Zs = np.empty((_CHUNK + net.window, self._D))
         self._hidden = np.empty((_CHUNK, net.n_groups * net.n_hidden))
 
-    def _make_learner(self, params: FHMMParams, net: RecognitionNet, freeze_steps: int) -> Learner:
+    def _make_learner(self, params: FHMMParams, net: RecognitionNet, freeze_steps: int,
+                      version: int = 0) -> Learner:
         cfg = self._cfg
         res = Reservoir(cfg["reservoir_size"], self._S, self._D,
                         half_life=cfg["recency_half_life"], stride=self._L, random_state=self._rng)
@@ -580,7 +581,7 @@ class StreamEngine:
                        learning_rate=cfg["learning_rate"], lr_decay_steps=cfg["lr_decay_steps"],
                        min_learning_rate=cfg["min_learning_rate"], decay=cfg["decay"],
                        freeze_steps=freeze_steps, exact=self._exact_mode,
-                       publish_weights=not self._exact_mode,
+                       publish_weights=not self._exact_mode, version=version,
                        covariance_type=cfg.get("covariance_type", "full"))
 
     def _start_ready(self, params: FHMMParams):
@@ -606,8 +607,12 @@ class StreamEngine:
                                                share=self._cfg["share_hidden"], mode="centred")
             self._learner_net.init(random_state=self._rng)
             self._learner_net.set_scaler(*_moment_scaler(params))
+        # its snapshots continue the current one's versions (a checkpoint resumed with a
+        # learner it did not have: its first snapshot was version 1 again, and the
+        # versions of the posteriors went back)
+        version = self._snapshot.version if self._snapshot is not None else 0
         self._learner = self._make_learner(params, self._learner_net,
-                                           self._cfg["net_burnin"] if new else 0)
+                                           self._cfg["net_burnin"] if new else 0, version)
         if self._learner_net is self._net and self._snapshot is not None \
                 and self._snapshot.weights is not None:
             self._learner.x[self._learner.nm:] = self._snapshot.weights

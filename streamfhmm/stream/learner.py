@@ -49,6 +49,11 @@ DEFAULT_LEARNER_DUTY = 0.25
 #: has no ``sched_yield``); releases the GIL
 _yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
+#: longest single wait of the learner thread (seconds): a tiny duty asks for waits beyond
+#: what ``Event.wait`` accepts (OverflowError, which stopped the thread); the loop
+#: recomputes the rest of a longer wait when this one ends
+_MAX_WAIT = 60.0
+
 
 def check_duty(duty, name: str = "learner_duty") -> float:
     """``duty`` as a float in (0, 1], or ValueError naming ``name``."""
@@ -531,14 +536,17 @@ class LearnerThread(threading.Thread):
                     wait = resume_at - now
                 else:
                     wait = 0.0 if worked else self.idle_sleep
-                if wait > 0.0 and wake.wait(wait):
+                if wait > 0.0 and wake.wait(min(wait, _MAX_WAIT)):
                     wake.clear()
         except BaseException as exc:  # recorded and exposed; inference goes on
             self.error = exc
             _log.exception("the streamfhmm learner stopped")
 
     def stop(self, timeout: float | None = None) -> None:
+        """Stop the thread and wait for it (``timeout``), unless called on the thread
+        itself: the engine's finalizer runs wherever the garbage collector frees it, this
+        thread included, where joining raised RuntimeError."""
         self._halt.set()
         self._wake.set()
-        if self.is_alive():
+        if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
