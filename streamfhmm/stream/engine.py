@@ -1318,7 +1318,9 @@ class StreamEngine:
             (over the last ``latency_window`` pushes), ``checkpoints`` written,
             ``learning``, ``learner_duty``, ``learner_cpu_s`` (CPU seconds the learner
             thread spent taking steps: its rate is at most ``learner_duty``), ``phase``,
-            ``learner_error``, ``checkpoint_error``.
+            ``learner_error``, ``checkpoint_error`` (the last periodic or final
+            checkpoint that failed, if any; it stays after later ones succeed: compare
+            ``checkpoints``).
         """
         n = min(self._lat_n, self._lat.shape[0])
         if n:
