@@ -245,6 +245,26 @@ def test_decode_output_raises_wire_errors_only(frames, kind):
     assert info.value.kind == kind
 
 
+@pytest.mark.parametrize("size", [MAX_HEADER_BYTES, MAX_HEADER_BYTES + 1, 2000])
+def test_header_bound_holds_for_the_canonical_form(size):
+    """The canonical header (decoded without json) obeys the header bound as any other form
+    does: a 1025-byte '{"seq":1,"ts":1.000...}' was accepted, the same object with its
+    keys swapped refused (found by the differential fuzzer)."""
+    pad = b"0" * (size - len(b'{"seq":1,"ts":1.}'))
+    outcomes = []
+    for header in (b'{"seq":1,"ts":1.%s}' % pad, b'{"ts":1.%s,"seq":1}' % pad):
+        assert len(header) == size
+        try:
+            s = decode_input([b"t", header, GOOD_PAYLOAD], 3)
+            outcomes.append((s.seq, s.ts))
+        except WireError as exc:
+            outcomes.append((exc.kind, str(exc)))
+    if size <= MAX_HEADER_BYTES:
+        assert outcomes == [(1, 1.0), (1, 1.0)]
+    else:
+        assert outcomes[0] == outcomes[1] == ("json", f"header of {size} bytes (at most {MAX_HEADER_BYTES})")
+
+
 def test_huge_seq_and_ts_precision_survive():
     ts = math.pi * 1e9
     s = decode_input(encode_sample(b"", 2**63 - 1, ts, [0.0]), 1)

@@ -335,7 +335,8 @@ def decode_input(frames, n_features: int) -> Sample | Heartbeat:
     if n == 3:
         topic, header, payload = frames
         check_topic(topic)
-        m = _CANONICAL_HEADER(header)
+        # (a header over the bound goes to _loads, which refuses it, whatever its form)
+        m = _CANONICAL_HEADER(header) if len(header) <= MAX_HEADER_BYTES else None
         if m is not None and len(payload):
             # the compact form every streamfhmm producer writes: parsed without json
             seq = int(m.group(1))
