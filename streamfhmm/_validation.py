@@ -197,6 +197,9 @@ def check_random_state(random_state) -> np.random.Generator:
     if random_state is None or isinstance(random_state, (numbers.Integral, np.random.SeedSequence)):
         if isinstance(random_state, (bool, np.bool_)):
             raise ValueError("random_state must be None, an int or a numpy Generator, got a bool")
+        if isinstance(random_state, numbers.Integral) and random_state < 0:
+            raise ValueError(f"random_state must be None, an int >= 0 (a seed) or a numpy "
+                             f"Generator, got {random_state}")
         return np.random.default_rng(random_state)
     if isinstance(random_state, np.random.Generator):
         return random_state

@@ -172,7 +172,9 @@ class FHMM:
             Lengths of the independent sequences concatenated in X.
         method : {"svi", "smf", "em"}
             ``"svi"``: stochastic variational inference without messages — subchain
-            minibatches, hand-derived gradients, RMSprop (paper §3.3, MATH.md §5).
+            minibatches, hand-derived gradients, RMSprop (paper §3.3, MATH.md §5), its
+            steps on W and on L's off-diagonal scaled by each feature's standard
+            deviation, so that the fit does not depend on the data's units.
             ``"smf"``: structured mean-field EM (MATH.md §6), exact in spirit but every
             iteration sweeps the whole sequence. ``"em"``: exact EM (maximum likelihood,
             :mod:`streamfhmm.learn.em`), O(T·M·2^M) per iteration: the reference while
@@ -197,7 +199,8 @@ class FHMM:
             ``"kmeans"`` a k-means start (:func:`streamfhmm.learn.smf.init_params`);
             ``"smf"`` a short SMF-EM run on at most ``init_samples`` samples from that
             start; ``"auto"`` is ``"params"`` for a model that has parameters and
-            ``"smf"`` otherwise.
+            ``"smf"`` otherwise. ``"kmeans"`` and ``"smf"`` start afresh, so a fitted
+            model may refit data with another number of features.
         net_warmup : int
             SVI: the first ``net_warmup`` steps train the recognition networks only, the
             model held at its start (its RMSprop statistics are still gathered). Joint
@@ -247,7 +250,7 @@ class FHMM:
             raise ValueError(f"init must be one of 'auto', 'smf', 'kmeans', 'params', got {init!r}")
         X = check_observations(X, allow_nan=(method == "svi"))
         lengths = check_lengths(lengths, X.shape[0])
-        self._check_n_features(X.shape[1])
+        self._check_n_features(X.shape[1], init)
         if method == "svi" and X.shape[0] < 2:
             raise ValueError("X must have at least 2 samples for SVI")
         rng = check_random_state(self.random_state)
@@ -313,7 +316,7 @@ class FHMM:
         rng = check_random_state(self.random_state)
         t0 = time.perf_counter()
         head = head_rows(chunks, init_samples)
-        self._check_n_features(head.shape[1])
+        self._check_n_features(head.shape[1], init)
         params = self._initial_params(head, None, init, init_samples, rng, progress, time_budget)
         net = RecognitionNet(self.n_chains, params.n_features, window=self.window,
                              n_hidden=self.n_hidden, share=self.share_hidden, mode="centred")
@@ -332,9 +335,11 @@ class FHMM:
         self.fit_method_ = "svi"
         return self
 
-    def _check_n_features(self, n_features: int) -> None:
+    def _check_n_features(self, n_features: int, init: str) -> None:
+        """X's width against the parameters a fit continues from (``init="kmeans"`` and
+        ``"smf"`` start afresh: a refit may change the number of features)."""
         params = getattr(self, "params_", None)
-        if params is not None and params.n_features != n_features:
+        if init in ("auto", "params") and params is not None and params.n_features != n_features:
             raise ValueError(f"X must have {params.n_features} features (columns) like the "
                              f"model's parameters, got {n_features}")
 

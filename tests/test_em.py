@@ -89,3 +89,23 @@ def test_bad_arguments():
     Xn[3, 0] = np.nan
     with pytest.raises(ValueError):
         FHMM(n_chains=2).fit(Xn, method="em", progress=False)
+
+
+def test_fit_does_not_depend_on_the_features_units():
+    """Exact EM on features of variances 1e-6 and 1e6 of the data's is the rescaled fit
+    (the floor on Σ was 1e-9 times the mean variance: the small feature's noise variance,
+    1e-7, was floored at 2.8e-4 and the log-likelihood was -4.33 per step, not -1.01)."""
+    seed = 11
+    print(f"seed={seed}")
+    W = np.array([[1.0, -1.0], [1.5, 1.0], [0.0, 0.0]])
+    A = np.array([[[0.95, 0.05], [0.10, 0.90]], [[0.90, 0.10], [0.05, 0.95]]])
+    true = FHMM.from_params(W=W, covariance=0.1 * np.eye(2), transmat=A)
+    X, _ = true.sample(1000, random_state=seed)
+    unit = np.array([1e-3, 1e3])
+    ref = FHMM(n_chains=2, random_state=5).fit(X, method="em", max_iter=50, progress=False)
+    got = FHMM(n_chains=2, random_state=5).fit(X * unit, method="em", max_iter=50, progress=False)
+    np.testing.assert_allclose(got.W_ / unit, ref.W_, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(got.covariance_ / np.outer(unit, unit), ref.covariance_, rtol=1e-6)
+    ll = got.score(X * unit) + len(X) * np.log(unit).sum()
+    assert ll == pytest.approx(ref.score(X), rel=1e-8)
+    assert ref.score(X) / len(X) > true.score(X) / len(X) - 0.01

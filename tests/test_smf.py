@@ -524,3 +524,57 @@ def test_init_params_covariance_type():
         init_params(X, 2, covariance_type="tied")
     with pytest.raises(ValueError, match="covariance_type must be one of"):
         fit_smf(X, n_chains=2, covariance_type="Diag", progress=False)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag"])
+def test_fit_does_not_depend_on_the_features_units(covariance_type):
+    """Features in very different units (variances 1e-6 and 1e6 of the data's): the
+    fit is the rescaled fit of the data. The floor on Σ (and the start's ridge) was
+    1e-9 (1e-6) times the *mean* variance, 5e-4, which floored the small feature's
+    noise variance (1e-7) at 2.8e-4: log-likelihood -4.33 per step against -1.01."""
+    seed = 11
+    W = np.array([[1.0, -1.0], [1.5, 1.0], [0.0, 0.0]])
+    A = np.array([[0.05, 0.10], [0.10, 0.05]])  # switch-on, switch-off per chain
+    p = FHMMParams(W=W, L=np.sqrt(0.1) * np.eye(2), alpha=np.log(A[:, 0] / (1 - A[:, 0])),
+                   beta=np.log(A[:, 1] / (1 - A[:, 1])), startprob=np.full(2, 0.5))
+    X, _ = p.sample(1000, random_state=seed)
+    print(f"seed={seed}")
+    unit = np.array([1e-3, 1e3])
+    ref, _ = fit_smf(X, n_chains=2, max_iter=50, random_state=seed, progress=False,
+                     covariance_type=covariance_type)
+    got, _ = fit_smf(X * unit, n_chains=2, max_iter=50, random_state=seed, progress=False,
+                     covariance_type=covariance_type)
+    np.testing.assert_allclose(got.W / unit, ref.W, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(got.covariance / np.outer(unit, unit), ref.covariance, rtol=1e-6)
+    np.testing.assert_allclose(got.transmat, ref.transmat, rtol=1e-6, atol=1e-10)
+    assert np.diag(ref.covariance) == pytest.approx([0.1, 0.1], rel=0.2)
+    ll = exact.log_likelihood(got, X * unit) + len(X) * np.log(unit).sum()
+    assert ll == pytest.approx(exact.log_likelihood(ref, X), rel=1e-8)
+    start = init_params(X * unit, 2, random_state=seed, covariance_type=covariance_type)
+    np.testing.assert_allclose(start.covariance / np.outer(unit, unit),
+                               init_params(X, 2, random_state=seed,
+                                           covariance_type=covariance_type).covariance, rtol=1e-9)
+
+
+def test_default_floor_is_per_feature():
+    """The default floor binds in each feature's units: exactly fitted data in units
+    1e-4 and 1e4 get Σ with diag(f)^-½ Σ diag(f)^-½ ⪰ I, f = 1e-9 · var(X_d); a
+    scalar covariance_floor floors the eigenvalues of Σ themselves."""
+    seed = 91
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    theta = np.round(rng.uniform(size=(60, 1)))
+    X = (theta @ np.array([[1.0, -2.0]]) + 0.5) * [1e-4, 1e4]
+    p = _model(1, 2, seed)
+    new = smf_m_step(p, X, theta, np.ones((1, 2, 2)))
+    f = 1e-9 * X.var(axis=0)
+    np.testing.assert_allclose(np.linalg.eigvalsh(new.covariance / np.sqrt(np.outer(f, f))), 1.0,
+                               rtol=1e-6)
+    diag = smf_m_step(p, X, theta, np.ones((1, 2, 2)), covariance_type="diag")
+    np.testing.assert_allclose(np.diag(diag.covariance), f, rtol=1e-9)
+    sph = smf_m_step(p, X, theta, np.ones((1, 2, 2)), covariance_type="spherical")
+    np.testing.assert_allclose(np.diag(sph.covariance), f.mean(), rtol=1e-9)
+    noisy = X + rng.standard_normal(X.shape) * [1e-5, 1e3]
+    zero = smf_m_step(p, noisy, theta, np.ones((1, 2, 2)), covariance_floor=0.0)
+    default = smf_m_step(p, noisy, theta, np.ones((1, 2, 2)))
+    np.testing.assert_allclose(zero.covariance, default.covariance, rtol=1e-12)

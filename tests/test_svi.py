@@ -135,6 +135,64 @@ def test_time_budget_stops_early(two_chain_data):
     assert m.history_[-1]["time"] < 5.0
 
 
+@pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
+def test_svi_fit_does_not_depend_on_the_data_units(two_chain_data, covariance_type):
+    """The SVI fit of affinely rescaled data is the rescaled fit (RMSprop's steps had a
+    fixed size in the data's units: W could not move at 1e8 and diverged at 1e-6,
+    log-likelihood -1e21). Per-feature units for full and diag Σ, one unit for
+    spherical Σ (the family is not closed under per-feature scaling)."""
+    _, X = two_chain_data
+    seed = 5
+    print(f"seed={seed}")
+    T, D = X.shape
+
+    def fit(Y):
+        m = FHMM(n_chains=2, window=5, n_hidden=8, random_state=seed,
+                 covariance_type=covariance_type)
+        return m.fit(Y, init="kmeans", max_iter=300, progress=False)
+
+    ref = fit(X)
+    units = [np.full(D, 1e-6), np.full(D, 1e8)]
+    if covariance_type != "spherical":
+        units.append(np.array([1e-6, 1e4]))
+    for unit in units:
+        shift = np.array([3.0, -2.0]) * unit
+        m = fit(X * unit + shift)
+        np.testing.assert_allclose(m.W_[:-1] / unit, ref.W_[:-1], rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose((m.W_[-1] - shift) / unit, ref.W_[-1], rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(m.covariance_ / np.outer(unit, unit), ref.covariance_,
+                                   rtol=1e-6, atol=1e-10)
+        np.testing.assert_allclose(m.transmat_, ref.transmat_, rtol=1e-6, atol=1e-10)
+        log_jac = np.log(unit).sum()
+        assert m.score(X * unit + shift) + T * log_jac == pytest.approx(ref.score(X), rel=1e-8)
+        np.testing.assert_allclose(m.predict_proba(X * unit + shift), ref.predict_proba(X),
+                                   rtol=0, atol=1e-7)
+        assert m.history_[-1]["elbo"] + log_jac == pytest.approx(ref.history_[-1]["elbo"], rel=1e-8)
+
+
+@pytest.mark.parametrize("method", ["svi", "smf", "em"])
+@pytest.mark.parametrize("init", ["kmeans", "smf"])
+def test_refit_from_a_fresh_start_may_change_the_number_of_features(method, init):
+    """init="kmeans"/"smf" start afresh: a fitted model refits data of another width
+    (it raised "X must have 2 features like the model's parameters"), as a new
+    estimator would; continuing from the parameters still needs the same width."""
+    seed = 6
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    X2, X3 = rng.normal(size=(300, 2)), rng.normal(size=(300, 3))
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed)
+    m.fit(X2, max_iter=20, progress=False)
+    m.fit(X3, method=method, init=init, max_iter=20, progress=False)
+    fresh = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed)
+    fresh.fit(X3, method=method, init=init, max_iter=20, progress=False)
+    assert m.n_features_in_ == 3 and m.W_.shape == (3, 3)
+    assert m.predict_proba(X3).shape == (300, 2)
+    np.testing.assert_allclose(m.W_, fresh.W_, rtol=0, atol=0)
+    for init in ("auto", "params"):
+        with pytest.raises(ValueError, match="X must have 3 features \\(columns\\) like the"):
+            m.fit(X2, init=init, max_iter=5, progress=False)
+
+
 @pytest.mark.parametrize("kwargs,X,message", [
     ({}, np.zeros((10, 2, 2)), "X must be a 2-D array"),
     ({}, np.array([[0.0, np.inf]] * 10), "X must not contain infinities"),
@@ -151,6 +209,16 @@ def test_time_budget_stops_early(two_chain_data):
 def test_fit_errors(kwargs, X, message):
     with pytest.raises(ValueError, match=message):
         FHMM(n_chains=2, window=3, n_hidden=4).fit(X, max_iter=5, progress=False, **kwargs)
+
+
+def test_negative_seed_is_refused_by_name():
+    """numpy's "expected non-negative integer" did not say which argument was wrong."""
+    X = np.random.default_rng(0).normal(size=(20, 2))
+    with pytest.raises(ValueError, match="random_state must be None, an int >= 0 .*got -1"):
+        FHMM(n_chains=2, random_state=-1).fit(X, max_iter=2, progress=False)
+    plain = FHMM.from_params(W=W2, covariance=0.1 * np.eye(2), transmat=A2)
+    with pytest.raises(ValueError, match="random_state must be None, an int >= 0 .*got -3"):
+        plain.sample(5, random_state=-3)
 
 
 def test_predict_errors(fitted):
@@ -224,6 +292,53 @@ def _rmsprop_reference(x, grad, sq, decay, eps, lr, step_count, n_head=0, head_s
     sq = decay * sq + (1.0 - decay) * grad**2
     eta = np.where(np.arange(len(x)) < n_head, head_scale * lr, lr)
     return x + eta * grad / (np.sqrt(sq / (1.0 - decay ** (step_count + 1))) + eps), sq
+
+
+def test_rmsprop_with_units_is_rmsprop_in_standardised_units():
+    """rmsprop_update(..., head_unit=u): the head takes exactly the step plain RMSprop
+    takes on x / u with gradient u ∇ and running average u² g² (the parameter in units
+    where the data have unit standard deviation); model_units lays u out as the model
+    vector (ModelPacker): W[k, d] → scale[d], L[i, j] (j < i) → scale[i], log L_dd, α, β → 1."""
+    from streamfhmm.kernels.svi import model_units, rmsprop_update
+    from streamfhmm.learn.objective import ModelPacker
+    seed = 23
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    M, D = 2, 3
+    scale = np.array([1e-6, 2.5, 1e4])
+    packer = ModelPacker(M, D)
+    nm = packer.size
+    u = np.empty(nm)
+    model_units(M, D, scale, u)
+    tril = packer.tril
+    want = np.concatenate([np.tile(scale, M + 1), np.where(tril[0] == tril[1], 1.0, scale[tril[0]]),
+                           np.ones(2 * M)])
+    np.testing.assert_array_equal(u, want)
+    bad = np.array([0.0, np.nan, np.inf])      # (a scaler never has these: counted as 1)
+    model_units(M, D, bad, u)
+    assert (u == 1.0).all()
+    model_units(M, D, scale, u)
+    n = nm + 4                                  # the model, then 4 network weights
+    x, sq = rng.normal(size=n), rng.uniform(0.01, 2.0, size=n)
+    x[:nm] *= u                                 # parameters in the data's units
+    decay, eps = 0.8, 1e-2                      # ε comparable to √g²: its place matters
+    xz, sqz = x.copy(), sq.copy()
+    xz[:nm] /= u
+    sqz[:nm] *= u**2
+    for step_count in range(3, 7):
+        g = rng.normal(size=n)
+        g[:nm] /= u                             # ∂/∂x = (1/u) ∂/∂x_z
+        gz = g.copy()
+        gz[:nm] *= u
+        for head_scale in (1.0, 0.5):
+            assert rmsprop_update(x, g, sq, decay, eps, 0.05, step_count, nm, head_scale, u)
+            assert rmsprop_update(xz, gz, sqz, decay, eps, 0.05, step_count, nm, head_scale)
+            np.testing.assert_allclose(x[:nm] / u, xz[:nm], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(sq[:nm] * u**2, sqz[:nm], rtol=1e-12)
+            np.testing.assert_allclose(x[nm:], xz[nm:], rtol=1e-13)
+    x0 = x.copy()
+    assert rmsprop_update(x, g, sq, decay, eps, 0.05, 9, nm, 0.0, u)   # held
+    np.testing.assert_array_equal(x[:nm], x0[:nm])
 
 
 def test_rmsprop_update_consecutive_steps_against_the_formula():

@@ -350,12 +350,17 @@ def batch_gradient(Y, rows, row_start, row_end, offsets, first, window, off, mea
 
 
 @jit
-def rmsprop_update(x, grad, sq, decay, eps, lr, step_count, n_head=0, head_scale=1.0):
+def rmsprop_update(x, grad, sq, decay, eps, lr, step_count, n_head=0, head_scale=1.0,
+                   head_unit=None):
     """RMSprop ascent in place: ``g² ← γ g² + (1-γ) ∇²``, ``x ← x + η ∇ / (√(g²/(1-γ^k)) + ε)``.
 
     ``step_count`` is the number of earlier steps (bias correction of ``g²``). The first
-    ``n_head`` entries of ``x`` take steps of ``head_scale · η`` (0 holds them; their
-    ``g²`` is tracked all the same).
+    ``n_head`` entries of ``x`` (the model) take steps of ``head_scale · η`` (0 holds
+    them; their ``g²`` is tracked all the same). With ``head_unit`` (``n_head``,
+    :func:`model_units`), entry i of the head takes ``x_i ← x_i + η u_i ∇_i / (√(g²_i/…)
+    + ε / u_i)``, ``u_i = head_unit[i]``: exactly the step RMSprop takes on ``x_i / u_i``
+    (the parameter in units where the data have unit standard deviation: its gradient is
+    ``u_i ∇_i``), so that the learner does not depend on the data's units.
     Returns False (and changes nothing) if ``grad`` holds a non-finite value.
     """
     for i in range(grad.shape[0]):
@@ -366,9 +371,50 @@ def rmsprop_update(x, grad, sq, decay, eps, lr, step_count, n_head=0, head_scale
         g = grad[i]
         s = decay * sq[i] + (1.0 - decay) * g * g
         sq[i] = s
-        eta = lr * head_scale if i < n_head else lr
+        if i < n_head:
+            eta = lr * head_scale
+            if head_unit is not None:
+                u = head_unit[i]
+                x[i] += eta * u * g / (math.sqrt(s / corr) + eps / u)
+                continue
+        else:
+            eta = lr
         x[i] += eta * g / (math.sqrt(s / corr) + eps)
     return True
+
+
+@jit
+def model_units(M, D, scale, out):
+    """The unit of each model-vector entry (:func:`rmsprop_update`'s ``head_unit``).
+
+    Parameters
+    ----------
+    M, D : int
+    scale : ndarray, shape (D,)
+        The data's standard deviation per feature (the networks' input scaler).
+    out : ndarray, shape (≥ (M+1)·D + D(D+1)/2 + 2M,)
+        Receives ``scale[d]`` for ``W[k, d]`` (the loadings and the bias are in the
+        data's units), ``scale[i]`` for ``L[i, j]``, ``j < i`` (``L = diag(scale) L_z``),
+        and 1 for ``log L_dd`` (shifted, not scaled, by a change of units), ``α`` and
+        ``β``. A ``scale`` entry that is not positive and finite counts as 1.
+    """
+    n = 0
+    for k in range(M + 1):
+        for d in range(D):
+            out[n] = _unit(scale[d])
+            n += 1
+    for i in range(D):
+        for j in range(i + 1):
+            out[n] = 1.0 if j == i else _unit(scale[i])
+            n += 1
+    for k in range(2 * M):
+        out[n] = 1.0
+        n += 1
+
+
+@jit
+def _unit(s):
+    return s if s > 0.0 and np.isfinite(s) else 1.0
 
 
 @jit
@@ -418,7 +464,8 @@ def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, sca
     Notes
     -----
     MATH.md §5: ``∇ = (1/n) Σ_batch ∇ℓ_t`` (n counted positions), then
-    :func:`rmsprop_update`.
+    :func:`rmsprop_update`, the model's steps in the data's units (:func:`model_units`
+    from ``scale``).
     """
     value, counted = batch_gradient(Y, rows, row_start, row_end, offsets, first, window, off,
                                     mean, scale, x, n_model, layout, M, D, Xw, hidden, theta,
@@ -428,6 +475,8 @@ def svi_step(Y, rows, row_start, row_end, offsets, first, window, off, mean, sca
         grad[i] *= inv
     if not np.isfinite(value):
         return np.nan
-    if not rmsprop_update(x, grad, sq, decay, eps, lr, step_count, n_model, model_lr_scale):
+    units = np.empty(n_model)
+    model_units(M, D, scale, units)
+    if not rmsprop_update(x, grad, sq, decay, eps, lr, step_count, n_model, model_lr_scale, units):
         return np.nan
     return value * inv

@@ -855,6 +855,8 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     _ks.constrain_model(state.model_vec, state.opt.sq, packer.n_chains, D, cov_mode)
     x = state.state_vector()
     nm = packer.size
+    units = np.empty(nm)   # the model's steps in the data's units, as the local kernel's
+    _ks.model_units(packer.n_chains, D, net.scale, units)
     grad = np.empty_like(x)
     opt = state.opt
     log_every = log_every or max(1, min(max_iter // 100, 500))
@@ -889,9 +891,10 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
             lr = cosine_lr(learning_rate, final_lr_ratio, frac)
             grad /= counted
             _ks.constrain_model_grad(grad, packer.n_chains, D, cov_mode)
-            scale = 0.0 if i <= net_warmup else 1.0
+            held = 0.0 if i <= net_warmup else 1.0
             if not (math.isfinite(value) and _ks.rmsprop_update(x, grad, opt.sq, opt.decay,
-                                                               opt.eps, lr, opt.steps, nm, scale)):
+                                                               opt.eps, lr, opt.steps, nm, held,
+                                                               units)):
                 raise FloatingPointError(f"non-finite ELBO gradient at iteration "
                                          f"{state.iteration + 1}; parameters left at the "
                                          f"previous step")

@@ -43,7 +43,7 @@ LOG_2PI = math.log(2.0 * math.pi)
 LOG_MIN_TRANSITION = math.log(1e-100)
 #: eigenvalues of Σ_t E[ŝŝᵀ] below this fraction of the largest leave W unchanged along them
 GRAM_RCOND = 1e-12
-#: default floor on the eigenvalues of Σ, as a fraction of the mean per-feature data variance
+#: default floor on Σ, as a fraction of each feature's data variance (see :func:`smf_m_step`)
 COVARIANCE_FLOOR = 1e-9
 #: initial Σ as a fraction of the data covariance (see :func:`init_params`)
 INIT_COVARIANCE_FRACTION = 0.5
@@ -162,9 +162,15 @@ def _prior_terms(params: FHMMParams, xi: np.ndarray, theta_start: np.ndarray) ->
     return start + trans
 
 
-def _default_floor(X: np.ndarray) -> float:
-    scale = float(X.var(axis=0).mean()) if X.shape[0] > 1 else 0.0
-    return COVARIANCE_FLOOR * (scale if scale > 0.0 else 1.0)
+def _default_floor(X: np.ndarray) -> np.ndarray:
+    """Per-feature floor, shape (D,): ``COVARIANCE_FLOOR`` times each feature's variance
+    (a constant feature's: the mean variance, or 1), so that Σ's floor is in each
+    feature's own units: a feature whose variance is 1e-12 of another's is not
+    floored far above its own variance (the fit would then ignore it)."""
+    var = X.var(axis=0) if X.shape[0] > 1 else np.zeros(X.shape[1])
+    mean = float(var.mean())
+    base = mean if mean > 0.0 else 1.0
+    return COVARIANCE_FLOOR * np.where(var > 1e-24 * base, var, base)
 
 
 # ----------------------------------------------------------------------------------------
@@ -366,16 +372,23 @@ def _m_step(params: FHMMParams, X, theta, xi, starts, floor, cov_mode: int = 0,
         E = X - mu @ W
         S = (E.T @ E + (W[:M].T * v) @ W[:M]) / T
     S = 0.5 * (S + S.T)
+    floor = np.broadcast_to(np.asarray(floor, dtype=np.float64), (S.shape[0],))
     if cov_mode == 1:
         # diagonal Σ: each variance maximises its own term -½(log σ² + S_dd/σ²)
         S = np.diag(np.maximum(np.diag(S), floor))
     elif cov_mode == 2:
         # σ² I: the terms add to -½ D (log σ² + tr(S)/(D σ²))
-        S = max(float(np.trace(S)) / S.shape[0], floor) * np.eye(S.shape[0])
+        S = max(float(np.trace(S)) / S.shape[0], float(floor.mean())) * np.eye(S.shape[0])
     else:
-        ev, Q = np.linalg.eigh(S)
-        if ev[0] < floor:
-            S = (Q * np.maximum(ev, floor)) @ Q.T
+        # eigenvalues floored in the units of the per-feature floor f: those of
+        # diag(f)^-½ S diag(f)^-½ at 1 (for one f, those of S at f)
+        if (floor > 0.0).all():
+            r, low = np.sqrt(floor), 1.0
+        else:  # a zero floor (covariance_floor=0): clip negative eigenvalues only
+            r, low = np.ones(len(floor)), float(floor.max())
+        ev, Q = np.linalg.eigh(S / np.outer(r, r))
+        if ev[0] < low:
+            S = ((Q * np.maximum(ev, low)) @ Q.T) * np.outer(r, r)
             S = 0.5 * (S + S.T)
     # A: expected transition counts; a row with no mass (a state never occupied) keeps
     # its previous value, every probability stays in [PROB_FLOOR, 1 - PROB_FLOOR].
@@ -410,8 +423,10 @@ def smf_m_step(params: FHMMParams, X, theta, xi, lengths=None,
         Expected transition counts from the E-step.
     lengths : array_like of int, optional
     covariance_floor : float, optional
-        Floor on the eigenvalues of Σ; default ``1e-9`` times the mean per-feature
-        variance of X.
+        Floor on the eigenvalues of Σ. Default: per feature, ``1e-9`` times its
+        variance in X (the eigenvalues of ``diag(f)^-½ Σ diag(f)^-½`` are floored at 1
+        for these floors f; a diagonal Σ's variances at f, a spherical one's at the mean
+        of f), so that the floor does not depend on the features' units.
     covariance_type : {"full", "diag", "spherical"}
         Family of Σ: with S the full update below, ``"diag"`` keeps ``diag(S_dd)`` and
         ``"spherical"`` takes ``tr(S)/D · I``.
@@ -547,8 +562,10 @@ def init_params(X, n_chains: int, lengths=None, random_state=None,
     W = Wz * std
     W[M] += mean
     S = INIT_COVARIANCE_FRACTION * cov
-    floor = _default_floor(X) if T > 1 else COVARIANCE_FLOOR
-    S = S + max(floor, 1e-6 * float(np.trace(S)) / D) * np.eye(D)
+    floor = _default_floor(X) if T > 1 else np.full(D, COVARIANCE_FLOOR)
+    # a ridge relative to each feature's variance (not the mean one: in mixed units it
+    # would swamp a feature of small variance)
+    S = S + np.diag(np.maximum(floor, 1e-6 * np.diag(S)))
     A = np.empty((M, 2, 2))
     A[:, 0, 1] = A[:, 1, 0] = INIT_SWITCH
     A[:, 0, 0] = A[:, 1, 1] = 1.0 - INIT_SWITCH
