@@ -356,6 +356,22 @@ def test_copula_cells_relative_accuracy_against_mpmath():
     print(f"copula cells vs mpmath: max rel err {worst:.2e}")
 
 
+def test_copula_cells_relative_accuracy_near_laguerre_boundary():
+    """The documented worst case of the cells (module notes of bvn.py): two
+    anticorrelated lows at the clipping bound θ = 1e-6 with |ρ| just below the switch to
+    Gauss–Laguerre, where the angle integral cancels against Φ(h)Φ(k) (~1e-11
+    relative, not the 3e-13 of the rest of the plane)."""
+    worst = 0.0
+    for a, b, c, cell in [(1 - 1e-6, 1 - 1e-6, -0.2495, 0), (1e-6, 1e-6, -0.245, 3),
+                          (1 - 1e-6, 1e-6, 0.24, 1)]:
+        q = _cells(a, b, c)
+        ref = float(naive.copula_cells_mp(a, b, c, dps=20)[cell])
+        rel = abs(q[cell] - ref) / ref
+        worst = max(worst, rel)
+        assert rel <= 2e-11, (a, b, c, cell, q[cell], ref, rel)
+    print(f"cells near the Gauss–Laguerre boundary: max rel err {worst:.2e}")
+
+
 def test_copula_cells_margins_sum_and_sign():
     rng = _rng(303)
     n = 20000

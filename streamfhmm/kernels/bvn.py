@@ -10,11 +10,13 @@ Accuracy
 --------
 ``bvn_cdf`` is accurate to a few units of 1e-16 absolute over the whole plane and
 ``|ρ| < 1``. Relative to the value (measured against 20-digit quadrature, see
-tests/test_bvn.py) it is accurate to about 3e-13 for ``|h|, |k| ≤ 8``, which covers the
-copula cells (``|h| ≤ 4.75`` for ``θ ∈ [1e-6, 1-1e-6]``); beyond that the error grows
-to ~1e-10 at ``|h|, |k| ≈ 10`` for the lower orthant of two negatively correlated
-variables with small ``|ρ|`` (a cancellation of the first formula below that the third
-cannot take over there). Three integrals are used:
+tests/test_bvn.py) it is accurate to about 3e-13 for ``|h|, |k| ≤ 8`` except in one
+region: the lower orthant of two negatively correlated variables with small ``|ρ|``,
+just short of where the third formula below takes over (``D < 3``). There the first
+formula cancels (``Φ(h)Φ(k)`` minus almost as much) and the relative error is the
+cancellation factor times ~1e-16: up to ~2e-11 for the copula cells (``|h| ≤ 4.75``
+for ``θ ∈ [1e-6, 1-1e-6]``; 1.2e-11 measured at ``h = k = -4.753``, ``ρ = -0.2495``),
+~1e-9 at ``|h| = |k| = 8`` and ~1e-8 at ``|h| = |k| = 10``. Three integrals are used:
 
 * ``|ρ| < 0.925`` — Drezner–Wesolowsky / Genz (2004):
   ``Φ2 = Φ(h)Φ(k) + (1/2π)∫_0^{asin ρ} exp(-(h²+k²-2hk sinθ)/(2cos²θ)) dθ`` by
@@ -482,8 +484,9 @@ def bvn_cdf(h, k, rho):
     Returns
     -------
     float
-        In [0, 1]; absolute error of a few 1e-16, relative error ~1e-13 or better for
-        ``|h|, |k| ≤ 10``.
+        In [0, 1]; absolute error of a few 1e-16, relative error ~3e-13 or better for
+        ``|h|, |k| ≤ 8`` outside the anticorrelated lower orthant with small ``|ρ|``,
+        where it reaches ~1e-9 at ``|h| = |k| = 8`` and ~1e-8 at 10 (module notes).
 
     Notes
     -----
