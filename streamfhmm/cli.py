@@ -165,7 +165,9 @@ def _load_csv(path, columns):
         else:
             idx = list(range(len(header)))
         names = [header[j] for j in idx]
-        fast = _loadtxt(path, idx, len(header))
+        # (numpy's parser opens the file again: only a regular file can be read twice; a
+        # FIFO would block that second open forever, a pipe would give it nothing)
+        fast = _loadtxt(path, idx, len(header)) if os.path.isfile(path) else None
         if fast is not None:
             return fast, names
         # the careful parse: names the line and column of the first problem
@@ -467,18 +469,36 @@ def _cmd_score(args) -> int:
 
 
 def _write_table(path, A, names):
-    if path.endswith(".npy"):
-        tmp = f"{path}.tmp-{os.getpid()}.npy"
-        np.save(tmp, A)
-        os.replace(tmp, path)
+    npy = path.endswith(".npy")
+
+    def write(target):
+        if npy:
+            np.save(target, A)
+            return
+        fh = sys.stdout if target == "-" else open(target, "w", newline="", encoding="utf-8")
+        try:
+            fh.write(",".join(names) + "\n")
+            np.savetxt(fh, A, delimiter=",", fmt="%.10g")
+        finally:
+            if fh is not sys.stdout:
+                fh.close()
+    if path == "-" or (os.path.exists(path) and not os.path.isfile(path)):
+        write(path)   # stdout, /dev/null, a FIFO...: written in place, never replaced
         return
-    fh = sys.stdout if path == "-" else open(path, "w", newline="", encoding="utf-8")
+    # a regular file: a temporary file moved into place, so that a failed write (disk
+    # full, Ctrl-C) leaves neither a truncated table nor the temporary file behind
+    tmp = f"{path}.tmp-{os.getpid()}" + (".npy" if npy else "")
     try:
-        fh.write(",".join(names) + "\n")
-        np.savetxt(fh, A, delimiter=",", fmt="%.10g")
-    finally:
-        if fh is not sys.stdout:
-            fh.close()
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise CliError(f"--out {path}: cannot write: {exc.strerror or exc}") from None
+        raise
 
 
 def _cmd_predict(args) -> int:

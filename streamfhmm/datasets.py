@@ -349,8 +349,13 @@ def _dates_from_bytes(buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
     y, mo, dd = number(0, 4), number(5, 2), number(8, 2)
     hh, mi, ss = number(11, 2), number(14, 2), number(17, 2)
-    if ((mo < 1) | (mo > 12) | (dd < 1) | (dd > 31) | (hh > 23) | (mi > 59) | (ss > 60)).any():
+    if ((mo < 1) | (mo > 12) | (dd < 1) | (dd > 31) | (hh > 23) | (mi > 59) | (ss > 59)).any():
         raise ValueError("date out of range")
+    # the days of the month (the arithmetic below would carry 2007-02-31 into March)
+    leap = (y % 4 == 0) & ((y % 100 != 0) | (y % 400 == 0))
+    month_days = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[mo] + (leap & (mo == 2))
+    if (dd > month_days).any():
+        raise ValueError("day out of range for its month")
     # days from the civil date (H. Hinnant's algorithm), exact for the proleptic Gregorian calendar
     yy = y - (mo <= 2)
     era = np.floor_divide(yy, 400)

@@ -73,6 +73,15 @@ def test_clear_errors(tmp_path):
         load_checkpoint(tmp_path / "newer.npz")
     with pytest.raises(ValueError, match="dtype object"):
         save_checkpoint(tmp_path / "bad.npz", {"o": np.array([None], dtype=object)}, {})
+    # damaged version and description fields: ValueError too, not OverflowError / a list
+    data["version"] = np.array(np.inf)
+    np.savez(tmp_path / "infinite.npz", **data)
+    with pytest.raises(ValueError, match="damaged streamfhmm checkpoint"):
+        load_checkpoint(tmp_path / "infinite.npz")
+    data["version"], data["meta"] = np.array(FORMAT_VERSION), np.array("[1, 2]")
+    np.savez(tmp_path / "listmeta.npz", **data)
+    with pytest.raises(ValueError, match="damaged streamfhmm checkpoint.*not an object"):
+        load_checkpoint(tmp_path / "listmeta.npz")
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "missing.npz")
     with pytest.raises(ValueError, match="not a valid streamfhmm checkpoint"):

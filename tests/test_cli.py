@@ -433,3 +433,50 @@ def test_csv_with_a_byte_order_mark(tmp_path, files, capsys):
     path.write_bytes(b"\xef\xbb\xbfa,b\n1,2\n,4\n")        # the careful parser too
     X, names = load_data(str(path), ["b", "a"])
     assert names == ["b", "a"] and np.isnan(X[1, 1]) and X[0].tolist() == [2.0, 1.0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_csv_from_a_named_pipe(tmp_path):
+    """A CSV read from a FIFO (read once: a second open would wait for a writer forever)."""
+    import threading
+    fifo = tmp_path / "data.csv"
+    os.mkfifo(fifo)
+
+    def writer():
+        with open(fifo, "w") as f:    # blocks until the reader opens the FIFO
+            f.write("a,b\n1,2\n3,4\n")
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    code = ("from streamfhmm.cli import load_data; import sys; "
+            "X, names = load_data(sys.argv[1]); print(names, X.tolist())")
+    r = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=120)
+    t.join(10)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['a', 'b'] [[1.0, 2.0], [3.0, 4.0]]"
+
+
+@pytest.mark.parametrize("ext", [".csv", ".npy"])
+def test_predict_out_write_failure_leaves_no_partial_file(files, tmp_path, capsys, monkeypatch, ext):
+    """A write that fails half-way (a full disk) leaves the previous --out file intact and
+    no temporary file: one line, status 1."""
+    import errno
+    out = tmp_path / f"p{ext}"
+    out.write_bytes(b"previous")
+
+    def full(fname, *args, **kwargs):
+        fh = open(fname, "wb") if isinstance(fname, (str, os.PathLike)) else fname
+        fh.write("partial" if hasattr(fh, "encoding") else b"partial")
+        if fh is not fname:
+            fh.close()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(np, "savetxt" if ext == ".csv" else "save", full)
+    code, _, err = _run(["predict", files["csv"], "--model", files["model"], "--out", str(out)], capsys)
+    assert code == 1, err
+    assert len(err.strip().splitlines()) == 1 and "No space left on device" in err, err
+    assert out.read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+    monkeypatch.undo()
+    # a device is written in place, never replaced by a file
+    code, _, err = _run(["predict", files["csv"], "--model", files["model"], "--out", os.devnull], capsys)
+    assert code == 0, err
+    assert not os.path.isfile(os.devnull)

@@ -243,3 +243,17 @@ def test_damaged_cache_is_parsed_again_and_rewritten(tmp_path, monkeypatch, dama
 
     monkeypatch.setattr(datasets, "parse_household_power_csv", refuse)
     np.testing.assert_array_equal(load_household_power(cache_dir=cache).values, data.values)
+
+
+def test_parser_refuses_impossible_dates(tmp_path):
+    """The vectorised date parser must not carry 31 February into March (or second 60
+    into the next minute): such a file is malformed, as for the csv fallback."""
+    path = tmp_path / "p.csv"
+    path.write_bytes(b"date_time,a\n2008-02-29 00:00:00,1\n2000-02-29 23:59:59,2\n")
+    ts, _, _ = parse_household_power_csv(path)
+    assert [str(t) for t in ts] == ["2008-02-29T00:00:00", "2000-02-29T23:59:59"]
+    for stamp in (b"2007-02-31 00:00:00", b"2007-02-29 00:00:00", b"1900-02-29 00:00:00",
+                  b"2007-04-31 12:00:00", b"2007-01-01 00:00:60"):
+        path.write_bytes(b"date_time,a\n" + stamp + b",1\n")
+        with pytest.raises(ValueError):
+            parse_household_power_csv(path)

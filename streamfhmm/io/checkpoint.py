@@ -110,7 +110,9 @@ def load_checkpoint(path) -> tuple[dict, dict]:
     try:
         version = int(data.pop("version"))
         meta = json.loads(str(data.pop("meta")))
-    except (KeyError, ValueError, TypeError) as exc:
+        if not isinstance(meta, dict):
+            raise TypeError(f"its description is a JSON {type(meta).__name__}, not an object")
+    except (KeyError, ValueError, TypeError, OverflowError) as exc:   # (int(inf): OverflowError)
         raise ValueError(f"{path} is a damaged streamfhmm checkpoint: {exc}") from None
     if version > FORMAT_VERSION:
         raise ValueError(f"{path} has checkpoint format version {version}; this streamfhmm reads "
