@@ -528,11 +528,18 @@ class FHMM:
         if not path.endswith(".npz"):
             path += ".npz"
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **arrays)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:   # (a full disk, Ctrl-C): no temporary file left behind
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
     @classmethod
     def load(cls, path) -> "FHMM":

@@ -76,6 +76,26 @@ def test_recognition_posterior_matches_exact_on_three_chains():
     assert mae_true <= 0.05
 
 
+def test_failed_save_leaves_the_old_file_and_no_temporary(tmp_path, fitted, monkeypatch):
+    """A save that fails part-way (a full disk) keeps the previous model file as it was
+    and leaves no temporary file (the .tmp-PID file stayed behind)."""
+    import errno
+
+    import streamfhmm.estimator as est
+    path = tmp_path / "m.npz"
+    fitted.save(path)
+    before = path.read_bytes()
+
+    def full_disk(fh, **arrays):
+        fh.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(est.np, "savez", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        fitted.save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz"]
+    assert path.read_bytes() == before
+
+
 def test_save_load_round_trip(tmp_path, two_chain_data, fitted):
     _, X = two_chain_data
     path = tmp_path / "model.npz"
