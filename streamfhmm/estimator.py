@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from . import exact
+from .io.checkpoint import write_atomically
 from ._validation import (check_lengths, check_observations, check_positive_int,
                           check_random_state, check_real)
 from .learn.objective import (COVARIANCE_TYPES, check_covariance_matches, check_covariance_type,
@@ -527,19 +528,7 @@ class FHMM:
         path = os.fspath(path)
         if not path.endswith(".npz"):
             path += ".npz"
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **arrays)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:   # (a full disk, Ctrl-C): no temporary file left behind
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomically(path, lambda fh: np.savez(fh, **arrays))   # (a failed write leaves no file)
 
     @classmethod
     def load(cls, path) -> "FHMM":

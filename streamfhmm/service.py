@@ -54,6 +54,7 @@ import time
 import numpy as np
 import zmq
 
+from .io.checkpoint import write_atomically
 from .io.fastwire import STOP_ERROR, STOP_SLOW
 from .io.lane import LANE_STATUS, serve_lane
 from .io.wire import (TS_TEXT_BYTES, Heartbeat, SampleRun, check_topic, encode_heartbeat, encode_sample,
@@ -299,22 +300,7 @@ def _stream_stem(topic: bytes) -> str:
 
 
 def _atomic_write_text(path: str, text: str):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    try:
-        dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
+    write_atomically(path, lambda fh: fh.write(text), mode="w")
 
 
 def read_stream_record(path: str) -> dict:

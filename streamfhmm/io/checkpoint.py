@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-__all__ = ["FORMAT_TAG", "FORMAT_VERSION", "save_checkpoint", "load_checkpoint"]
+__all__ = ["FORMAT_TAG", "FORMAT_VERSION", "save_checkpoint", "load_checkpoint", "write_atomically"]
 
 FORMAT_TAG = "streamfhmm.StreamEngine.checkpoint"
 FORMAT_VERSION = 1
@@ -23,6 +23,39 @@ FORMAT_VERSION = 1
 def _path(path) -> str:
     path = os.fspath(path)
     return path if path.endswith(".npz") else path + ".npz"
+
+
+def write_atomically(path: str, write, mode: str = "wb") -> None:
+    """Write a file so that readers see the old one or the new one, never a torn file.
+
+    ``write(fh)`` fills a temporary file in ``path``'s directory (opened with ``mode``;
+    text modes as UTF-8), which is flushed, fsync'ed and moved into place with
+    ``os.replace``; the directory is then fsync'ed, so the rename is durable too. If
+    anything fails (a full disk, Ctrl-C) the temporary file is removed, ``path`` is left
+    as it was and the error propagates.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{id(write)}")
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def save_checkpoint(path, arrays: dict, meta: dict) -> str:
@@ -43,7 +76,6 @@ def save_checkpoint(path, arrays: dict, meta: dict) -> str:
         The path written.
     """
     path = _path(path)
-    directory = os.path.dirname(os.path.abspath(path))
     payload = {k: np.asarray(v) for k, v in arrays.items()}
     for k, v in payload.items():
         if v.dtype == object:
@@ -51,27 +83,7 @@ def save_checkpoint(path, arrays: dict, meta: dict) -> str:
     payload["format"] = np.array(FORMAT_TAG)
     payload["version"] = np.array(FORMAT_VERSION)
     payload["meta"] = np.array(json.dumps(meta))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{id(payload)}")
-    try:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename itself durable
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    write_atomically(path, lambda fh: np.savez(fh, **payload))
     return path
 
 
