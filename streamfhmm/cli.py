@@ -486,11 +486,13 @@ def _write_table(path, A, names):
         write(path)   # stdout, /dev/null, a FIFO...: written in place, never replaced
         return
     # a regular file: a temporary file moved into place, so that a failed write (disk
-    # full, Ctrl-C) leaves neither a truncated table nor the temporary file behind
-    tmp = f"{path}.tmp-{os.getpid()}" + (".npy" if npy else "")
+    # full, Ctrl-C) leaves neither a truncated table nor the temporary file behind; a
+    # symbolic link's target is the file replaced (the link stays a link)
+    real = os.path.realpath(path)
+    tmp = f"{real}.tmp-{os.getpid()}" + (".npy" if npy else "")
     try:
         write(tmp)
-        os.replace(tmp, path)
+        os.replace(tmp, real)
     except BaseException as exc:
         try:
             os.unlink(tmp)

@@ -480,3 +480,16 @@ def test_predict_out_write_failure_leaves_no_partial_file(files, tmp_path, capsy
     code, _, err = _run(["predict", files["csv"], "--model", files["model"], "--out", os.devnull], capsys)
     assert code == 0, err
     assert not os.path.isfile(os.devnull)
+
+
+def test_predict_out_through_a_symlink_keeps_the_link(files, tmp_path, capsys):
+    """--out naming a symbolic link writes its target (the temporary file moved into
+    place replaced the link itself with a regular file)."""
+    target = tmp_path / "real.csv"
+    target.write_text("old\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    code, _, _ = _run(["predict", files["npy"], "--model", files["model"], "--out", str(link)], capsys)
+    assert code == 0
+    assert link.is_symlink() and target.read_text().startswith("theta_0,theta_1\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "real.csv"]
