@@ -25,6 +25,7 @@ import warnings
 
 import numpy as np
 
+from .io.checkpoint import write_atomically
 from .stream.learner import DEFAULT_LEARNER_DUTY
 
 __all__ = ["main", "build_parser", "load_data", "CliError"]
@@ -469,38 +470,28 @@ def _cmd_score(args) -> int:
 
 
 def _write_table(path, A, names):
-    npy = path.endswith(".npy")
-
-    def write(target):
-        if npy:
-            np.save(target, A)
+    def write(fh):   # (binary: the same bytes on every platform)
+        if path.endswith(".npy"):
+            np.save(fh, A)
             return
-        fh = sys.stdout if target == "-" else open(target, "w", newline="", encoding="utf-8")
-        try:
-            fh.write(",".join(names) + "\n")
-            np.savetxt(fh, A, delimiter=",", fmt="%.10g")
-        finally:
-            if fh is not sys.stdout:
-                fh.close()
-    if path == "-" or (os.path.exists(path) and not os.path.isfile(path)):
-        write(path)   # stdout, /dev/null, a FIFO...: written in place, never replaced
+        fh.write((",".join(names) + "\n").encode())
+        np.savetxt(fh, A, delimiter=",", fmt="%.10g")
+    if path == "-":
+        sys.stdout.flush()
+        write(sys.stdout.buffer)
+        sys.stdout.buffer.flush()
         return
-    # a regular file: a temporary file moved into place, so that a failed write (disk
-    # full, Ctrl-C) leaves neither a truncated table nor the temporary file behind; a
-    # symbolic link's target is the file replaced (the link stays a link)
-    real = os.path.realpath(path)
-    tmp = f"{real}.tmp-{os.getpid()}" + (".npy" if npy else "")
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "wb") as fh:   # /dev/null, a FIFO...: written in place, never replaced
+            write(fh)
+        return
+    # a regular file, written atomically: a failed write (disk full, Ctrl-C) leaves
+    # neither a truncated table nor a temporary file; a symbolic link's target is the
+    # file replaced (the link stays a link)
     try:
-        write(tmp)
-        os.replace(tmp, real)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise CliError(f"--out {path}: cannot write: {exc.strerror or exc}") from None
-        raise
+        write_atomically(os.path.realpath(path), write)
+    except OSError as exc:
+        raise CliError(f"--out {path}: cannot write: {exc.strerror or exc}") from None
 
 
 def _cmd_predict(args) -> int:

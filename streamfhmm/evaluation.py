@@ -13,7 +13,7 @@ from scipy.optimize import linear_sum_assignment
 
 from . import exact
 from ._validation import check_observations
-from .model import FHMMParams, sigmoid
+from .model import FHMMParams
 
 __all__ = ["loglik_per_step", "posterior_mae", "align_params", "recovery_errors"]
 
@@ -73,8 +73,9 @@ def align_params(estimate: FHMMParams, reference: FHMMParams):
     cost_flip = ((Wr[:, None, :] + We[None, :, :]) ** 2).sum(-1)
     # ties (equal or opposite w rows) are broken by the switch probabilities (a flip
     # swaps them): a tiny term, so it decides only between matchings of equal w cost
-    ae, be = sigmoid(estimate.alpha), sigmoid(estimate.beta)
-    ar, br = sigmoid(reference.alpha)[:, None], sigmoid(reference.beta)[:, None]
+    Ae, Ar = estimate.transmat, reference.transmat      # a = A(0, 1), b = A(1, 0)
+    ae, be = Ae[:, 0, 1], Ae[:, 1, 0]
+    ar, br = Ar[:, 0, 1, None], Ar[:, 1, 0, None]
     tie = 1e-9 * (1.0 + max(cost_keep.max(), cost_flip.max()))
     cost_keep = cost_keep + tie * ((ar - ae) ** 2 + (br - be) ** 2)
     cost_flip = cost_flip + tie * ((ar - be) ** 2 + (br - ae) ** 2)

@@ -194,12 +194,11 @@ class FHMMParams:
     def stationary(self) -> np.ndarray:
         """Stationary ``P(s^m = 1) = a / (a + b)``, shape (M,).
 
-        Evaluated as ``σ(log a - log b)`` with ``log σ(x) = -softplus(-x)`` from the logits:
+        Evaluated as ``σ(log a - log b)`` from :attr:`log_transmat` (no cancellation):
         ``a`` and ``b`` both underflow to 0.0 for logits below -745 (``0 / 0``), while the
         ratio stays well defined (``σ(-10)`` for ``α = -800``, ``β = -790``)."""
-        log_a = -np.logaddexp(0.0, -self.alpha)
-        log_b = -np.logaddexp(0.0, -self.beta)
-        return sigmoid(log_a - log_b)
+        lt = self.log_transmat
+        return sigmoid(lt[:, 0, 1] - lt[:, 1, 0])
 
     # -- sampling -------------------------------------------------------------------
     def sample(self, n_samples: int, random_state=None) -> tuple[np.ndarray, np.ndarray]:

@@ -139,11 +139,7 @@ class _Pending:
         return end
 
     def append(self, t: int, seq: int, ts: float):
-        i = self._room(int(t), 1)
-        txt = ts_text(ts)
-        self.seq[i] = seq
-        self.text[i, :len(txt)] = np.frombuffer(txt, np.uint8)
-        self.tlen[i] = len(txt)
+        self.append_text(t, seq, ts_text(ts))
 
     def append_text(self, t: int, seq: int, text: bytes):
         """Position t: sequence number and time-stamp text (at most TS_TEXT_BYTES)."""

@@ -150,7 +150,7 @@ def _spd_inverse_from_chol(Lc, n, Linv, out):
 def _workspace(M, D):
     """Scratch arrays for one kernel call (allocated once per call, never per position).
 
-    ``mats`` (5, D, D): L, Q = Σ_t (P r_t)(P r_t)ᵀ over fully observed rows, and the
+    ``mats`` (4, D, D): Q = Σ_t (P r_t)(P r_t)ᵀ over fully observed rows, and the
     missing-pattern scratch ``C`` (``C Cᵀ = Σ_oo``), ``C⁻¹``, ``P_oo``. ``vecs`` (5, D):
     ``r``, ``P r``, and the missing-row ``r_o``, ``C⁻¹ r_o``, ``P_oo r_o``.
     ``wmiss`` (2, M, D): per cached missing pattern, rows ``C⁻¹ w_{m,o}`` and
@@ -162,7 +162,7 @@ def _workspace(M, D):
     pattern, whether a pattern is cached. ``obs`` (D,): observed indices of the row,
     ``obs_prev`` (D+1,): the cached pattern (its count last). ``q`` (4,), ``dq`` (4, 3).
     """
-    mats = np.zeros((5, D, D))
+    mats = np.zeros((4, D, D))
     vecs = np.zeros((5, D))
     wmiss = np.zeros((2, M, D))
     chain = np.zeros((3, M + 1))
@@ -178,14 +178,10 @@ def _workspace(M, D):
 
 @jit
 def _prepare(W, L, P, log_A, mats, chain, WP, c):
-    """Per-call constants: a copy of L (for rows with missing values), ``P w_k``,
-    ``w_mᵀ P w_m``, ``a_m``, ``b_m``; returns ``Σ_d log L_dd``."""
+    """Per-call constants: ``P w_k``, ``w_mᵀ P w_m``, ``a_m``, ``b_m``; returns
+    ``Σ_d log L_dd``."""
     M = W.shape[0] - 1
     D = W.shape[1]
-    Lc = mats[0]
-    for i in range(D):
-        for j in range(D):
-            Lc[i, j] = L[i, j] if j <= i else 0.0
     for k in range(M + 1):
         for i in range(D):
             acc = 0.0
@@ -211,7 +207,7 @@ def _finish(P, mats, chain, WP, scal, gW, gSigma):
     ``½(P S P - n P)`` to ``gSigma`` with ``P S P = Q + Σ_m (Σ_t v_{t,m}) P w_m w_mᵀ P``."""
     M = WP.shape[0] - 1
     D = WP.shape[1]
-    Q = mats[1]
+    Q = mats[0]
     vsum = chain[2]
     n_full = scal[0]
     for m in range(M):
@@ -236,7 +232,7 @@ def _emission_full(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, ch
     D = W.shape[1]
     r = vecs[0]
     Pr = vecs[1]
-    Q = mats[1]
+    Q = mats[0]
     vsum = chain[2]
     for d in range(D):
         r[d] = y[d] - W[M, d]
@@ -271,7 +267,7 @@ def _emission_full(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, ch
 
 
 @jit
-def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, vecs, wmiss,
+def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, L, mats, vecs, wmiss,
                       scal, gW, gSigma):
     """Emission term of a row with ``0 < n_obs < D`` observed dimensions ``obs``: the
     marginal ``N(y_o; (Wᵀŝ)_o, Σ_oo)``; all of its gradients are added directly.
@@ -284,10 +280,9 @@ def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, 
     order 1e16). ``P_oo`` itself is formed only for its own term of ``∂/∂Σ``.
     """
     M = W.shape[0] - 1
-    Lfull = mats[0]
-    C = mats[2]
-    Cinv = mats[3]
-    Po = mats[4]
+    C = mats[1]
+    Cinv = mats[2]
+    Po = mats[3]
     ro = vecs[2]
     yt = vecs[3]
     Pro = vecs[4]
@@ -303,7 +298,7 @@ def _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, 
                 same = False
                 break
     if not same:
-        observed_cholesky(Lfull, obs, no, C)
+        observed_cholesky(L, obs, no, C)
         _spd_inverse_from_chol(C, no, Cinv, Po)
         logdet = 0.0
         for i in range(no):
@@ -380,7 +375,7 @@ def _solve_upper_t(C, n, b, out):
 
 
 @jit
-def _emission(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, wmiss, chain, scal,
+def _emission(y, theta_row, g_theta_row, W, L, P, WP, c, const, mats, vecs, wmiss, chain, scal,
               obs, obs_prev, gW, gSigma):
     """Dispatch one row to the fully observed or the missing-value path."""
     D = W.shape[1]
@@ -394,7 +389,7 @@ def _emission(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, wmiss, 
                               scal, gW)
     if n_obs == 0:
         return 0.0
-    return _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, mats, vecs,
+    return _emission_missing(y, n_obs, obs, obs_prev, theta_row, g_theta_row, W, L, mats, vecs,
                              wmiss, scal, gW, gSigma)
 
 
@@ -402,7 +397,7 @@ def _emission(y, theta_row, g_theta_row, W, P, WP, c, const, mats, vecs, wmiss, 
 # one subchain
 # --------------------------------------------------------------------------------------
 @jit
-def _subchain(Y, theta, rho, row0, n, first_is_start, W, P, log_A, log_pi, const, mats, vecs,
+def _subchain(Y, theta, rho, row0, n, first_is_start, W, L, P, log_A, log_pi, const, mats, vecs,
               wmiss, chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho, gW, gSigma,
               g_alpha, g_beta, g_logpi):
     """Σ ℓ over the counted rows of the subchain in rows ``row0 .. row0+n-1``."""
@@ -412,7 +407,7 @@ def _subchain(Y, theta, rho, row0, n, first_is_start, W, P, log_A, log_pi, const
         return 0.0
     if first_is_start:
         t = row0
-        total += _emission(Y[t], theta[t], g_theta[t], W, P, WP, c, const, mats, vecs, wmiss,
+        total += _emission(Y[t], theta[t], g_theta[t], W, L, P, WP, c, const, mats, vecs, wmiss,
                            chain, scal, obs, obs_prev, gW, gSigma)
         for m in range(M):
             th = theta[t, m]
@@ -422,7 +417,7 @@ def _subchain(Y, theta, rho, row0, n, first_is_start, W, P, log_A, log_pi, const
             g_logpi[m, 0] += 1.0 - th
             g_logpi[m, 1] += th
     for t in range(row0 + 1, row0 + n):
-        total += _emission(Y[t], theta[t], g_theta[t], W, P, WP, c, const, mats, vecs, wmiss,
+        total += _emission(Y[t], theta[t], g_theta[t], W, L, P, WP, c, const, mats, vecs, wmiss,
                            chain, scal, obs, obs_prev, gW, gSigma)
         for m in range(M):
             tp = theta[t - 1, m]
@@ -529,7 +524,7 @@ def elbo_subchain(Y, theta, rho, first_is_start, W, L, P, log_A, log_pi, g_theta
     mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
     half_logdet = _prepare(W, L, P, log_A, mats, chain, WP, c)
     const = -0.5 * D * LOG_2PI - half_logdet
-    total = _subchain(Y, theta, rho, 0, Y.shape[0], first_is_start, W, P, log_A, log_pi, const,
+    total = _subchain(Y, theta, rho, 0, Y.shape[0], first_is_start, W, L, P, log_A, log_pi, const,
                       mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho,
                       gW, gSigma, g_alpha, g_beta, g_logpi)
     _finish(P, mats, chain, WP, scal, gW, gSigma)
@@ -578,7 +573,7 @@ def elbo_batch(Y, starts, n_pos, seq_start_flags, theta, rho, W, L, P, log_A, lo
     const = -0.5 * D * LOG_2PI - half_logdet
     total = 0.0
     for b in range(starts.shape[0]):
-        total += _subchain(Y, theta, rho, starts[b], n_pos[b], seq_start_flags[b], W, P, log_A,
+        total += _subchain(Y, theta, rho, starts[b], n_pos[b], seq_start_flags[b], W, L, P, log_A,
                            log_pi, const, mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev,
                            q, dq, g_theta, g_rho, gW, gSigma, g_alpha, g_beta, g_logpi)
     _finish(P, mats, chain, WP, scal, gW, gSigma)

@@ -562,7 +562,7 @@ def init_params(X, n_chains: int, lengths=None, random_state=None,
     W = Wz * std
     W[M] += mean
     S = INIT_COVARIANCE_FRACTION * cov
-    floor = _default_floor(X) if T > 1 else np.full(D, COVARIANCE_FLOOR)
+    floor = _default_floor(X)   # (T = 1: every feature gets COVARIANCE_FLOOR)
     # a ridge relative to each feature's variance (not the mean one: in mixed units it
     # would swamp a feature of small variance)
     S = S + np.diag(np.maximum(floor, 1e-6 * np.diag(S)))
