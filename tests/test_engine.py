@@ -731,6 +731,55 @@ def test_a_warmup_with_too_few_values_goes_on():
     assert eng.metrics()["samples"] == 27 and eng.metrics()["rejected"] == 0
 
 
+def test_an_extended_warmup_keeps_its_checkpoints_and_its_count(tmp_path):
+    """Past ``warmup`` samples with too few values, each push is an ordinary warm-up
+    push: its periodic checkpoint is written (it was skipped there: every such push went
+    through the all-or-nothing path, which also copied the engine and rescanned the
+    whole buffer, O(n) per sample), and a resumed warm-up starts on the same sample as
+    the original (the count of samples with a value is restored with the buffer)."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=54)
+    X = _data(model, 60, seed=55)
+    Y = X.copy()
+    Y[3:50] = np.nan                   # 3 samples with a value, then dead sensors
+    path = tmp_path / "x.npz"
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", posterior="exact",
+                      learn=False, warmup=10, checkpoint_path=path, checkpoint_every=5) as eng:
+        for x in Y[:40]:
+            assert eng.push(x) == []
+        m = eng.metrics()
+        assert m["phase"] == "warmup" and m["checkpoints"] == 8 and m["rejected"] == 0
+        eng.checkpoint(tmp_path / "at40.npz")
+        out = [p for x in Y[40:51] for p in eng.push(x)]   # the 4th value: row 50
+    assert [p.t for p in out] == list(range(51))
+    with StreamEngine.resume(tmp_path / "at40.npz", checkpoint_path=None, checkpoint_every=None) as back:
+        assert back.metrics()["phase"] == "warmup" and back.n_samples == 40
+        resumed = [p for x in Y[40:51] for p in back.push(x)]
+        assert [p.t for p in resumed] == list(range(51))
+    np.testing.assert_allclose([p.theta for p in resumed], [p.theta for p in out])
+
+
+def test_only_a_warmup_too_short_to_start_is_retried_whole(monkeypatch):
+    """With ``learn_samples`` shorter than the warm-up, the whole warm-up starts the
+    model only when the first ``learn_samples`` hold too few values; any other error of
+    the start propagates at once (any ValueError was retried on the whole warm-up)."""
+    from streamfhmm.learn import smf
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=48)
+    X = _data(model, 50, seed=49)
+    calls = []
+
+    def failing(Y, *a, **k):
+        calls.append(len(Y))
+        raise ValueError("the start failed")
+    monkeypatch.setattr(smf, "init_params", failing)
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", posterior="exact",
+                      learn=True, warmup=50, warmup_steps=5, learn_samples=20,
+                      random_state=0) as eng:
+        with pytest.raises(ValueError, match="the start failed"):
+            eng.push_many(X)
+        assert eng.metrics()["phase"] == "warmup" and eng.metrics()["rejected"] == 50
+    assert calls == [20]
+
+
 def test_too_few_complete_samples_start_from_imputed_ones(tmp_path):
     """A sensor missing for most of the warm-up: the start is fitted to the samples with
     a value, each missing one replaced by its feature's mean (the engine waited for

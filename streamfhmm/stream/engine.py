@@ -214,6 +214,16 @@ def _snapshot_arrays(snap: Snapshot) -> dict:
     return out
 
 
+def _has_value(x, status) -> int:
+    """1 if sample ``x`` (its :func:`check_sample` ``status``) holds at least one value."""
+    return int(status != _ko.STATUS_MISSING or not np.isnan(x).all())
+
+
+def _n_valued(Y) -> int:
+    """The rows of ``Y`` (n, D) holding at least one value."""
+    return int((~np.isnan(Y).all(axis=1)).sum())
+
+
 def _moment_scaler(params: FHMMParams):
     """Mean and standard deviation of y under the stationary model (a scaler that needs
     no data)."""
@@ -507,6 +517,7 @@ class StreamEngine:
         self._loglik = 0.0
         self._loglik_n = 0
         self._wn = 0
+        self._wn_valued = 0     # buffered warm-up samples holding at least one value
         self._ckpt_error = None
         self._next_ckpt_t = None
         self._next_ckpt_ns = None
@@ -640,13 +651,9 @@ class StreamEngine:
         n_fit = len(Y)
         if self._learn_stop is not None:
             n_fit = max(0, min(n_fit, self._learn_stop - self._t))
-        try:
-            params, Y_obs, imputed = self._start_params(Y[:n_fit])
-        except ValueError:
-            if n_fit == len(Y):
-                raise
-            n_fit = len(Y)
-            params, Y_obs, imputed = self._start_params(Y)
+            if _n_valued(Y[:n_fit]) < self._warmup_needs():
+                n_fit = len(Y)
+        params, Y_obs, imputed = self._start_params(Y[:n_fit])
         self._imputed_start = imputed
         if self.posterior == "recognition" and self._net is None:
             want = "centred" if self.mode == "smooth" else "causal"
@@ -695,6 +702,7 @@ class StreamEngine:
         self._phase = "running"
         self._wbuf = None
         self._wn = 0
+        self._wn_valued = 0
         # replay the warm-up through the batch path (its segments are in the reservoir)
         n_before = self._n_samples
         try:
@@ -782,6 +790,7 @@ class StreamEngine:
             self._wbuf = np.concatenate([self._wbuf, np.empty_like(self._wbuf)])
         self._wbuf[self._wn] = x
         self._wn += 1
+        self._wn_valued += _has_value(x, status)
         self._n_samples += 1
         if status == _ko.STATUS_MISSING:
             self._n_imputed += 1
@@ -798,9 +807,9 @@ class StreamEngine:
         """Whether the buffered warm-up holds the samples with a value a start needs; if
         not, the warm-up goes on past ``warmup`` samples until it does (a stream whose
         sensors are dead at first: refusing the samples instead left the warm-up where
-        it was for good)."""
-        Y = self._wbuf[:self._wn]
-        return int((~np.isnan(Y).all(axis=1)).sum()) >= self._warmup_needs()
+        it was for good). O(1): the buffered samples with a value are counted as they
+        arrive."""
+        return self._wn_valued >= self._warmup_needs()
 
     # ------------------------------------------------------------------ input checks
     def _reject(self, msg, n=1):
@@ -899,7 +908,8 @@ class StreamEngine:
             status = _ko.check_sample(x)
             if status == _ko.STATUS_INFINITE:
                 self._reject_inf(x)
-            if self._wn + 1 >= self._warmup:   # this sample ends the warm-up: all or nothing
+            if (self._wn + 1 >= self._warmup   # this sample ends the warm-up: all or nothing
+                    and self._wn_valued + _has_value(x, status) >= self._warmup_needs()):
                 return self._all_or_nothing(lambda: self._push_warmup(x, status), lambda: 1)
             posts = self._push_warmup(x, status)
             self._warmup_checkpoint_due()
@@ -1705,6 +1715,7 @@ class StreamEngine:
                 self._wbuf = np.empty((max(self._warmup, len(buf) + 1), D))
                 self._wbuf[:len(buf)] = buf
                 self._wn = len(buf)
+                self._wn_valued = _n_valued(buf)
                 self._schedule_checkpoints(reset=True)
                 self._ready = True
                 return self
