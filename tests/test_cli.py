@@ -79,6 +79,25 @@ def test_python_m_is_the_command():
     assert c.stderr.strip() == "streamfhmm score: error: m.npz: no such model file"
 
 
+def test_the_command_starts_without_numba():
+    """``import streamfhmm`` and the command line's module load neither Numba nor a
+    kernel (the public names are imported on first use): ``--help`` answers at once, and
+    a Ctrl-C while a command starts lands in its handler (exit 130, one line), not in a
+    traceback from an import; the public names still import as before."""
+    code = ("import sys, streamfhmm, streamfhmm.cli as c; c.build_parser(); "
+            "print(sorted(m for m in sys.modules if m == 'numba' or m.startswith('streamfhmm.kernels')"
+            " or m == 'streamfhmm.estimator')); "
+            "from streamfhmm import FHMM, FHMMParams, StreamEngine, Posterior; "
+            "print(FHMM.__module__, StreamEngine.__module__, 'numba' in sys.modules, "
+            "sorted(set(streamfhmm.__all__) - set(dir(streamfhmm))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "streamfhmm.estimator streamfhmm.stream.engine True []"]
+    import streamfhmm
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        streamfhmm.nope
+
+
 # -- results ------------------------------------------------------------------------------
 def test_score_matches_the_library(files, capsys):
     model = FHMM.load(files["model"])

@@ -35,6 +35,7 @@ from ..kernels.svi import batch_scratch
 from ..learn.objective import ModelPacker, constrain_params, covariance_mode
 from ..model import FHMMParams
 from ..network import RecognitionNet
+from . import DEFAULT_LEARNER_DUTY
 from .reservoir import Reservoir
 
 __all__ = ["ExactTables", "Snapshot", "make_snapshot", "Learner", "LearnerThread", "check_duty",
@@ -42,8 +43,6 @@ __all__ = ["ExactTables", "Snapshot", "make_snapshot", "Learner", "LearnerThread
 
 _log = logging.getLogger("streamfhmm")
 
-#: the engine's default ``learner_duty`` (fraction of one core the background learner uses)
-DEFAULT_LEARNER_DUTY = 0.25
 
 #: yield the processor to another runnable thread (``time.sleep(0)`` where the platform
 #: has no ``sched_yield``); releases the GIL
