@@ -20,13 +20,14 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 
 import numpy as np
 
 from .io.checkpoint import write_atomically
-from .stream.learner import DEFAULT_LEARNER_DUTY
+from .stream import DEFAULT_LEARNER_DUTY
 
 __all__ = ["main", "build_parser", "load_data", "CliError"]
 
@@ -391,10 +392,17 @@ def _curve(args):
     return CurveConfig(secret_file=args.curve_secret, server_public_file=args.curve_public)
 
 
+def _set_handlers(handler, signals=(signal.SIGINT, signal.SIGTERM)) -> dict:
+    """``handler`` for ``signals`` (from the main thread only: elsewhere nothing is
+    installed); the previous ones, for :func:`_restore_handlers`."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, handler) for sig in signals}
+
+
 def _install_stop_handlers(callback):
-    def handler(signum, frame):
-        callback()
-    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    """``callback()`` on SIGINT and SIGTERM; the previous handlers."""
+    return _set_handlers(lambda signum, frame: callback())
 
 
 def _restore_handlers(old):

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cli import DIE_WITH_PARENT_ENV, _restore_handlers
+from .cli import DIE_WITH_PARENT_ENV, _restore_handlers, _set_handlers
 from .power import (AGGREGATE_COLUMNS, SUBMETER_COLUMNS, disaggregation_metrics, fit_aggregate_baseline,
                     fit_submeter_map, predict_aggregate_baseline, predict_submeters)
 
@@ -257,13 +257,6 @@ class _Child:
                 self.proc.wait(timeout=10.0)
         except (OSError, subprocess.TimeoutExpired):
             pass
-
-
-def _set_handlers(handler, signals=(signal.SIGINT, signal.SIGTERM)) -> dict:
-    """``handler`` for ``signals`` (the main thread only); the previous ones."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.signal(sig, handler) for sig in signals}
 
 
 def _stop_children(children: list) -> None:

@@ -57,7 +57,7 @@ import zmq
 from .io.checkpoint import write_atomically
 from .io.fastwire import STOP_ERROR, STOP_SLOW
 from .io.lane import LANE_STATUS, serve_lane
-from .io.wire import (TS_TEXT_BYTES, Heartbeat, SampleRun, check_topic, encode_heartbeat, encode_sample,
+from .io.wire import (JSON_NUMBER, TS_TEXT_BYTES, Heartbeat, SampleRun, check_topic, encode_heartbeat, encode_sample,
                       ts_from_text, ts_text)
 from .io.zmq import RateLimitedLog, ZmqSink, ZmqSource
 from .stream.engine import _CHUNK as _ENGINE_CHUNK
@@ -72,7 +72,7 @@ _RECORD_TAG = "streamfhmm.service-stream"
 _RECORD_VERSION = 1
 _RECORD_RE = re.compile(r"^stream-([0-9a-f]*|h[0-9a-f]{40})\.json$")
 #: a JSON number's text (what a time stamp arrives as, or ``repr`` of a finite float)
-_JSON_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?\Z").match
+_JSON_NUMBER = re.compile(JSON_NUMBER + rb"\Z").match
 
 
 #: messages per general-path read of a lane service waiting for its lane to apply again

@@ -300,6 +300,30 @@ def test_a_request_during_the_hand_over_is_not_lost():
     assert sorted(j for j in jobs if j) in (["A", "B"], ["B"]), jobs
 
 
+def test_the_thread_takes_its_jobs_through_the_hand_over():
+    """The running thread takes each job through ``take_job`` (the locked hand-over the
+    test above checks), once, holding the learner's lock."""
+    learner = _learner()
+    th, _ = _thread(learner, 1.0)
+    taken, ran = [], []
+    real = th.take_job
+    th.take_job = lambda: taken.append(1) or real()
+    th.start()
+    try:
+        th.request(lambda: ran.append(learner.lock.locked()))
+        t0 = time.monotonic()
+        while not ran and time.monotonic() - t0 < 60:
+            time.sleep(0.005)
+        assert ran == [True] and len(taken) >= 1
+        n = len(taken)
+        t0 = time.monotonic()
+        while len(taken) < n + 2 and time.monotonic() - t0 < 60:
+            time.sleep(0.005)
+        assert ran == [True]                 # taken once: later rounds find no job
+    finally:
+        th.stop()
+
+
 def test_a_tiny_duty_does_not_stop_the_thread():
     """A duty of 1e-300 asks for a pause beyond what ``Event.wait`` accepts: it used to
     raise OverflowError on the thread, which stopped learning for good (raising the duty

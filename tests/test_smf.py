@@ -578,3 +578,5 @@ def test_default_floor_is_per_feature():
     zero = smf_m_step(p, noisy, theta, np.ones((1, 2, 2)), covariance_floor=0.0)
     default = smf_m_step(p, noisy, theta, np.ones((1, 2, 2)))
     np.testing.assert_allclose(zero.covariance, default.covariance, rtol=1e-12)
+    scalar = smf_m_step(p, X, theta, np.ones((1, 2, 2)), covariance_floor=1e-3)
+    np.testing.assert_allclose(np.linalg.eigvalsh(scalar.covariance), 1e-3, rtol=1e-6)

@@ -101,9 +101,10 @@ MAX_TOPIC_BYTES = 255
 MAX_HEADER_BYTES = 1024
 _MAX_SEQ = 2**63
 _LE_F8 = np.dtype("<f8")
+#: a JSON number (RFC 8259 §6), as a bytes pattern
+JSON_NUMBER = rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 #: ``{"seq":<int>,"ts":<JSON number>}`` exactly (a fast path; anything else goes to json)
-_CANONICAL_HEADER = re.compile(
-    rb'\{"seq":(0|[1-9][0-9]{0,18}),"ts":(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)\}\Z').match
+_CANONICAL_HEADER = re.compile(rb'\{"seq":(0|[1-9][0-9]{0,18}),"ts":(' + JSON_NUMBER + rb')\}\Z').match
 
 
 def max_json_bytes(n_features: int) -> int:
