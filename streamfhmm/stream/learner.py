@@ -275,7 +275,7 @@ class Learner:
         lr = self.learning_rate / np.sqrt(1.0 + k / self.lr_decay_steps)
         return np.maximum(lr, self.min_learning_rate)
 
-    def run_steps(self, n_steps: int, steps_per_call: int | None = None) -> int:
+    def run_steps(self, n_steps: int, steps_per_call: int | None = None, stop=None) -> int:
         """Take ``n_steps`` SVI steps; returns how many were kept.
 
         Parameters
@@ -286,6 +286,11 @@ class Learner:
             thread yields the processor, so that a thread woken on the same core waits
             for at most one call, not for the whole run. The steps taken (minibatches,
             step sizes, results) do not depend on the split.
+        stop : callable, optional
+            Asked between two calls; when it returns True the remaining steps are not
+            taken (the learner thread's halt: closing an engine waits for one call, not
+            for a whole round of ``snapshot_interval`` steps). The steps taken are those
+            an uninterrupted run takes first, and are counted as such.
         """
         if self.reservoir.size == 0 or n_steps <= 0:
             return 0
@@ -298,8 +303,11 @@ class Learner:
         per_call = n_steps if steps_per_call is None else max(1, int(steps_per_call))
         net = self.net
         n_ok = 0
+        n_done = 0
         for k0 in range(0, n_steps, per_call):
             if k0:
+                if stop is not None and stop():
+                    break
                 _yield_cpu()
             k1 = min(k0 + per_call, n_steps)
             n_ok += _ko.svi_run(self.reservoir.flat, slots[k0:k1], self.reservoir.segment_length,
@@ -310,9 +318,11 @@ class Learner:
                                 self._first, self._Xw, self._hidden, self._theta, self._rho,
                                 self._g_theta, self._g_rho, self._Yb, self._grad, self._x_prev,
                                 self._sq_prev, values[k0:k1], self.cov_mode)
+            n_done = k1
         n_ok = int(n_ok)
+        values = values[:n_done]
         if n_ok:
-            ok = values[np.isfinite(values)] if n_ok < n_steps else values
+            ok = values[np.isfinite(values)] if n_ok < n_done else values
             e = self.elbo
             if math.isnan(e) and ok.size:
                 e, ok = float(ok[0]), ok[1:]
@@ -320,10 +330,10 @@ class Learner:
                 w = 0.02 * 0.98 ** np.arange(ok.size - 1, -1, -1.0)
                 e = 0.98 ** ok.size * e + float(w @ ok)
             self.elbo = e
-        self.steps += int(n_ok)
-        self.discarded += n_steps - int(n_ok)
-        self.freeze_remaining = max(0, self.freeze_remaining - n_steps)
-        return int(n_ok)
+        self.steps += n_ok
+        self.discarded += n_done - n_ok
+        self.freeze_remaining = max(0, self.freeze_remaining - n_done)
+        return n_ok
 
     def params(self) -> FHMMParams:
         """The current model parameters."""
@@ -514,7 +524,7 @@ class LearnerThread(threading.Thread):
                         worked = True
                     if (may_step and learner.enabled
                             and learner.reservoir.size >= self.min_fill):
-                        if learner.run_steps(self.snapshot_interval, self.steps_per_call):
+                        if learner.run_steps(self.snapshot_interval, self.steps_per_call, halt.is_set):
                             snap = learner.snapshot()
                             if snap is not None:
                                 publish(snap)
