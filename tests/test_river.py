@@ -13,7 +13,7 @@ import pytest
 from scipy.stats import multivariate_normal
 
 river = pytest.importorskip("river")
-from river import checks, linear_model, preprocessing  # noqa: E402
+from river import checks, compose, linear_model, preprocessing  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
 from streamfhmm.adapters.river import (FHMMAnomalyScorer, FHMMTransformer,  # noqa: E402
@@ -399,7 +399,7 @@ def test_feature_order_missing_and_extra_keys():
         tr2.learn_one(dict(y, zz=5.0))
         tr2.learn_one(dict(y, yy=1.0, zz=2.0))
     assert tr2.metrics()["unknown_key_samples"] == 2
-    with pytest.raises(TypeError, match="'a'"):
+    with pytest.raises(ValueError, match="'a' has a value of type str"):
         tr2.learn_one({"a": "1.5", "b": 0.0, "c": 0.0})
     with pytest.raises(ValueError, match="finite"):
         tr2.transform_one({"a": float("inf"), "b": 0.0, "c": 0.0})
@@ -749,3 +749,144 @@ def test_values_beyond_the_float_range_and_iterator_features():
     tr.close()
     with pytest.raises(ValueError, match="features must be a non-empty sequence .* got generator"):
         FHMMTransformer(features=(k for k in ("a", "b")))
+
+
+def test_bad_samples_raise_value_error_and_change_nothing():
+    """A sample that is not a dict (a list, an array, None) raised AttributeError ('list'
+    object has no attribute 'items'; None on a fresh adapter: "got an empty dict"), and a
+    value that is not a real number TypeError: every public entry raises ValueError. A
+    numpy bool counts as a number, as a Python bool does."""
+    m = _model(M=2, D=3, seed=34)
+    X, _ = m.params_.sample(20, random_state=35)
+    print("data seed=35")
+    xs = _dicts(X)
+    tr = FHMMTransformer(model=m, posterior="exact", learn=False)
+    sc = FHMMAnomalyScorer(model=m, posterior="exact", learn=False)
+    bad_samples = ([1.0, 2.0, 3.0], np.array([1.0, 2.0, 3.0]), None, "x0")
+    for bad in bad_samples:  # before the first learn_one: no feature set is fixed
+        with pytest.raises(ValueError, match="learn_one takes a dict of feature name"):
+            tr.learn_one(bad)
+        with pytest.raises(ValueError, match="transform_one takes a dict"):
+            tr.transform_one(bad)
+        with pytest.raises(ValueError, match="score_one takes a dict"):
+            sc.score_one(bad)
+    assert tr.features_ is None and tr.engine is None
+    for x in xs[:10]:
+        tr.learn_one(x)
+        sc.learn_one(x)
+    last = tr.transform_one(xs[9]), sc.score_one(xs[9])
+    for bad in bad_samples + ({"x0": "1.5", "x1": 0.0, "x2": 0.0},
+                              {"x0": 1j, "x1": 0.0, "x2": 0.0}):
+        for a, meth in ((tr, "learn_one"), (tr, "transform_one"), (sc, "learn_one"),
+                        (sc, "score_one")):
+            with pytest.raises(ValueError, match="takes a dict|take real numbers"):
+                getattr(a, meth)(bad)
+    assert (tr.transform_one(xs[9]), sc.score_one(xs[9])) == last  # nothing changed
+    assert tr.metrics()["samples"] == sc.metrics()["samples"] == 10
+    y = {"x0": True, "x1": 0.5, "x2": -0.5}
+    assert sc.score_one(dict(y, x0=np.bool_(True))) == sc.score_one(y)
+    tr.close()
+    sc.close()
+
+
+def test_engine_params_and_features_are_checked_when_built():
+    """A misspelt engine argument raised TypeError from StreamEngine at the first learn_one
+    (after the adapter had been built and used in a pipeline); an unhashable feature key a
+    bare TypeError ('unhashable type: list')."""
+    with pytest.raises(ValueError, match=r"unknown StreamEngine arguments \['snapshot_intervl'\]"):
+        FHMMTransformer(engine_params={"snapshot_intervl": 5})
+    with pytest.raises(ValueError, match="features must be hashable keys"):
+        FHMMAnomalyScorer(features=[["a"], ["b"]])
+    tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, learn=False,
+                         engine_params={"snapshot_interval": 5, "net_burnin": 10,
+                                        "learner_duty": 0.5})
+    tr.learn_one({"a": 1.0, "b": 2.0})  # the documented ones still pass
+    tr.close()
+
+
+def test_learning_switch_takes_booleans_only():
+    """`learning = "false"` switched learning ON (bool("false") is True)."""
+    X, _ = _model(seed=36).params_.sample(80, random_state=37)
+    print("data seed=37")
+    tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=40, warmup_steps=10,
+                         learn=True, seed=6)
+    for x in _dicts(X):
+        tr.learn_one(x)
+    tr.learning = False
+    for bad in ("false", 0.5, None):
+        with pytest.raises(ValueError, match="learning must be True or False"):
+            tr.learning = bad
+        assert tr.learning is False
+    tr.learning = np.bool_(True)
+    assert tr.learning is True
+    tr.close()
+
+
+@pytest.mark.parametrize("learn", [False, True])
+def test_clone_with_attributes_and_transformer_union(learn):
+    """river's clone(include_attributes=True), which TransformerUnion applies to every
+    transformer added to it, deep-copied the engine attribute by attribute: TypeError
+    "cannot pickle '_thread.lock' object" once the engine had a learner thread (also with
+    learn=False, whose warm-up fit runs in it). The copy is now the pickle round trip's."""
+    m = _model(M=2, D=3, seed=38)
+    X, _ = m.params_.sample(260, random_state=39)
+    print("data seed=39")
+    xs = _dicts(X)
+    tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=100, warmup_steps=20,
+                         learn=learn, seed=7)
+    u = tr + preprocessing.StandardScaler()  # clones the unstarted transformer
+    assert isinstance(u, compose.TransformerUnion)
+    for x in xs[:200]:
+        tr.learn_one(x)
+    c = tr.clone(include_attributes=True)
+    assert c.engine is not tr.engine and c.features_ == tr.features_ and c.ready
+    assert c.metrics()["samples"] == 200 and c.learning is learn
+    if not learn:  # the parameters are fixed: the copy continues as the original does
+        for x in xs[200:230]:
+            tr.learn_one(x)
+            c.learn_one(x)
+            assert c.transform_one(x) == tr.transform_one(x)
+    c.learn_one(xs[230])
+    assert c.metrics()["samples"] == tr.metrics()["samples"] + 1  # independent engines
+    assert c.clone().engine is None  # a plain clone is fresh
+    u2 = tr + preprocessing.StandardScaler()  # clones the running transformer
+    z = u2.transform_one(xs[231])
+    assert {"chain_0", "chain_1", "x0"} <= set(z)
+    for a in (tr, c, u2["FHMMTransformer"], u["FHMMTransformer"]):
+        a.close()
+
+
+def test_predictive_densities_check_their_arguments():
+    """The public densities passed y to the emission kernels unchecked: a y one value
+    short gave a finite log-density read past the end of the array (-11.79 here), one
+    too long NaN; an on-probability of exactly 0 or 1 (a known state) raised 'math domain
+    error' from the mixture. Hard states against the component density itself."""
+    seed = 40
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 3, random_state=seed)
+    rng = np.random.default_rng(seed)
+    on = np.array([0.5, 0.5])
+    for f in (mixture_logpdf, gaussian_logpdf):
+        for y in (np.zeros(2), np.zeros(4), np.array([0.0, np.nan])):
+            with pytest.raises(ValueError, match=r"y must have shape \(3,\)"):
+                f(y, on, p)
+        with pytest.raises(ValueError, match="y must be finite"):
+            f(np.array([np.inf, 0.0, 0.0]), on, p)
+        for bad in ([0.5], [0.5, 0.5, 0.5]):
+            with pytest.raises(ValueError, match=r"on_prob must have shape \(2,\)"):
+                f(np.zeros(3), np.array(bad), p)
+        for bad in ([1.5, 0.5], [np.nan, 0.5]):
+            with pytest.raises(ValueError, match=r"on_prob must lie in \[0, 1\]"):
+                f(np.zeros(3), np.array(bad), p)
+    with pytest.raises(ValueError, match=r"theta must have shape \(2,\)"):
+        predicted_on_probability([0.5], p)
+    with pytest.raises(ValueError, match=r"theta must lie in \[0, 1\]"):
+        predicted_on_probability([2.0, 0.5], p)
+    for state in ([1, 0], [0, 1], [1, 1], [0, 0]):
+        s = np.array(state, float)
+        y = p.W[-1] + s @ p.W[:-1] + p.L @ rng.standard_normal(3)
+        want = float(multivariate_normal(p.W[-1] + s @ p.W[:-1], p.covariance).logpdf(y))
+        assert mixture_logpdf(y, s, p) == pytest.approx(want, rel=1e-10)
+        assert gaussian_logpdf(y, s, p) == pytest.approx(want, rel=1e-10)
+        y[0] = np.nan
+        assert mixture_logpdf(y, s, p) == pytest.approx(naive_mixture(y, s, p), rel=1e-10)

@@ -53,6 +53,7 @@ Two pickles of an idle adapter are byte-identical.
 from __future__ import annotations
 
 import collections.abc
+import inspect
 import math
 import numbers
 import os
@@ -95,6 +96,12 @@ _RESERVED = ("model", "mode", "learn", "posterior", "n_features", "warmup", "war
              "warmup_time", "reservoir_size", "batch_size", "learning_rate", "random_state")
 
 
+def _engine_arguments() -> frozenset:
+    """The keyword arguments ``engine_params`` may give the StreamEngine."""
+    names = inspect.signature(StreamEngine.__init__).parameters
+    return frozenset(names) - {"self", *_RESERVED}
+
+
 class UnknownFeatureWarning(UserWarning):
     """A sample holds keys outside the feature set fixed at the first ``learn_one``."""
 
@@ -102,6 +109,29 @@ class UnknownFeatureWarning(UserWarning):
 # --------------------------------------------------------------------------------------
 # the predictive density from per-chain marginals
 # --------------------------------------------------------------------------------------
+def _check_probabilities(p, name, M) -> np.ndarray:
+    p = np.asarray(p, dtype=np.float64)
+    if p.shape != (M,):
+        raise ValueError(f"{name} must have shape ({M},): one probability per chain, got shape "
+                         f"{p.shape}")
+    if not ((p >= 0.0) & (p <= 1.0)).all():  # NaN too
+        raise ValueError(f"{name} must lie in [0, 1], got {p}")
+    return p
+
+
+def _check_density_args(y, on_prob, params: FHMMParams):
+    """``y`` (D,) finite or NaN and ``on_prob`` (M,) in [0, 1], as float64 arrays. (The
+    emission kernels index y by the model's D without bounds checks.)"""
+    y = np.ascontiguousarray(y, dtype=np.float64)
+    D = params.n_features
+    if y.shape != (D,):
+        raise ValueError(f"y must have shape ({D},): one value per feature of the model, got "
+                         f"shape {y.shape}")
+    if np.isinf(y).any():
+        raise ValueError("y must be finite (NaN for a missing value), got an infinity")
+    return y, _check_probabilities(on_prob, "on_prob", params.n_chains)
+
+
 def predicted_on_probability(theta, params: FHMMParams) -> np.ndarray:
     """One-step prediction of each chain's on-probability.
 
@@ -123,16 +153,18 @@ def predicted_on_probability(theta, params: FHMMParams) -> np.ndarray:
     """
     if theta is None:
         return np.array(params.startprob, dtype=np.float64)
-    theta = np.asarray(theta, dtype=np.float64)
+    theta = _check_probabilities(theta, "theta", params.n_chains)
     a, b = sigmoid(params.alpha), sigmoid(params.beta)
     return theta * (1.0 - b) + (1.0 - theta) * a
 
 
 def _log_weights(on_prob) -> np.ndarray:
-    """``log Π_m π_m^{s_m} (1-π_m)^{1-s_m}`` for every joint state (bit m of k is s^m)."""
+    """``log Π_m π_m^{s_m} (1-π_m)^{1-s_m}`` for every joint state (bit m of k is s^m);
+    -inf for the states a probability of 0 or 1 rules out."""
     lw = np.zeros(1)
     for p in on_prob:
-        lw = np.concatenate([lw + math.log1p(-p), lw + math.log(p)])
+        lw = np.concatenate([lw + (math.log1p(-p) if p < 1.0 else -math.inf),
+                             lw + (math.log(p) if p > 0.0 else -math.inf)])
     return lw
 
 
@@ -162,6 +194,12 @@ def mixture_logpdf(y, on_prob, params: FHMMParams, tables=None) -> float:
     float
         ``log Σ_s w(s) N(y; Wᵀŝ, Σ)``.
 
+    Raises
+    ------
+    ValueError
+        ``y`` is not of shape (D,) or holds an infinity; ``on_prob`` is not of shape (M,)
+        or leaves [0, 1].
+
     Notes
     -----
     MATH.md §7 (the whitened emission, state by state); O(2^M (M + D)).
@@ -169,7 +207,7 @@ def mixture_logpdf(y, on_prob, params: FHMMParams, tables=None) -> float:
     M = params.n_chains
     if M > MAX_EXACT_CHAINS:
         raise ValueError(f"the mixture has 2^M components; M={M} > {MAX_EXACT_CHAINS}")
-    y = np.ascontiguousarray(y, dtype=np.float64)
+    y, on_prob = _check_density_args(y, on_prob, params)
     missing = np.isnan(y)
     if missing.all():
         return 0.0
@@ -181,7 +219,7 @@ def mixture_logpdf(y, on_prob, params: FHMMParams, tables=None) -> float:
             tables = _kx.prepare_emission(params.W, params.L)
         Linv, Ut, half_c, const = tables
         _kx.log_emission(y, params.W[-1], Linv, Ut, half_c, const, np.empty(y.shape[0]), le)
-    return _logsumexp(_log_weights(np.asarray(on_prob, dtype=np.float64)) + le)
+    return _logsumexp(_log_weights(on_prob) + le)
 
 
 def gaussian_logpdf(y, on_prob, params: FHMMParams) -> float:
@@ -201,6 +239,11 @@ def gaussian_logpdf(y, on_prob, params: FHMMParams) -> float:
         ``log N(y; μ, C)`` with ``μ = w_0 + Σ_m π_m w_m`` and
         ``C = Σ + Σ_m π_m (1-π_m) w_m w_mᵀ`` (moment matching of :func:`mixture_logpdf`).
 
+    Raises
+    ------
+    ValueError
+        As :func:`mixture_logpdf`.
+
     Notes
     -----
     MATH.md §1 (the emission); O((D + M) D²). ``C = B Bᵀ`` with ``B = [L, W_cᵀ
@@ -209,8 +252,7 @@ def gaussian_logpdf(y, on_prob, params: FHMMParams) -> float:
     whenever L is a valid factor. (The Cholesky of a formed C failed for a valid L with
     ``cond(Σ) ~ 1e16``: ``1 + ε²`` rounds to 1.)
     """
-    y = np.asarray(y, dtype=np.float64)
-    p = np.asarray(on_prob, dtype=np.float64)
+    y, p = _check_density_args(y, on_prob, params)
     Wc = params.W[:-1]
     mu = params.W[-1] + p @ Wc
     obs = ~np.isnan(y)
@@ -241,7 +283,8 @@ def _sorted_keys(keys) -> tuple:
 
 def _as_value(key, value) -> float:
     kind = type(value)
-    if kind is float or kind is int or (value is not None and isinstance(value, numbers.Real)):
+    if kind is float or kind is int or (value is not None
+                                        and isinstance(value, (numbers.Real, np.bool_))):
         try:
             v = float(value)
         except OverflowError:  # an int or Fraction beyond the float range
@@ -250,12 +293,20 @@ def _as_value(key, value) -> float:
     elif value is None:
         return math.nan
     else:
-        raise TypeError(f"feature {key!r} has a value of type {kind.__name__}; the FHMM "
-                        f"adapters take real numbers (None or NaN for a missing value)")
+        raise ValueError(f"feature {key!r} has a value of type {kind.__name__}; the FHMM "
+                         f"adapters take real numbers (None or NaN for a missing value)")
     if v - v != 0.0 and v == v:  # ±inf (NaN is a missing value)
         raise ValueError(f"feature {key!r} is {v}: a value must be finite (use NaN, None or "
                          f"leave the key out for a missing value)")
     return v
+
+
+def _check_sample(x, owner, method):
+    """``x`` must be a dict (a mapping of feature name → value), as river passes."""
+    if not isinstance(x, collections.abc.Mapping) and not (
+            callable(getattr(x, "items", None)) and callable(getattr(x, "keys", None))):
+        raise ValueError(f"{type(owner).__name__}.{method} takes a dict of feature name → "
+                         f"value (river's sample), got {type(x).__name__}")
 
 
 # --------------------------------------------------------------------------------------
@@ -294,7 +345,12 @@ class _StreamAdapter:
                 raise ValueError(f"features must be a non-empty sequence of distinct keys "
                                  f"(a list or tuple), got {type(self.features).__name__}")
             feats = tuple(self.features) if not isinstance(self.features, (str, bytes)) else ()
-            if not feats or len(set(feats)) != len(feats):
+            try:
+                distinct = len(set(feats))
+            except TypeError:  # an unhashable key
+                raise ValueError(f"features must be hashable keys (the dicts' keys), got "
+                                 f"{self.features!r}") from None
+            if not feats or distinct != len(feats):
                 raise ValueError(f"features must be a non-empty sequence of distinct keys, got "
                                  f"{self.features!r}")
         if self.engine_params is not None:
@@ -305,6 +361,10 @@ class _StreamAdapter:
             if bad:
                 raise ValueError(f"engine_params must not set {bad}: they are the adapter's own "
                                  f"arguments (or fixed by it)")
+            unknown = [k for k in self.engine_params if k not in _engine_arguments()]
+            if unknown:
+                raise ValueError(f"engine_params has unknown StreamEngine arguments {unknown}; "
+                                 f"expected some of {sorted(_engine_arguments())}")
         M = self._structure()[0]
         if self._resolved_posterior() == "exact" and M > MAX_EXACT_CHAINS:
             raise ValueError(f"posterior='exact' is limited to n_chains <= {MAX_EXACT_CHAINS}, "
@@ -367,13 +427,17 @@ class _StreamAdapter:
     @property
     def learning(self) -> bool:
         """Whether the background learner takes steps; assignable at run time (pauses and
-        resumes it). ``learn=False`` starts with it off."""
+        resumes it) with True or False. ``learn=False`` starts with it off; a fitted model
+        with ``posterior="exact"`` and ``learn=False`` has no learner once the first sample
+        is learnt, and switching it on then raises ValueError."""
         if self._engine is not None:
             return self._engine.learning
         return self._learning
 
     @learning.setter
     def learning(self, value: bool):
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"learning must be True or False, got {value!r}")
         value = bool(value)
         if self._engine is not None:
             self._engine.learning = value
@@ -600,6 +664,7 @@ class _StreamAdapter:
             Feature name → real number (None or NaN: missing).
         """
         self._check_open()
+        _check_sample(x, self, "learn_one")
         if self._engine is None:  # the first sample fixes the features and starts the engine
             self._fix_features(x)
             try:
@@ -619,6 +684,32 @@ class _StreamAdapter:
         self._last_obj = x
 
     # -- pickling -------------------------------------------------------------------------
+    def clone(self, new_params=None, include_attributes=False):
+        """A fresh estimator with the same parameters (river's :meth:`~river.base.Base.clone`).
+
+        Parameters
+        ----------
+        new_params : dict, optional
+            Parameters to change.
+        include_attributes : bool
+            Also copy the state (the feature order, the counters, the engine), as a pickle
+            round trip does: the copy has its own engine (and learner thread, if learning).
+            river's attribute-by-attribute ``copy.deepcopy`` cannot copy the engine's
+            thread and locks (``river.compose.TransformerUnion`` clones its transformers
+            so).
+
+        Returns
+        -------
+        FHMMTransformer or FHMMAnomalyScorer
+        """
+        fresh = super().clone(new_params)
+        if include_attributes:
+            state = self.__getstate__()
+            for name in fresh._get_params():  # the clone's own parameters stay
+                state.pop(name, None)
+            fresh.__setstate__(state)
+        return fresh
+
     def _state_key(self):
         m = self._engine.metrics()
         return (self._n_learned, m["learner_steps"], m["discarded_steps"], m["dropped_segments"],
@@ -785,6 +876,7 @@ class FHMMTransformer(_StreamAdapter, _river_base.Transformer):
             dict last passed to ``learn_one``. ``{}`` before the model is initialised.
         """
         self._check_open()
+        _check_sample(x, self, "transform_one")
         if not self._ready:
             return {}
         v, _ = self._vector(x)
@@ -925,6 +1017,7 @@ class FHMMAnomalyScorer(_StreamAdapter, _river_base.AnomalyDetector):
             sample given the samples before it. 0.0 before the model is initialised.
         """
         self._check_open()
+        _check_sample(x, self, "score_one")
         if not self._ready:
             return 0.0
         v, _ = self._vector(x)
