@@ -501,3 +501,127 @@ def test_a_restarted_worker_takes_its_shard_back(problem):
     print(f"workers before {before}, after {after}; history {state.history[-1]}")
     assert state.iteration == 100 and state.history[-1]["recoveries"] >= 1
     assert after != before
+
+
+def test_expected_blocks_match_the_sampler():
+    """The batch split's weights: the mean number of subchains an epoch of the sampler
+    cuts from each sequence."""
+    from streamfhmm.learn.sampler import SubchainSampler
+    seed = 11
+    print(f"seed={seed}")
+    lengths = np.array([1, 2, 5, 6, 9, 10, 11, 23, 40])
+    for L in (1, 5, 10):
+        bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        sampler = SubchainSampler(bounds, L, 1, np.random.default_rng(seed))
+        n_epochs = 4000
+        counts = np.zeros(len(lengths))
+        for _ in range(n_epochs):
+            _, _, lo, _ = sampler._epoch_blocks()
+            counts += np.bincount(np.searchsorted(bounds, lo), minlength=len(lengths))
+        np.testing.assert_allclose(counts / n_epochs, dl._expected_blocks(lengths, L),
+                                   rtol=0.02)
+
+
+def test_every_position_is_used_equally_often(problem, client, monkeypatch):
+    """A shard of short sequences and a shard of one long one: their positions are used
+    equally often, as by the local learner (the batch was split by positions, so the
+    long sequence's were used 4.8 times as often as the short ones')."""
+    seed = 3
+    print(f"seed={seed}")
+    _, _, params, net = problem
+    rng = np.random.default_rng(seed)
+    lengths = [1000] + [2] * 200
+    X = rng.standard_normal((sum(lengths), 2))
+    chunks = np.split(X, np.cumsum(lengths)[:-1])
+    used = {}   # shard's number of positions -> counted positions its subchains used
+    fill = dl._ShardLearner._fill
+
+    def recording(shard, n_blocks):   # in-process workers: the actors are in this process
+        c0 = shard.sampler.cursor
+        fill(shard, n_blocks)
+        q = shard.sampler
+        n = int((q.q_stop[c0:c0 + n_blocks] - q.q_start[c0:c0 + n_blocks]).sum())
+        used[shard.n_positions] = used.get(shard.n_positions, 0) + n
+
+    monkeypatch.setattr(dl._ShardLearner, "_fill", recording)
+    steps = 1500
+    fit_svi_distributed(chunks, params, net, client, max_iter=steps, batch_size=10,
+                        subchain_length=10, random_state=seed, progress=False)
+    rate_long, rate_short = used[1000] / 1000 / steps, used[400] / 400 / steps
+    print(f"uses per position and step: long sequence {rate_long:.4f}, short ones "
+          f"{rate_short:.4f}")
+    assert set(used) == {1000, 400}
+    assert abs(rate_long / rate_short - 1) < 0.1
+
+
+def test_head_rows_reads_only_its_rows(tmp_path):
+    """head_rows reads (and checks) the rows it returns, not the rest of the file: an
+    infinity past them does not stop it (the whole file was scanned before)."""
+    seed = 2
+    print(f"seed={seed}")
+    X = np.random.default_rng(seed).standard_normal((3 * dl._SCAN_ROWS, 3))
+    X[-1, 2] = np.inf
+    path = str(tmp_path / "c.npy")
+    np.save(path, X)
+    np.testing.assert_array_equal(head_rows([path], 5), X[:5])
+    X[3, 1] = np.inf
+    np.save(path, X)
+    with pytest.raises(ValueError, match="infinity at row 3, column 1"):
+        head_rows([path], 5)
+    X[3] = np.nan
+    np.save(path, X)
+    with pytest.raises(ValueError, match=r"every value missing \(row 3\)"):
+        head_rows([path, path], 5)
+
+
+def test_chunk_scaler_sends_only_paths(problem, client, tmp_path, monkeypatch):
+    """In-memory chunks are scanned on the driver: they were put into the tasks (through
+    the scheduler, a 'large graph' warning for big arrays) before the fit sent them
+    again."""
+    X, chunks, _, _ = problem
+    paths = write_npy_chunks(X[:1000], tmp_path, 2)
+    mixed = paths + list(np.array_split(X[1000:], 2))
+    sent = []
+    submit = client.submit
+
+    def spy(fn, *args, **kwargs):
+        sent.append(args)
+        return submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(client, "submit", spy)
+    mean, scale = chunk_scaler(mixed, client)
+    ref = RecognitionNet(2, 2).fit_scaler(X)
+    np.testing.assert_allclose(mean, ref.mean, rtol=1e-12)
+    np.testing.assert_allclose(scale, ref.scale, rtol=1e-12)
+    assert not any(isinstance(v, np.ndarray) for a in sent for v in a)
+    assert sorted(a[0] for a in sent) == sorted(paths)
+
+
+def test_bad_settings(problem, client):
+    """Bad settings raise ValueError saying what was expected, before any worker starts."""
+    X, chunks, params, net = problem
+    address = sorted(client.nthreads())[0]
+    kw = dict(max_iter=2, progress=False)
+    cases = [
+        (dict(workers=address), "workers must be a list of worker addresses, got str"),
+        (dict(step_timeout=True), "step_timeout must be a positive number of seconds"),
+        (dict(setup_timeout=-1.0), "setup_timeout must be a positive number of seconds"),
+        (dict(state={}), "state must be an SVIState"),
+        (dict(direct_to_workers="no"), "direct_to_workers must be True, False or None"),
+        (dict(callback=3), "callback must be callable"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(ValueError, match=message):
+            fit_svi_distributed(chunks, params, net, client, **kw, **extra)
+    # numpy numbers are numbers of seconds
+    st = fit_svi_distributed(chunks, params, net, client, step_timeout=np.int64(30),
+                             setup_timeout=np.float32(60), random_state=SEED, **kw)
+    assert st.iteration == 2
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        chunk_scaler(chunks, client, timeout=-1)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=DASHBOARD) as cluster:
+        closed = distributed.Client(cluster)
+        closed.close()
+        with pytest.raises(ValueError, match="client is closed"):
+            fit_svi_distributed(chunks, params, net, closed, **kw)

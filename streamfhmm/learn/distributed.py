@@ -14,9 +14,12 @@ chunks (arrays or memory maps), its own :class:`~streamfhmm.learn.sampler.Subcha
 (seeded from ``random_state``, one independent stream per shard) and its scratch
 buffers. Each step the driver
 
-1. splits the ``batch_size`` subchains among the shards in proportion to their
-   positions (integer parts, then systematic rounding of the remainders, so every
-   position is equally likely to be drawn, as in the local learner);
+1. splits the ``batch_size`` subchains among the shards in proportion to the number
+   of subchains an epoch of their sampler holds on average (integer parts, then
+   systematic rounding of the remainders). Every shard then runs through its epochs at
+   the same pace, so every position is used equally often, as in the local learner
+   (in proportion to positions, a shard of sequences shorter than a subchain would be
+   visited less often per position than a shard of long ones);
 2. sends every shard the current flat parameter vector (model vector then network
    weights, one float64 array) and its number of subchains;
 3. each shard samples its subchains, copies only the rows their windows need into a
@@ -74,7 +77,9 @@ Each worker runs one shard in one thread, so start workers with one thread each 
 as many workers as cores; streamfhmm must be importable on every worker.
 ``direct_to_workers=True`` (the default here) sends the actor calls straight to the
 workers instead of through the scheduler; pass ``False`` when the client cannot reach
-the workers directly.
+the workers directly. A shard is a Dask actor, and Dask does not retire a worker that
+holds one: a cluster cannot scale down (``retire_workers``, adaptive scaling) while a
+fit runs on it; it can lose workers (see above) and grow.
 
 Live streams
 ------------
@@ -87,6 +92,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -229,26 +235,37 @@ def write_npy_chunks(X, directory, n_chunks: int, prefix: str = "chunk") -> list
     return paths
 
 
-def _open_chunk(source, n_features: int):
-    """Worker side: the chunk as an array, ``.npy`` files memory-mapped and checked."""
-    if not _is_path(source):
-        return source
-    path = os.fspath(source)
+def _check_rows(block, path, first_row):
+    """Raise if rows ``first_row ...`` of the chunk at ``path`` (``block``, float64) hold
+    an infinity or a row with every value missing."""
+    if np.isinf(block).any():
+        r, c = np.argwhere(np.isinf(block))[0]
+        raise ValueError(f"chunk {path} contains an infinity at row {first_row + r}, column {c}")
+    empty = np.isnan(block).all(axis=1)
+    if empty.any():
+        raise ValueError(f"chunk {path} has a row with every value missing (row "
+                         f"{first_row + int(np.flatnonzero(empty)[0])}); drop or interpolate it")
+
+
+def _map_chunk(path: str, n_features: int):
+    """The ``.npy`` file at ``path`` memory-mapped (nothing read but its header)."""
     # a plain array over the mapped file (slicing a memmap object is slower)
     Y = np.asarray(np.load(path, mmap_mode="r"))
     if Y.ndim != 2 or Y.shape[1] != n_features:
         raise ValueError(f"chunk {path} has shape {Y.shape}, expected (T, {n_features})")
     _check_dtype(Y.dtype, f"chunk {path}")
+    return Y
+
+
+def _open_chunk(source, n_features: int):
+    """Worker side: the chunk as an array, ``.npy`` files memory-mapped and checked."""
+    if not _is_path(source):
+        return source
+    path = os.fspath(source)
+    Y = _map_chunk(path, n_features)
     if Y.dtype.kind == "f":
         for s in range(0, Y.shape[0], _SCAN_ROWS):
-            block = np.asarray(Y[s:s + _SCAN_ROWS], dtype=np.float64)
-            if np.isinf(block).any():
-                r, c = np.argwhere(np.isinf(block))[0]
-                raise ValueError(f"chunk {path} contains an infinity at row {s + r}, column {c}")
-            empty = np.isnan(block).all(axis=1)
-            if empty.any():
-                raise ValueError(f"chunk {path} has a row with every value missing (row "
-                                 f"{s + int(np.flatnonzero(empty)[0])}); drop or interpolate it")
+            _check_rows(np.asarray(Y[s:s + _SCAN_ROWS], dtype=np.float64), path, s)
     return Y
 
 
@@ -268,6 +285,13 @@ def _moments(source, n_features):
     return count, mean, m2
 
 
+def _check_seconds(value, name):
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)
+            or not (value > 0 and math.isfinite(value))):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
 def _combine(na, ma, m2a, nb, mb, m2b):
     """Chan et al.'s pairwise update of counts, means and squared deviations."""
     n = na + nb
@@ -279,8 +303,10 @@ def _combine(na, ma, m2a, nb, mb, m2b):
 def chunk_scaler(chunks, client=None, timeout: float = 600.0):
     """The input scaler of :meth:`RecognitionNet.fit_scaler` over all chunks.
 
-    Computed chunk by chunk on the workers when ``client`` is given (each opens its
-    ``.npy`` files memory-mapped), else in this process.
+    The ``.npy`` chunks are scanned chunk by chunk on the workers when ``client`` is
+    given (each opens its files memory-mapped), else in this process; in-memory
+    chunks are always scanned here (they are already here: sending them to the
+    workers would cost more than the scan).
 
     Parameters
     ----------
@@ -299,8 +325,11 @@ def chunk_scaler(chunks, client=None, timeout: float = 600.0):
     if client is None:
         parts = [_moments(c.source, D) for c in desc]
     else:
-        futures = [client.submit(_moments, c.source, D, pure=False) for c in desc]
-        parts = [f.result(timeout=timeout) for f in futures]
+        timeout = _check_seconds(timeout, "timeout")
+        futures = [client.submit(_moments, c.source, D, pure=False) if _is_path(c.source)
+                   else None for c in desc]
+        parts = [_moments(c.source, D) if f is None else f.result(timeout=timeout)
+                 for c, f in zip(desc, futures)]
     n, mean, m2 = parts[0]
     for p in parts[1:]:
         n, mean, m2 = _combine(n, mean, m2, *p)
@@ -325,9 +354,14 @@ def head_rows(chunks, n_rows: int) -> np.ndarray:
     for c in desc:
         if left <= 0:
             break
-        Y = _open_chunk(c.source, c.n_features) if _is_path(c.source) else c.source
-        parts.append(np.asarray(Y[:left], dtype=np.float64))
-        left -= parts[-1].shape[0]
+        if _is_path(c.source):  # only the rows taken are read (and checked)
+            path = os.fspath(c.source)
+            rows = np.asarray(_map_chunk(path, c.n_features)[:left], dtype=np.float64)
+            _check_rows(rows, path, 0)
+        else:
+            rows = np.asarray(c.source[:left], dtype=np.float64)
+        parts.append(rows)
+        left -= rows.shape[0]
     return np.ascontiguousarray(np.concatenate(parts))
 
 
@@ -467,6 +501,24 @@ def _allocate(batch_size, fractions, rng):
         picked = np.minimum(np.searchsorted(edges, points, side="right"), len(base) - 1)
         base += np.bincount(picked, minlength=len(base))
     return base
+
+
+def _expected_blocks(lengths, subchain_length):
+    """Mean number of subchains per epoch of :class:`~.sampler.SubchainSampler` for each
+    sequence: 1 for ``T <= L``, else ``ceil(T / L)`` with offset 0 and
+    ``1 + ceil((T - o) / L)`` with offset ``o = 1 .. L-1``, the offsets equally likely."""
+    T = np.asarray(lengths, dtype=np.int64)
+    L = int(subchain_length)
+    out = np.ones(T.shape[0])
+    long = T > L
+    if long.any() and L > 1:
+        t = T[long][:, None]
+        o = np.arange(1, L, dtype=np.int64)[None, :]
+        with_offset = (1 + (t - o + L - 1) // L).sum(axis=1)
+        out[long] = ((T[long] + L - 1) // L + with_offset) / L
+    elif long.any():
+        out[long] = T[long]
+    return out
 
 
 def _shard_chunks(lengths, n_shards):
@@ -786,14 +838,27 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         raise ValueError("client must be a synchronous distributed.Client (asynchronous=False)")
     if not hasattr(client, "submit") or not hasattr(client, "nthreads"):
         raise ValueError(f"client must be a distributed.Client, got {type(client).__name__}")
+    if getattr(client, "status", None) in ("closing", "closed"):
+        raise ValueError("client is closed: pass a connected distributed.Client")
+    if direct_to_workers is not None and not isinstance(direct_to_workers, (bool, np.bool_)):
+        raise ValueError(f"direct_to_workers must be True, False or None, got "
+                         f"{direct_to_workers!r}")
+    if state is not None and not isinstance(state, SVIState):
+        raise ValueError(f"state must be an SVIState (a learner's result), got "
+                         f"{type(state).__name__}")
+    if callback is not None and not callable(callback):
+        raise ValueError(f"callback must be callable, got {type(callback).__name__}")
+    if workers is not None and (isinstance(workers, (str, bytes, os.PathLike))
+                                or not hasattr(workers, "__iter__")):
+        raise ValueError(f"workers must be a list of worker addresses, got "
+                         f"{type(workers).__name__} {workers!r}")
     (max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay,
      time_budget) = check_svi_settings(max_iter, batch_size, subchain_length, learning_rate,
                                        final_lr_ratio, decay, time_budget)
     net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
     max_recoveries = check_positive_int(max_recoveries, "max_recoveries", minimum=0)
-    for name, v in (("step_timeout", step_timeout), ("setup_timeout", setup_timeout)):
-        if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-            raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+    step_timeout = _check_seconds(step_timeout, "step_timeout")
+    setup_timeout = _check_seconds(setup_timeout, "setup_timeout")
     desc = _describe_chunks(chunks)
     D = desc[0].n_features
     if state is None:
@@ -838,7 +903,9 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     seeds = root.spawn(n_shards + 1)
     alloc_rng = np.random.default_rng(seeds[0])
     shards = [_Shard(k, m, int(lengths[m].sum()), seeds[k + 1]) for k, m in enumerate(members)]
-    fractions = np.array([s.n_positions for s in shards], dtype=np.float64)
+    # the batch split by subchains per epoch, not positions: every position equally often
+    blocks = _expected_blocks(lengths, L)
+    fractions = np.array([blocks[s.chunk_ids].sum() for s in shards])
     fractions /= fractions.sum()
     spec = {"M": packer.n_chains, "D": D, "n_model": packer.size, "n_weights": net.n_weights,
             "window": net.window, "offset": net.offset, "layout": net.layout.copy(),
