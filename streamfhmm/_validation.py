@@ -10,6 +10,7 @@ import numpy as np
 __all__ = [
     "check_observations",
     "check_lengths",
+    "check_bounds",
     "check_W",
     "check_covariance",
     "check_transmat",
@@ -56,7 +57,9 @@ def _as_float_array(x, name: str) -> np.ndarray:
         arr = np.asarray(x)
     except Exception as exc:  # ragged lists and the like
         raise ValueError(f"{name} must be a numeric array, got {_describe(x)}: {exc}") from None
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+    # (timedelta64 is a numpy integer type, but not a number of the data's units)
+    if arr.dtype == object or arr.dtype.kind in "mM" or not (np.issubdtype(arr.dtype, np.number)
+                                                             or arr.dtype == bool):
         raise ValueError(f"{name} must be a numeric array, got {_describe(arr)}")
     if np.iscomplexobj(arr):
         raise ValueError(f"{name} must be real-valued, got dtype {arr.dtype}")
@@ -140,6 +143,34 @@ def check_lengths(lengths, n_samples: int, min_length: int = 1) -> np.ndarray:
     return np.ascontiguousarray(lengths, dtype=np.int64)
 
 
+def check_bounds(bounds, n_samples: int | None = None, name: str = "bounds") -> np.ndarray:
+    """Validate sequence bounds ``[b_0, b_1, …]`` (sequence i is rows ``b_i:b_{i+1}``) and
+    return them as a C-contiguous int64 array.
+
+    Expected: a 1-D array of integers, at least two, non-decreasing, inside
+    ``[0, n_samples]`` (``[0, 2^63)`` when ``n_samples`` is None) and spanning at least
+    one row (``b_0 < b_-1``).
+    """
+    top = np.iinfo(np.int64).max if n_samples is None else int(n_samples)
+    arr = np.asarray(bounds)
+    if arr.ndim != 1 or arr.size < 2 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} must be a 1-D integer array [b_0, b_1, ...] of at least two "
+                         f"sequence bounds, got {_describe(arr)}")
+    # range first: the differences of unsigned integers would wrap round
+    if (arr < 0).any() or (arr > top).any():
+        want = "be non-negative row indices" if n_samples is None else \
+            f"lie in [0, {top}] (the rows of the data)"
+        raise ValueError(f"{name} must {want}, got values from {arr.min()} to {arr.max()}")
+    arr = arr.astype(np.int64)
+    if (np.diff(arr) < 0).any():
+        i = int(np.flatnonzero(np.diff(arr) < 0)[0])
+        raise ValueError(f"{name} must be non-decreasing, got {name}[{i}] = {arr[i]} > "
+                         f"{name}[{i + 1}] = {arr[i + 1]}")
+    if arr[-1] == arr[0]:
+        raise ValueError(f"{name} must span at least one row, got {arr[0]} to {arr[-1]}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
 def check_W(W, name: str = "W") -> np.ndarray:
     """W: (M+1, D), finite, M ≥ 1."""
     W = _as_float_array(W, name)
@@ -158,7 +189,8 @@ def check_covariance(covariance, n_features: int, name: str = "covariance") -> n
         raise ValueError(f"{name} must have shape ({n_features}, {n_features}), got {S.shape}")
     if not np.isfinite(S).all():
         raise ValueError(f"{name} must be finite")
-    if not np.allclose(S, S.T, rtol=1e-10, atol=1e-12 * max(1.0, np.abs(S).max())):
+    # (atol relative to Σ's scale: an absolute one would let a small Σ be far from symmetric)
+    if not np.allclose(S, S.T, rtol=1e-10, atol=1e-12 * np.abs(S).max()):
         raise ValueError(f"{name} must be symmetric")
     try:
         L = np.linalg.cholesky(0.5 * (S + S.T))

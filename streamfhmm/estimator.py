@@ -569,6 +569,10 @@ class FHMM:
             history = json.loads(str(data["history"]))
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{damaged}: {exc}") from None
+        if net is not None and (net.n_chains, net.n_features) != (params.n_chains, params.n_features):
+            raise ValueError(f"{damaged}: its recognition networks have {net.n_chains} chains and "
+                             f"{net.n_features} features, its parameters {params.n_chains} chains "
+                             f"and {params.n_features} features (expected the same)")
         fit_method = hyper.pop("fit_method", None)
         hyper.setdefault("covariance_type", "full")
         unknown = sorted(set(hyper) - set(_HYPERPARAMETERS))

@@ -12,34 +12,63 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from . import exact
-from ._validation import check_observations
+from ._validation import _as_float_array, check_observations
 from .model import FHMMParams
 
 __all__ = ["loglik_per_step", "posterior_mae", "align_params", "recovery_errors"]
 
 
+def _check_params(params, name: str = "params") -> FHMMParams:
+    if not isinstance(params, FHMMParams):
+        raise ValueError(f"{name} must be an FHMMParams, got {type(params).__name__}")
+    return params
+
+
 def loglik_per_step(params: FHMMParams, X, lengths=None) -> float:
     """Exact log-likelihood divided by the number of time steps."""
+    _check_params(params)
     X = check_observations(X, n_features=params.n_features)
     return exact.log_likelihood(params, X, lengths) / X.shape[0]
 
 
 def posterior_mae(theta, reference) -> float:
-    """Mean absolute difference between two (T, M) posterior-marginal arrays."""
-    theta = np.asarray(theta, dtype=float)
-    reference = np.asarray(reference, dtype=float)
+    """Mean absolute difference between two (T, M) posterior-marginal arrays.
+
+    Both must be 2-D, of the same shape with at least one entry, and hold
+    probabilities in [0, 1] (no NaN); otherwise ValueError.
+    """
+    theta = _as_float_array(theta, "theta")
+    reference = _as_float_array(reference, "reference")
     if theta.shape != reference.shape:
         raise ValueError(f"theta and reference must have the same shape, got {theta.shape} and "
                          f"{reference.shape}")
+    if theta.ndim != 2 or theta.size == 0:
+        raise ValueError(f"theta and reference must be non-empty arrays of shape (T, M), got "
+                         f"shape {theta.shape}")
+    for name, a in (("theta", theta), ("reference", reference)):
+        if not ((a >= 0.0) & (a <= 1.0)).all():   # (NaN fails both)
+            raise ValueError(f"{name} must hold probabilities in [0, 1], got "
+                             f"{float(a[~((a >= 0.0) & (a <= 1.0))][0])!r}")
     return float(np.mean(np.abs(theta - reference)))
 
 
 def relabel(params: FHMMParams, perm, flip) -> FHMMParams:
     """Chains reordered by ``perm`` (new chain i is old chain ``perm[i]``), and chain i's
-    states swapped where ``flip[i]``."""
-    perm = np.asarray(perm)
-    flip = np.asarray(flip, dtype=bool)
+    states swapped where ``flip[i]``.
+
+    ``perm`` must be a permutation of ``0 … M-1`` and ``flip`` M booleans; otherwise
+    ValueError.
+    """
+    _check_params(params)
     M = params.n_chains
+    perm = np.asarray(perm)
+    if perm.shape != (M,) or not np.issubdtype(perm.dtype, np.integer) \
+            or not np.array_equal(np.sort(perm), np.arange(M)):
+        raise ValueError(f"perm must be a permutation of 0..{M - 1} (one entry per chain), "
+                         f"got {perm.tolist()!r}")
+    flip = np.asarray(flip)
+    if flip.shape != (M,) or flip.dtype != bool:
+        raise ValueError(f"flip must be {M} booleans (one per chain), got {flip.tolist()!r}")
     W = params.W[list(perm) + [M]].copy()
     alpha, beta = params.alpha[perm].copy(), params.beta[perm].copy()
     start = params.startprob[perm].copy()
@@ -65,6 +94,8 @@ def align_params(estimate: FHMMParams, reference: FHMMParams):
     perm : ndarray of int, shape (M,)
     flip : ndarray of bool, shape (M,)
     """
+    _check_params(estimate, "estimate")
+    _check_params(reference, "reference")
     if estimate.n_chains != reference.n_chains or estimate.n_features != reference.n_features:
         raise ValueError("estimate and reference must have the same n_chains and n_features")
     M = estimate.n_chains

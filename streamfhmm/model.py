@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import (check_covariance, check_random_state, check_startprob,
+from ._validation import (check_covariance, check_random_state, check_real, check_startprob,
                           check_transmat, check_W, check_positive_int, _as_float_array)
 
 __all__ = ["FHMMParams", "logit", "sigmoid"]
@@ -84,7 +84,10 @@ class FHMMParams:
         L = _as_float_array(self.L, "L")
         if L.shape != (D, D):
             raise ValueError(f"L must have shape ({D}, {D}), got {L.shape}")
-        if not np.isfinite(L).all() or not np.allclose(L, np.tril(L)) or not (np.diag(L) > 0).all():
+        # (the upper triangle relative to L's scale: an absolute tolerance would drop the
+        # upper entries of a small L unnoticed)
+        if not np.isfinite(L).all() or not (np.diag(L) > 0).all() \
+                or (np.abs(np.triu(L, 1)) > 1e-12 * np.abs(L).max()).any():
             raise ValueError("L must be finite and lower triangular with a positive diagonal")
         alpha = _as_float_array(self.alpha, "alpha")
         beta = _as_float_array(self.beta, "beta")
@@ -123,25 +126,35 @@ class FHMMParams:
                noise: float = 0.3, switch: tuple[float, float] = (0.02, 0.2)) -> "FHMMParams":
         """Random parameters for tests and simulations.
 
-        ``W`` entries are ``N(0, scale²)``, the noise covariance is ``noise²`` times a random
-        correlation-like matrix, switch probabilities are uniform in ``switch``.
+        ``W`` entries are ``N(0, scale²)`` (``scale`` ≥ 0), the noise covariance is ``noise²``
+        times a random correlation-like matrix (``noise`` > 0), switch probabilities are
+        uniform in ``switch`` (a pair ``low ≤ high`` in [0, 1]).
         """
         M = check_positive_int(n_chains, "n_chains")
         D = check_positive_int(n_features, "n_features")
+        scale = check_real(scale, "scale")
+        noise = check_real(noise, "noise", low_open=True)
+        if not (isinstance(switch, (tuple, list)) and len(switch) == 2):
+            raise ValueError(f"switch must be a pair (low, high) of probabilities, got {switch!r}")
+        lo = check_real(switch[0], "switch[0]", 0.0, 1.0)
+        hi = check_real(switch[1], "switch[1]", lo, 1.0)
         rng = check_random_state(random_state)
         W = scale * rng.standard_normal((M + 1, D))
         B = rng.standard_normal((D, D)) * 0.3
         S = noise**2 * (np.eye(D) + B @ B.T / D)
         A = np.empty((M, 2, 2))
-        a = rng.uniform(*switch, size=M)
-        b = rng.uniform(*switch, size=M)
+        a = rng.uniform(lo, hi, size=M)
+        b = rng.uniform(lo, hi, size=M)
         A[:, 0, 1], A[:, 0, 0] = a, 1 - a
         A[:, 1, 0], A[:, 1, 1] = b, 1 - b
         return cls.from_natural(W, S, A, startprob=rng.uniform(0.2, 0.8, size=M))
 
     def replace(self, **changes) -> "FHMMParams":
-        """A copy with some fields replaced."""
+        """A copy with some fields replaced (``W``, ``L``, ``alpha``, ``beta``, ``startprob``)."""
         fields = dict(W=self.W, L=self.L, alpha=self.alpha, beta=self.beta, startprob=self.startprob)
+        unknown = sorted(set(changes) - set(fields))
+        if unknown:
+            raise ValueError(f"replace takes the fields {list(fields)}, got {unknown}")
         fields.update(changes)
         return FHMMParams(**fields)
 

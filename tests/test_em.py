@@ -109,3 +109,17 @@ def test_fit_does_not_depend_on_the_features_units():
     ll = got.score(X * unit) + len(X) * np.log(unit).sum()
     assert ll == pytest.approx(ref.score(X), rel=1e-8)
     assert ref.score(X) / len(X) > true.score(X) / len(X) - 0.01
+
+
+def test_fit_exact_em_refuses_an_n_chains_that_params_contradict():
+    """fit_exact_em(params=2 chains, n_chains=5) fitted 2 chains without a word (fit_smf
+    refuses it)."""
+    seed = 5
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 3, random_state=seed)
+    X, _ = p.sample(50, random_state=seed + 1)
+    with pytest.raises(ValueError, match=r"n_chains \(5\) does not match params.n_chains \(2\)"):
+        fit_exact_em(X, params=p, n_chains=5, max_iter=1, progress=False)
+    with pytest.raises(ValueError, match="n_chains must be at most 14, got 15"):
+        fit_exact_em(X, n_chains=15, max_iter=1, progress=False)
+    assert fit_exact_em(X, params=p, n_chains=2, max_iter=1, progress=False)[0].n_chains == 2

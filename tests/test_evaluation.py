@@ -49,3 +49,42 @@ def test_align_params_breaks_ties_by_the_switch_probabilities():
         print(err)
         assert err["W"] < 1e-12 and err["transmat"] < 1e-12 and err["perm"] == [1, 0]
         assert err["flip"] == flip
+
+
+@pytest.mark.parametrize("perm,flip,message", [
+    ([0], [False], r"perm must be a permutation of 0..1 \(one entry per chain\), got \[0\]"),
+    ([0, 0], [False, False], r"perm must be a permutation of 0..1"),
+    ([-1, 0], [False, False], r"perm must be a permutation of 0..1"),   # W[-1] is the bias
+    ([2, 0], [False, False], r"perm must be a permutation of 0..1"),
+    ([1.0, 0.0], [False, False], r"perm must be a permutation of 0..1"),
+    ([1, 0], [False, False, True], r"flip must be 2 booleans \(one per chain\)"),
+    ([1, 0], [0, 1], r"flip must be 2 booleans"),
+])
+def test_relabel_refuses_what_is_not_a_relabelling(perm, flip, message):
+    """A short, repeated or negative perm gave parameters of another model (one chain, a
+    chain twice, the bias as a chain); an index past the end was an IndexError."""
+    p = FHMMParams.random(2, 3, random_state=0)
+    with pytest.raises(ValueError, match=message):
+        relabel(p, perm, flip)
+
+
+def test_evaluation_input_errors():
+    p = FHMMParams.random(2, 3, random_state=0)
+    with pytest.raises(ValueError, match="params must be an FHMMParams, got NoneType"):
+        from streamfhmm.evaluation import loglik_per_step
+        loglik_per_step(None, np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="estimate must be an FHMMParams, got NoneType"):
+        align_params(None, p)
+    with pytest.raises(ValueError, match="reference must be an FHMMParams, got dict"):
+        recovery_errors(p, {})
+    # posterior_mae gave NaN for these
+    with pytest.raises(ValueError, match=r"non-empty arrays of shape \(T, M\), got shape \(0, 2\)"):
+        posterior_mae(np.zeros((0, 2)), np.zeros((0, 2)))
+    with pytest.raises(ValueError, match=r"non-empty arrays of shape \(T, M\), got shape \(4,\)"):
+        posterior_mae(np.zeros(4), np.zeros(4))
+    with pytest.raises(ValueError, match=r"theta must hold probabilities in \[0, 1\], got nan"):
+        posterior_mae([[np.nan, 0.0]], [[0.5, 0.0]])
+    with pytest.raises(ValueError, match=r"reference must hold probabilities in \[0, 1\], got 2.0"):
+        posterior_mae([[0.5, 0.0]], [[2.0, 0.0]])
+    with pytest.raises(ValueError, match="theta must be real-valued"):
+        posterior_mae([[0.5 + 0j]], [[0.5]])

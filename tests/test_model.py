@@ -361,3 +361,64 @@ def test_params_refuse_complex_and_text(field):
         FHMMParams(**{**args, field: args[field] + 0j})
     with pytest.raises(ValueError, match=f"{field} must be numeric"):
         FHMMParams(**{**args, field: "ab"})
+
+
+def test_load_refuses_networks_that_do_not_match_the_parameters(tmp_path):
+    """A file whose recognition networks have other chains (or features) than its
+    parameters loaded, and predict_proba gave their 5 columns for a 2-chain model while
+    elbo() wrote past the end of the workspace's θ."""
+    from streamfhmm.network import RecognitionNet
+    for M, D in ((5, 2), (2, 3)):
+        m = FHMM.from_params(W=W2, covariance=S2, transmat=A2, window=3, n_hidden=4)
+        m.net_ = RecognitionNet(M, D, window=3, n_hidden=4).init(random_state=0)
+        m.save(tmp_path / "bad.npz")
+        with pytest.raises(ValueError, match=f"damaged streamfhmm model file: its recognition "
+                                             f"networks have {M} chains and {D} features, its "
+                                             f"parameters 2 chains and 2 features"):
+            FHMM.load(tmp_path / "bad.npz")
+
+
+def test_params_refuse_what_they_would_change_silently():
+    """At a small scale the absolute tolerances let a non-triangular L lose its upper
+    entries and an asymmetric covariance be averaged with its transpose, unnoticed."""
+    W = 1e-6 * W2
+    with pytest.raises(ValueError, match="L must be finite and lower triangular"):
+        FHMMParams(W=W, L=[[1e-6, 5e-9], [0.0, 1e-6]], alpha=[0.0, 0.0], beta=[0.0, 0.0],
+                   startprob=[0.5, 0.5])
+    with pytest.raises(ValueError, match="covariance must be symmetric"):
+        FHMMParams.from_natural(W, [[2e-14, 1e-14], [0.0, 2e-14]], A2)
+    # rounding is not asymmetry, at any scale
+    for scale in (1e-14, 1.0, 1e8):
+        S = scale * S2
+        S[0, 1] *= 1 + 1e-13
+        np.testing.assert_allclose(FHMMParams.from_natural(W2, S, A2).covariance, scale * S2,
+                                   rtol=1e-12)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(switch=0.1), r"switch must be a pair \(low, high\) of probabilities, got 0.1"),
+    (dict(switch=(0.1, 0.2, 0.3)), r"switch must be a pair"),
+    (dict(switch=(0.2, 1.5)), r"switch\[1\] must be a finite number in \[0.2, 1\]"),
+    (dict(switch=(0.3, 0.2)), r"switch\[1\] must be a finite number in \[0.3, 1\]"),
+    (dict(noise=0.0), r"noise must be a finite number in \(0, inf\), got 0.0"),
+    (dict(scale="a"), r"scale must be a finite number in \[0, inf\), got 'a'"),
+    (dict(scale=np.nan), r"scale must be a finite number"),
+])
+def test_random_params_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FHMMParams.random(2, 3, random_state=0, **kwargs)
+
+
+def test_replace_refuses_unknown_fields():
+    p = FHMMParams.random(2, 3, random_state=0)
+    with pytest.raises(ValueError, match=r"replace takes the fields \['W', 'L', 'alpha', 'beta', "
+                                         r"'startprob'\], got \['covariance'\]"):
+        p.replace(covariance=np.eye(3))
+
+
+def test_time_spans_are_not_observations():
+    """timedelta64 is a numpy integer type: X of time spans was scored as numbers."""
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
+    with pytest.raises(ValueError, match=r"X must be a numeric array, got an array of shape "
+                                         r"\(3, 2\) and dtype timedelta64\[s\]"):
+        m.score(np.ones((3, 2)).astype("m8[s]"))

@@ -95,3 +95,60 @@ def test_sequence_elbo_is_a_bound_and_chunking_is_exact(chunk):
     _, g_whole = sequence_elbo(vec, net.weights, X, bounds, ws, chunk=10_000, with_grad=True)
     np.testing.assert_allclose(grads[0], g_whole[0], rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(grads[1], g_whole[1], rtol=1e-9, atol=1e-9)
+
+
+def test_objective_checks_its_inputs():
+    """sequence_elbo / batch_objective / Workspace / ModelPacker took mismatched inputs to
+    the kernels: bounds past the end of Y read past it, a Y narrower than the model or a
+    model vector one short gave a finite wrong ELBO, and networks for more chains than
+    the packer wrote past the workspace's θ."""
+    seed = 7
+    params, X, net, packer, ws = _setup(seed, "all", "centred", False)
+    vec, w = packer.pack(params), net.weights.copy()
+    good = sequence_elbo(vec, w, X, np.array([0, 40]), ws)[0]
+    for args, message in [
+        ((vec, w, X, np.array([0, 45])), r"bounds must lie in \[0, 40\]"),
+        ((vec, w, X[:, :2], np.array([0, 40])), r"Y must have 3 features \(columns\), got 2"),
+        ((vec[:-1], w, X, np.array([0, 40])),
+         r"model_vec must be a real array of shape \(19,\) for 2 chains and 3 features, got shape \(18,\)"),
+        ((vec, w[1:], X, np.array([0, 40])), r"weights must be a real array of shape"),
+        ((vec, w, np.where(np.arange(40)[:, None] == 2, np.inf, X), np.array([0, 40])),
+         "Y must not contain infinities"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            sequence_elbo(*args, ws)
+    with pytest.raises(ValueError, match="chunk must be an integer >= 1"):
+        sequence_elbo(vec, w, X, np.array([0, 40]), ws, chunk=0)
+    # Fortran order is the same data
+    assert sequence_elbo(vec, w, np.asfortranarray(X), np.array([0, 40]), ws)[0] == good
+    with pytest.raises(ValueError, match="net must have the packer's 2 chains and 3 features, "
+                                         "got 5 chains and 3 features"):
+        Workspace(packer, RecognitionNet(5, 3, window=5, n_hidden=4))
+    for args, message in [((0, 3), "n_chains must be an integer >= 1, got 0"),
+                          ((2.7, 3), "n_chains must be an integer >= 1, got 2.7"),
+                          ((2, -1), "n_features must be an integer >= 1, got -1")]:
+        with pytest.raises(ValueError, match=message):
+            ModelPacker(*args)
+    with pytest.raises(ValueError, match=r"model_vec must be a real array of shape \(19,\)"):
+        packer.unpack(np.concatenate([vec, np.zeros(5)]))
+    with pytest.raises(ValueError, match="params must have 2 chains and 3 features like the "
+                                         "packer, got 3 and 3"):
+        packer.pack(FHMMParams.random(3, 3, random_state=seed))
+    # batch_objective: the batch must index Y inside its sequences
+    batch = SubchainSampler(np.array([0, 15, 40]), 6, 4, np.random.default_rng(seed)).next_batch()
+    args = dict(rows=batch.rows, row_start=batch.row_start, row_end=batch.row_end,
+                offsets=batch.offsets, first_is_start=batch.first_is_start)
+    ref = batch_objective(vec, w, X, ws=ws, **args)[0]
+    for change, message in [
+        (dict(rows=batch.rows + 40), "rows must lie in their sequences"),
+        (dict(row_end=batch.row_end + 1), "rows must lie in their sequences"),
+        (dict(rows=batch.rows[:-1]), "row_start must have the shape of rows"),
+        (dict(rows=batch.rows.astype(float)), "rows must be a non-empty 1-D integer array"),
+        (dict(offsets=batch.offsets + 1), "offsets must be a 1-D integer array increasing from 0"),
+        (dict(first_is_start=batch.first_is_start[:-1]), "first_is_start must be a boolean array"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            batch_objective(vec, w, X, ws=ws, **{**args, **change})
+    with pytest.raises(ValueError, match=r"Y must be a float64 array of shape \(T, 3\)"):
+        batch_objective(vec, w, X[:, :2], ws=ws, **args)
+    assert batch_objective(vec, w, X, ws=ws, **args)[0] == ref

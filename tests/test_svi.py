@@ -667,3 +667,87 @@ def test_a_failed_fit_keeps_its_steps_in_the_state(two_chain_data, monkeypatch):
                 progress=False, log_every=1000, state=state)
     assert state.iteration == 34 and state.opt.steps == 34
     assert not np.array_equal(state.state_vector(), start)
+
+
+@pytest.mark.parametrize("bounds,message", [
+    ([0, 0], "bounds must span at least one row, got 0 to 0"),            # next_batch hung
+    ([7], r"bounds must be a 1-D integer array .* got an array of shape \(1,\)"),  # hung
+    ([0, 10, 5], r"bounds must be non-decreasing, got bounds\[1\] = 10 > bounds\[2\] = 5"),
+    ([-5, 10], "bounds must be non-negative row indices, got values from -5 to 10"),
+    ([0, 9.7], "bounds must be a 1-D integer array"),
+    (np.array([5, 3], dtype=np.uint64), "bounds must be non-decreasing"),
+])
+def test_sampler_refuses_bad_bounds(bounds, message):
+    """Bounds spanning no row made next_batch loop for ever; decreasing or negative ones
+    gave rows outside their sequence (negative rows: from the end of the data)."""
+    with pytest.raises(ValueError, match=message):
+        SubchainSampler(np.array(bounds), 3, 2, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="rng must be a numpy Generator, got int"):
+        SubchainSampler(np.array([0, 10]), 3, 2, 0)
+
+
+def test_rmsprop_refuses_mismatched_vectors():
+    """A vector longer than the optimiser's size was stepped past the end of its g²
+    (a segmentation fault later in the process); a shorter gradient was read past its end."""
+    opt = RMSprop(3)
+    x = np.zeros(6)
+    with pytest.raises(ValueError, match=r"x must be a writable float64 array of shape \(3,\)"):
+        opt.step(x, np.ones(6), 0.1)
+    x = np.zeros(3)
+    with pytest.raises(ValueError, match=r"grad must be a real array of shape \(3,\), got shape \(2,\)"):
+        opt.step(x, np.ones(2), 0.1)
+    with pytest.raises(ValueError, match=r"x must be a writable float64 array"):
+        opt.step(np.zeros(3, dtype=np.float32), np.ones(3), 0.1)
+    with pytest.raises(ValueError, match=r"lr must be a finite number in \[0, inf\), got nan"):
+        opt.step(x, np.ones(3), np.nan)
+    np.testing.assert_array_equal(x, 0.0)
+    assert opt.steps == 0 and (opt.sq == 0).all()
+    for kwargs, message in ((dict(decay=1.5), r"decay must be a finite number in \[0, 1\)"),
+                            (dict(decay=np.nan), "decay must be a finite number"),
+                            (dict(eps=-1.0), r"eps must be a finite number in \(0, inf\)"),
+                            (dict(size=0), "size must be an integer >= 1")):
+        with pytest.raises(ValueError, match=message):
+            RMSprop(**{"size": 3, **kwargs})
+
+
+def test_fit_svi_checks_its_inputs():
+    """fit_svi passed X, bounds, params and net to the kernels unchecked: bounds past the
+    end of X, X narrower than the model, or networks for other chains ran (reading and
+    writing out of bounds) and gave a finite ELBO."""
+    from streamfhmm.learn.svi import fit_svi
+    from streamfhmm.network import RecognitionNet
+    seed = 12
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 3, random_state=seed)
+    X, _ = p.sample(40, random_state=seed + 1)
+    net = RecognitionNet(2, 3, window=3, n_hidden=4).init(random_state=seed)
+    Xinf = X.copy()
+    Xinf[3, 1] = np.inf
+
+    def fit(X=X, bounds=(0, 40), params=p, net=net, **kw):
+        return fit_svi(X, np.array(bounds), params, net, max_iter=2, progress=False,
+                       **{"rng": np.random.default_rng(seed), **kw})
+
+    for kwargs, message in [
+        (dict(bounds=(0, 60)), r"bounds must lie in \[0, 40\] \(the rows of the data\)"),
+        (dict(bounds=(20, 10)), r"bounds must be non-decreasing"),
+        (dict(X=X[:, :2]), r"X must have 3 features \(columns\), got 2"),
+        (dict(X=Xinf), "X must not contain infinities; found inf at row 3, column 1"),
+        (dict(net=RecognitionNet(5, 3, window=3, n_hidden=4)),
+         "net must have params' 2 chains and 3 features, got 5 chains and 3 features"),
+        (dict(params=None), "params must be an FHMMParams, got NoneType"),
+        (dict(rng=0), "rng must be a numpy Generator, got int"),
+        (dict(params=None, net=None, state="state"), "state must be an SVIState, got str"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            fit(**kwargs)
+    state = fit()
+    before = state.state_vector().copy()
+    with pytest.raises(ValueError, match=r"X must have 3 features \(columns\), got 2"):
+        fit(X=X[:, :2], params=None, net=None, state=state)
+    np.testing.assert_array_equal(state.state_vector(), before)
+    # Fortran order and a strided view are the same data
+    Xv = np.repeat(X, 2, axis=0)[::2]
+    a = fit(X=np.asfortranarray(X)).state_vector()
+    np.testing.assert_array_equal(fit(X=Xv).state_vector(), a)
+    np.testing.assert_array_equal(fit().state_vector(), a)

@@ -117,7 +117,8 @@ def fit_exact_em(X, lengths=None, params: FHMMParams | None = None, n_chains: in
         Starting parameters (projected onto ``covariance_type``); default
         :func:`~streamfhmm.learn.smf.init_params`.
     n_chains : int, optional
-        Required when ``params`` is None.
+        Required when ``params`` is None (at most ``MAX_EM_CHAINS``); must match
+        ``params`` otherwise.
     max_iter : int
         At most this many M-steps.
     tol : float
@@ -158,10 +159,16 @@ def fit_exact_em(X, lengths=None, params: FHMMParams | None = None, n_chains: in
     if params is None:
         if n_chains is None:
             raise ValueError("n_chains must be given when params is None")
+        if check_positive_int(n_chains, "n_chains") > MAX_EM_CHAINS:
+            raise ValueError(f"exact EM enumerates 2^M joint states; n_chains must be at most "
+                             f"{MAX_EM_CHAINS}, got {n_chains}")
         params = init_params(X, n_chains, lengths, random_state=check_random_state(random_state),
                              covariance_type=covariance_type)
     else:
         params = _check_params(params, X.shape[1])
+        if n_chains is not None and check_positive_int(n_chains, "n_chains") != params.n_chains:
+            raise ValueError(f"n_chains ({n_chains}) does not match params.n_chains "
+                             f"({params.n_chains})")
         params = constrain_params(params, covariance_type)
     floor = _default_floor(X)
     est = exact_e_step(params, X, lengths)

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._validation import check_bounds, check_observations, check_positive_int
 from ..kernels import elbo as _elbo
 from ..kernels import recognition as _rk
 from ..model import FHMMParams, sigmoid
+from ..network import RecognitionNet
 
 __all__ = ["COVARIANCE_TYPES", "ModelPacker", "Workspace", "batch_objective", "sequence_elbo",
            "check_covariance_type", "covariance_mode", "project_covariance", "constrain_params",
@@ -106,12 +108,29 @@ def constrain_params(params: FHMMParams, covariance_type) -> FHMMParams:
     return params.replace(L=np.diag(np.sqrt(var)))
 
 
+def _check_real_vector(vec, size: int, name: str, what: str) -> np.ndarray:
+    """``vec`` as a float64 array if it is a real (integer or float) array of shape
+    ``(size,)``, else ValueError saying ``what`` the size is."""
+    a = np.asarray(vec)
+    if a.shape != (size,) or a.dtype == bool or not (np.issubdtype(a.dtype, np.floating)
+                                                    or np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"{name} must be a real array of shape ({size},) {what}, got shape "
+                         f"{a.shape} and dtype {a.dtype}")
+    return a.astype(np.float64, copy=False)
+
+
 class ModelPacker:
-    """Maps :class:`FHMMParams` to and from the flat model vector."""
+    """Maps :class:`FHMMParams` to and from the flat model vector.
+
+    Parameters
+    ----------
+    n_chains, n_features : int
+        M ≥ 1 and D ≥ 1.
+    """
 
     def __init__(self, n_chains: int, n_features: int):
-        self.n_chains = M = int(n_chains)
-        self.n_features = D = int(n_features)
+        self.n_chains = M = check_positive_int(n_chains, "n_chains")
+        self.n_features = D = check_positive_int(n_features, "n_features")
         self.tril = np.tril_indices(D)
         self.diag_pos = np.flatnonzero(self.tril[0] == self.tril[1])
         self.sW = slice(0, (M + 1) * D)
@@ -120,7 +139,19 @@ class ModelPacker:
         self.sb = slice(self.sa.stop, self.sa.stop + M)
         self.size = self.sb.stop
 
+    def check_vector(self, vec, name: str = "model_vec") -> np.ndarray:
+        """``vec`` as float64 if it is a real array of shape ``(size,)``, else ValueError."""
+        return _check_real_vector(vec, self.size, name,
+                                  f"for {self.n_chains} chains and {self.n_features} features")
+
     def pack(self, params: FHMMParams) -> np.ndarray:
+        """The flat vector of ``params`` (``n_chains`` and ``n_features`` as the packer's)."""
+        if not isinstance(params, FHMMParams):
+            raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
+        if (params.n_chains, params.n_features) != (self.n_chains, self.n_features):
+            raise ValueError(f"params must have {self.n_chains} chains and {self.n_features} "
+                             f"features like the packer, got {params.n_chains} and "
+                             f"{params.n_features}")
         vec = np.empty(self.size)
         vec[self.sW] = params.W.ravel()
         ltri = params.L[self.tril].copy()
@@ -141,6 +172,8 @@ class ModelPacker:
         return L
 
     def unpack(self, vec) -> FHMMParams:
+        """The :class:`FHMMParams` of a flat vector of shape ``(size,)``."""
+        vec = self.check_vector(vec)
         alpha, beta = vec[self.sa].copy(), vec[self.sb].copy()
         a, b = sigmoid(alpha), sigmoid(beta)
         return FHMMParams(W=self.W(vec).copy(), L=self.L(vec), alpha=alpha, beta=beta,
@@ -186,6 +219,14 @@ class Workspace:
     """Per-learner scratch arrays, grown on demand (no allocation on a steady batch size)."""
 
     def __init__(self, packer: ModelPacker, net):
+        if not isinstance(packer, ModelPacker):
+            raise ValueError(f"packer must be a ModelPacker, got {type(packer).__name__}")
+        if not isinstance(net, RecognitionNet):
+            raise ValueError(f"net must be a RecognitionNet, got {type(net).__name__}")
+        if (net.n_chains, net.n_features) != (packer.n_chains, packer.n_features):
+            raise ValueError(f"net must have the packer's {packer.n_chains} chains and "
+                             f"{packer.n_features} features, got {net.n_chains} chains and "
+                             f"{net.n_features} features")
         self.packer = packer
         self.net = net
         M, D = packer.n_chains, packer.n_features
@@ -227,16 +268,20 @@ def batch_objective(model_vec, weights, Y, rows, row_start, row_end, offsets, fi
 
     Parameters
     ----------
-    model_vec : ndarray, shape (packer.size,)
-    weights : ndarray, shape (net.n_weights,)
-    Y : ndarray, shape (T, D)
-        The whole data set (NaN = missing).
-    rows, row_start, row_end : ndarray of int64, shape (n_rows,)
+    model_vec : ndarray of float64, shape (packer.size,)
+    weights : ndarray of float64, shape (net.n_weights,)
+    Y : ndarray of float64, shape (T, D)
+        The whole data set (NaN = missing), as :func:`~streamfhmm._validation.check_observations`
+        returns it (not scanned here: a call reads only a batch of it).
+    rows, row_start, row_end : ndarray of int, shape (n_rows,)
         The rows of the batch's subchains and their sequence bounds (see
-        :class:`~streamfhmm.learn.sampler.Batch`).
-    offsets : ndarray of int64, shape (B + 1,)
+        :class:`~streamfhmm.learn.sampler.Batch`): ``0 ≤ row_start ≤ rows < row_end ≤ T``.
+    offsets : ndarray of int, shape (B + 1,)
+        Increasing from 0 to ``n_rows``.
     first_is_start : ndarray of bool, shape (B,)
     ws : Workspace
+
+    Any other shape, type or range is a ValueError.
 
     Returns
     -------
@@ -246,6 +291,51 @@ def batch_objective(model_vec, weights, Y, rows, row_start, row_end, offsets, fi
     grad_net : ndarray, shape (net.n_weights,)
         A view into the workspace: copy it before the next call.
     """
+    if not isinstance(ws, Workspace):
+        raise ValueError(f"ws must be a Workspace, got {type(ws).__name__}")
+    model_vec, weights, Y = _check_vectors_and_data(model_vec, weights, Y, ws)
+    T = Y.shape[0]
+    idx = []
+    for name, a in (("rows", rows), ("row_start", row_start), ("row_end", row_end)):
+        a = np.asarray(a)
+        if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"{name} must be a non-empty 1-D integer array, got shape {a.shape} "
+                             f"and dtype {a.dtype}")
+        if a.shape != np.shape(rows):
+            raise ValueError(f"{name} must have the shape of rows {np.shape(rows)}, got {a.shape}")
+        idx.append(a.astype(np.int64))
+    rows, row_start, row_end = idx
+    if not ((row_start >= 0) & (row_start <= rows) & (rows < row_end) & (row_end <= T)).all():
+        raise ValueError(f"rows must lie in their sequences: 0 <= row_start <= rows < row_end <= "
+                         f"{T} (the rows of Y) is expected")
+    offsets = np.asarray(offsets)
+    if offsets.ndim != 1 or offsets.size < 2 or not np.issubdtype(offsets.dtype, np.integer) \
+            or offsets[0] != 0 or offsets[-1] != rows.size or (np.diff(offsets) <= 0).any():
+        raise ValueError(f"offsets must be a 1-D integer array increasing from 0 to "
+                         f"{rows.size} (the number of rows), got {offsets!r}")
+    first_is_start = np.asarray(first_is_start)
+    if first_is_start.dtype != bool or first_is_start.shape != (offsets.size - 1,):
+        raise ValueError(f"first_is_start must be a boolean array of shape ({offsets.size - 1},) "
+                         f"(one per subchain), got shape {first_is_start.shape} and dtype "
+                         f"{first_is_start.dtype}")
+    return _batch_objective(model_vec, weights, Y, rows, row_start, row_end,
+                            offsets.astype(np.int64), first_is_start, ws)
+
+
+def _check_vectors_and_data(model_vec, weights, Y, ws: Workspace):
+    """The model vector, the network weights and the data against the workspace."""
+    model_vec = ws.packer.check_vector(model_vec)
+    weights = _check_real_vector(weights, ws.net.n_weights, "weights", "(the network's)")
+    D = ws.packer.n_features
+    if not (isinstance(Y, np.ndarray) and Y.dtype == np.float64 and Y.ndim == 2 and Y.shape[1] == D):
+        got = f"shape {Y.shape} and dtype {Y.dtype}" if isinstance(Y, np.ndarray) else type(Y).__name__
+        raise ValueError(f"Y must be a float64 array of shape (T, {D}), got {got}")
+    return model_vec, weights, Y
+
+
+def _batch_objective(model_vec, weights, Y, rows, row_start, row_end, offsets,
+                     first_is_start, ws: Workspace):
+    """:func:`batch_objective` on checked inputs."""
     packer, net = ws.packer, ws.net
     n = rows.shape[0]
     Xw, hidden, theta, rho, g_theta, g_rho = ws.views(n)
@@ -279,11 +369,30 @@ def sequence_elbo(model_vec, weights, Y, bounds, ws: Workspace, chunk: int = 409
     carries the previous position as its context row, so the chunks' terms add up to
     the ELBO of the sequence exactly.
 
+    Parameters
+    ----------
+    model_vec : ndarray of float64, shape (ws.packer.size,)
+    weights : ndarray of float64, shape (ws.net.n_weights,)
+    Y : array_like, shape (T, D)
+        NaN marks a missing value (no infinities, no row without an observed value).
+    bounds : array_like of int, shape (n_sequences + 1,)
+        Sequence i is ``Y[bounds[i]:bounds[i+1]]``; non-decreasing, inside ``[0, T]``.
+    ws : Workspace
+    chunk : int
+        Positions per batch (≥ 1).
+    with_grad : bool
+
     Returns
     -------
     value : float
     grads : (grad_model, grad_net) or None
     """
+    if not isinstance(ws, Workspace):
+        raise ValueError(f"ws must be a Workspace, got {type(ws).__name__}")
+    Y = check_observations(Y, "Y", n_features=ws.packer.n_features, allow_nan=True)
+    model_vec, weights, Y = _check_vectors_and_data(model_vec, weights, Y, ws)
+    bounds = check_bounds(bounds, Y.shape[0])
+    chunk = check_positive_int(chunk, "chunk")
     rows_l, rs_l, re_l, off_l, first_l = [], [], [], [0], []
     total = 0.0
     g_model = np.zeros(ws.packer.size) if with_grad else None
@@ -293,7 +402,7 @@ def sequence_elbo(model_vec, weights, Y, bounds, ws: Workspace, chunk: int = 409
         nonlocal total
         if not rows_l:
             return
-        v, gm, gn = batch_objective(model_vec, weights, Y, np.concatenate(rows_l),
+        v, gm, gn = _batch_objective(model_vec, weights, Y, np.concatenate(rows_l),
                                     np.concatenate(rs_l), np.concatenate(re_l),
                                     np.asarray(off_l, dtype=np.int64), np.asarray(first_l), ws)
         total += v

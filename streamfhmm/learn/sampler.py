@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import check_positive_int
+from .._validation import check_bounds, check_positive_int
 
 __all__ = ["SubchainSampler", "Batch"]
 
@@ -55,8 +55,10 @@ class SubchainSampler:
 
     Parameters
     ----------
-    bounds : ndarray of int64, shape (n_sequences + 1,)
-        Sequence ``i`` is rows ``bounds[i]:bounds[i+1]``.
+    bounds : ndarray of int, shape (n_sequences + 1,)
+        Sequence ``i`` is rows ``bounds[i]:bounds[i+1]``: non-negative, non-decreasing,
+        spanning at least one row (else ValueError; an empty span would never fill a
+        batch).
     subchain_length : int
         Positions per subchain (the last block of a sequence may be shorter).
     batch_size : int
@@ -65,9 +67,11 @@ class SubchainSampler:
     """
 
     def __init__(self, bounds, subchain_length: int, batch_size: int, rng: np.random.Generator):
-        self.bounds = np.asarray(bounds, dtype=np.int64)
+        self.bounds = check_bounds(bounds)
         self.subchain_length = check_positive_int(subchain_length, "subchain_length")
         self.batch_size = check_positive_int(batch_size, "batch_size")
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be a numpy Generator, got {type(rng).__name__}")
         self.rng = rng
         self.n_positions = int(self.bounds[-1] - self.bounds[0])
         self.epoch = 0

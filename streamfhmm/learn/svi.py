@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._blas import limit_blas_threads
-from .._validation import check_positive_int, check_real
+from .._validation import check_bounds, check_observations, check_positive_int, check_real
 from ..kernels import svi as _ks
 from ..model import FHMMParams
 from ..network import RecognitionNet
@@ -52,18 +52,45 @@ class RMSprop:
     """RMSprop ascent over one flat parameter vector (MATH.md §5).
 
     ``g² ← γ g² + (1-γ) ∇²``, ``x ← x + η ∇ / (√g² + ε)``.
+
+    Parameters
+    ----------
+    size : int
+        Length of the parameter vector.
+    decay : float in [0, 1)
+        γ.
+    eps : float > 0
+        ε.
     """
 
     def __init__(self, size: int, decay: float = 0.9, eps: float = 1e-8):
-        self.decay = float(decay)
-        self.eps = float(eps)
+        size = check_positive_int(size, "size")
+        self.decay = check_real(decay, "decay", 0.0, 1.0, high_open=True)
+        self.eps = check_real(eps, "eps", low_open=True)
         self.sq = np.zeros(size)
         self.steps = 0
 
     def step(self, x: np.ndarray, grad: np.ndarray, lr: float):
         """Update ``x`` in place with the compiled rule the learners use
-        (:func:`streamfhmm.kernels.svi.rmsprop_update`, bias-corrected ``g²``)."""
-        if not _ks.rmsprop_update(x, grad, self.sq, self.decay, self.eps, lr, self.steps):
+        (:func:`streamfhmm.kernels.svi.rmsprop_update`, bias-corrected ``g²``).
+
+        ``x`` must be a writable float64 array and ``grad`` an array, both of shape
+        ``(size,)``; ``lr`` a finite number ≥ 0. Otherwise ValueError, ``x`` unchanged.
+        """
+        n = self.sq.shape[0]
+        if not (isinstance(x, np.ndarray) and x.dtype == np.float64 and x.shape == (n,)
+                and x.flags.writeable):
+            raise ValueError(f"x must be a writable float64 array of shape ({n},) (updated in "
+                             f"place), got {x.shape if isinstance(x, np.ndarray) else type(x).__name__}"
+                             f"{' of dtype ' + str(x.dtype) if isinstance(x, np.ndarray) else ''}")
+        grad = np.asarray(grad)
+        if grad.shape != (n,) or not (np.issubdtype(grad.dtype, np.floating)
+                                      or np.issubdtype(grad.dtype, np.integer)):
+            raise ValueError(f"grad must be a real array of shape ({n},), got shape {grad.shape} "
+                             f"and dtype {grad.dtype}")
+        lr = check_real(lr, "lr")
+        if not _ks.rmsprop_update(x, grad.astype(np.float64, copy=False), self.sq, self.decay,
+                                  self.eps, lr, self.steps):
             raise FloatingPointError("non-finite gradient: parameters left unchanged")
         self.steps += 1
 
@@ -124,13 +151,15 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
 
     Parameters
     ----------
-    X : ndarray, shape (T, D)
-        Validated observations (NaN = missing).
-    bounds : ndarray of int64, shape (n_sequences + 1,)
+    X : array_like, shape (T, D)
+        Observations (NaN = missing; no infinities, no row without an observed value).
+    bounds : array_like of int, shape (n_sequences + 1,)
+        Sequence i is ``X[bounds[i]:bounds[i+1]]``: non-decreasing, inside ``[0, T]``.
     params : FHMMParams
         Starting model (ignored when ``state`` is given).
     net : RecognitionNet
-        Starting networks, scaler set (ignored when ``state`` is given).
+        Starting networks for ``params``' chains and features, scaler set (ignored when
+        ``state`` is given).
     max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay, time_budget
         See :meth:`streamfhmm.FHMM.fit`.
     rng : numpy.random.Generator
@@ -153,6 +182,24 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     SVIState
     """
     net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy Generator, got {type(rng).__name__}")
+    if state is None:
+        if not isinstance(params, FHMMParams):
+            raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
+        if not isinstance(net, RecognitionNet):
+            raise ValueError(f"net must be a RecognitionNet, got {type(net).__name__}")
+        if (net.n_chains, net.n_features) != (params.n_chains, params.n_features):
+            raise ValueError(f"net must have params' {params.n_chains} chains and "
+                             f"{params.n_features} features, got {net.n_chains} chains and "
+                             f"{net.n_features} features")
+        D = params.n_features
+    elif not isinstance(state, SVIState):
+        raise ValueError(f"state must be an SVIState, got {type(state).__name__}")
+    else:
+        D = state.packer.n_features
+    X = check_observations(X, n_features=D, allow_nan=True)
+    bounds = check_bounds(bounds, X.shape[0])
     (max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay,
      time_budget) = check_svi_settings(max_iter, batch_size, subchain_length, learning_rate,
                                        final_lr_ratio, decay, time_budget)
