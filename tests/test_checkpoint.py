@@ -441,3 +441,65 @@ def test_a_periodic_checkpoint_is_a_consistent_cut(tmp_path):
             r.drain()
         _, counts = np.unique(r.reservoir.end[:r.reservoir.size], return_counts=True)
         assert (counts == 1).all()
+
+
+def _damaged(tmp_path, meta, arrays, meta_changes=(), array_changes=()):
+    meta = dict(meta, config=dict(meta["config"]))
+    arrays = dict(arrays)
+    for key, value in meta_changes:
+        if key.startswith("config."):
+            meta["config"][key[7:]] = value
+        else:
+            meta[key] = value
+    for key, value in array_changes:
+        arrays[key] = value
+    return save_checkpoint(tmp_path / "bad.npz", arrays, meta)
+
+
+def test_resume_refuses_a_checkpoint_that_contradicts_its_configuration(tmp_path):
+    """Sizes, mode, posterior, window, phase and networks of a checkpoint must agree with
+    its configuration. Before: a segment length S beyond the ring made the block kernel
+    read outside the ring and a centred network ran in filter mode (both resumed and gave
+    other posteriors than the checkpointed engine, silently), a recognition configuration
+    without a network failed at every push with AttributeError, NaN snapshot weights gave
+    NaN posteriors, an exact configuration with 40 chains asked for 24 TiB."""
+    model = _model(71, M=2, D=3, window=3, n_hidden=4)
+    X, _ = model.sample(150, random_state=72)
+    with StreamEngine(model, mode="smooth", learn=False, net=_with_net(model, X, 71)) as eng:
+        eng.push_many(X[:80])
+        rec = load_checkpoint(eng.checkpoint(tmp_path / "rec.npz"))
+    with StreamEngine(model, mode="smooth", learn=False, posterior="exact") as eng:
+        eng.push_many(X[:80])
+        ex = load_checkpoint(eng.checkpoint(tmp_path / "ex.npz"))
+    S, C, D = rec[0]["S"], rec[0]["C"], 3
+    ring = rec[1]["ring.buf"]
+    cases = [
+        (rec, [("S", 1000)], [], r"\(L, S, C\) = \(\d+, 1000, \d+\) do not match"),
+        (rec, [("C", 4)], [("ring.buf", ring[:8])], r"\(L, S, C\) = \(\d+, \d+, 4\) do not match"),
+        (rec, [("config.mode", "filter")], [], "mode='filter' needs a 'causal' recognition network"),
+        (rec, [("window", 7)], [], "window is 7, its network's 3"),
+        (rec, [("config.posterior", "exact")], [], "exact-posterior checkpoint has no inference"),
+        (rec, [("phase", "later")], [], "phase must be 'warmup' or 'running'"),
+        (rec, [("config.mode", "both")], [], "mode must be one of"),
+        (rec, [], [("snapshot.weights", np.full_like(rec[1]["snapshot.weights"], np.nan))],
+         "snapshot.weights must be finite"),
+        (rec, [], [("ring.buf", np.where(np.arange(2 * C)[:, None] == 3, np.inf, ring))],
+         "ring.buf must hold real numbers without infinities"),
+        (rec, [], [("ring.buf", ring + 1j)], "ring.buf must hold real numbers"),
+        (ex, [("config.posterior", "recognition")], [], "has no recognition network"),
+        (ex, [("config.n_chains", 40)], [], "must have 1 to 20 chains, its configuration says 40"),
+        (ex, [("shared_net", True), ("config.learn", True)], [],
+         "shares the inference network, and it has none"),
+        (rec, [("config.learn", "no")], [], "learn must be True or False, got 'no'"),
+    ]
+    assert S < 1000 and (ring.shape == (2 * C, D))
+    for (meta, arrays), meta_changes, array_changes, message in cases:
+        path = _damaged(tmp_path, meta, arrays, meta_changes, array_changes)
+        with pytest.raises(ValueError, match=message):
+            StreamEngine.resume(path)
+    # the intact checkpoints still resume and continue as the engine would have
+    with StreamEngine(model, mode="smooth", learn=False, net=_with_net(model, X, 71)) as eng:
+        eng.push_many(X[:80])
+        expected = eng.push_many(X[80:]).theta
+    with StreamEngine.resume(tmp_path / "rec.npz") as again:
+        np.testing.assert_allclose(again.push_many(X[80:]).theta, expected, atol=1e-12)

@@ -853,3 +853,53 @@ def test_an_unclosed_engine_collected_on_its_learner_thread_stops_it(monkeypatch
     thread.join(60)
     assert not thread.is_alive() and thread.error is None
     assert not unraisable, [(u.exc_value, u.object) for u in unraisable]
+
+
+def test_a_huge_warmup_value_is_refused_and_does_not_wedge_the_warmup():
+    """A warm-up value whose square overflows is refused (before, it was buffered, the
+    start fit failed with "W must be finite" and refused every later sample: the engine
+    never left the warm-up)."""
+    model = _model(seed=91)
+    X = _data(model, 200, seed=92)
+    for big in (1e160, -1e300):
+        eng = StreamEngine(FHMM(n_chains=3, window=5, n_hidden=6), mode="filter", learn=False,
+                           posterior="exact", warmup=50, random_state=93)
+        with eng:
+            eng.push_many(X[:10])
+            bad = X[10:20].copy()
+            bad[4, 2] = big
+            with pytest.raises(ValueError, match=r"push_many: a warm-up sample's values must be "
+                                                 r"at most 1e\+150 .* at row 4, column 2"):
+                eng.push_many(bad)
+            with pytest.raises(ValueError, match=r"push: a warm-up .* at index 2"):
+                eng.push(bad[4])
+            assert eng.metrics()["rejected"] == 11 and eng.n_samples == 10
+            batch = eng.push_many(X[10:100])
+            assert eng.metrics()["phase"] == "running" and len(batch) == 100  # warm-up included
+            assert np.isfinite(batch.theta).all()
+            eng.push(np.array([big, 0.0, 0.0]))   # once running, the model copes (loglik -inf)
+
+
+def test_switches_must_be_booleans_and_mode_is_read_only():
+    """``learn`` and :attr:`learning` take True or False (``"false"`` switched learning
+    on); mode and posterior cannot be reassigned (``eng.mode = "filter"`` ran a centred
+    network with no lag)."""
+    model = _model(seed=94)
+    X = _data(model, 60, seed=95)
+    for bad in ("false", "no", None, 0.0, 2, [0]):
+        with pytest.raises(ValueError, match="learn must be True or False"):
+            StreamEngine(model, learn=bad, net=_net(model, "centred", X, 94))
+    with StreamEngine(model, learn=True, net=_net(model, "centred", X, 94)) as eng:
+        eng.learning = False
+        for bad in ("false", "true", None, 1, np.float64(1.0)):
+            with pytest.raises(ValueError, match="learning must be True or False"):
+                eng.learning = bad
+            assert eng.learning is False
+        eng.learning = np.bool_(True)
+        assert eng.learning is True
+        with pytest.raises(AttributeError):
+            eng.mode = "filter"
+        with pytest.raises(AttributeError):
+            eng.posterior = "exact"
+        assert (eng.mode, eng.posterior, eng.lag) == ("smooth", "recognition", 2)
+        assert len(eng.push_many(X)) == 58

@@ -403,3 +403,23 @@ def test_learner_added_on_resume_continues_the_snapshot_versions(tmp_path):
         assert eng.learner_error is None
         assert eng.version > v0
         assert min(versions) >= v0 and (np.diff(versions) >= 0).all()
+
+
+def test_load_arrays_refuses_negative_mean_squares_and_bad_counters():
+    """A damaged learner state is refused (a negative RMSprop mean square made most of the
+    resumed learner's steps non-finite, hence discarded, for as long as it stayed so)."""
+    learner = _learner()
+    with learner.lock:
+        good = learner.to_arrays()
+    fresh = _learner()
+    for name, value, message in (
+            ("sq", -np.abs(good["sq"]) - 1.0, r"mean squares \(sq\) must be >= 0"),
+            ("counters", good["counters"][:4], "learner counters must be 5 integers >= 0"),
+            ("counters", np.r_[good["counters"][:4], -5], "learner counters must be 5 integers"),
+            ("counters", good["counters"] + 0.5, "learner counters must be 5 integers")):
+        bad = dict(good)
+        bad[name] = value
+        with pytest.raises(ValueError, match=message):
+            fresh.load_arrays(bad)
+    fresh.load_arrays(good)
+    np.testing.assert_array_equal(fresh.sq, good["sq"])

@@ -58,6 +58,10 @@ _BLOCK_ROWS = 4096
 #: samples per chunk of the batch path
 _CHUNK = 4096
 _NO_NAN = -(1 << 62)
+#: largest magnitude of a warm-up value: the start fit squares and sums the warm-up's
+#: values, a larger one overflows (1e160 made every start fail with "W must be finite",
+#: and the buffered sample refused every later one)
+_MAX_WARMUP_ABS = 1e150
 #: constructor arguments a checkpoint stores and :meth:`StreamEngine.resume` may override
 _RUNTIME_OVERRIDES = ("learn", "learner_duty", "learn_samples", "learning_rate",
                       "lr_decay_steps", "min_learning_rate", "snapshot_interval",
@@ -212,6 +216,14 @@ def _snapshot_arrays(snap: Snapshot) -> dict:
     if snap.weights is not None:
         out["snapshot.weights"] = snap.weights
     return out
+
+
+def _check_switch(value, name: str) -> bool:
+    """``value`` as a bool if it is True or False (numpy's included), else ValueError (a
+    string such as ``"false"`` was taken as True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _has_value(x, status) -> int:
@@ -369,7 +381,7 @@ class StreamEngine:
         if learn_samples is not None and not learn:
             raise ValueError("learn_samples needs learn=True: an engine without a learner has "
                              "nothing to stop")
-        cfg = dict(mode=mode, learn=bool(learn), posterior=posterior, n_features=n_features,
+        cfg = dict(mode=mode, learn=_check_switch(learn, "learn"), posterior=posterior, n_features=n_features,
                    warmup=warmup, warmup_steps=warmup_steps, warmup_time=warmup_time,
                    reservoir_size=reservoir_size, recency_half_life=recency_half_life,
                    batch_size=batch_size, subchain_length=subchain_length,
@@ -455,10 +467,13 @@ class StreamEngine:
 
     # ------------------------------------------------------------------ configuration
     def _set_config(self, cfg, random_state):
+        if cfg["mode"] not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {cfg['mode']!r}")
+        if cfg["posterior"] not in _POSTERIORS:
+            raise ValueError(f"posterior must be one of {_POSTERIORS}, got {cfg['posterior']!r}")
         self._cfg = dict(cfg)
-        self.mode = cfg["mode"]
-        self.posterior = cfg["posterior"]
-        self._learn = bool(cfg["learn"])
+        self._mode, self._posterior = cfg["mode"], cfg["posterior"]   # (read on every push)
+        self._learn = self._cfg["learn"] = _check_switch(cfg["learn"], "learn")
         self._exact_mode = cfg["posterior"] == "exact"
         self._M = int(cfg["n_chains"])
         self._warmup = check_positive_int(cfg["warmup"], "warmup", minimum=2)
@@ -523,8 +538,19 @@ class StreamEngine:
         self._next_ckpt_ns = None
 
     @property
+    def mode(self) -> str:
+        """``"smooth"`` or ``"filter"`` (read-only: the network, the lag and the
+        filter state depend on it)."""
+        return self._mode
+
+    @property
+    def posterior(self) -> str:
+        """``"recognition"`` or ``"exact"`` (read-only)."""
+        return self._posterior
+
+    @property
     def _lag(self) -> int:
-        return self._window // 2 if self.mode == "smooth" else 0
+        return self._window // 2 if self._mode == "smooth" else 0
 
     def _configure(self, D: int):
         """Allocate everything that depends on D (once D is known); ``self._D`` is set
@@ -896,8 +922,9 @@ class StreamEngine:
         ------
         ValueError
             ``x`` is not D numbers, or holds an infinity, or the start fitted when it
-            completes the warm-up fails. Nothing is changed (the ``rejected`` count
-            grows): the sample may be pushed again. (A warm-up with too few samples
+            completes the warm-up fails, or (during the warm-up) a value exceeds 1e150 in
+            magnitude (the start fit would overflow). Nothing is changed (the ``rejected``
+            count grows): the sample may be pushed again. (A warm-up with too few samples
             holding a value is not an error: it goes on, see ``warmup``.)
         """
         t_ns = time.perf_counter_ns()
@@ -908,6 +935,8 @@ class StreamEngine:
             status = _ko.check_sample(x)
             if status == _ko.STATUS_INFINITE:
                 self._reject_inf(x)
+            if (np.abs(x) > _MAX_WARMUP_ABS).any():
+                self._reject(self._huge_warmup_message(x, "index "))
             if (self._wn + 1 >= self._warmup   # this sample ends the warm-up: all or nothing
                     and self._wn_valued + _has_value(x, status) >= self._warmup_needs()):
                 return self._all_or_nothing(lambda: self._push_warmup(x, status), lambda: 1)
@@ -977,6 +1006,12 @@ class StreamEngine:
         self._lat_n += 1
         return out
 
+    def _huge_warmup_message(self, x, where: str, caller: str = "push") -> str:
+        d = int(np.flatnonzero(np.abs(x) > _MAX_WARMUP_ABS)[0])
+        return (f"{caller}: a warm-up sample's values must be at most {_MAX_WARMUP_ABS:g} in "
+                f"magnitude (the start fit squares them: a larger one overflows, and no model "
+                f"could start from the warm-up that holds it); found {float(x[d]):g} at {where}{d}")
+
     def _reject_inf(self, x):
         d = int(np.flatnonzero(np.isinf(x))[0])
         self._reject(f"push: a sample must not contain infinities (use NaN for a missing value); "
@@ -1007,7 +1042,8 @@ class StreamEngine:
         ------
         ValueError
             X is not (n, D) numbers (D >= 1) or holds an infinity, or the start fitted
-            when it completes the warm-up fails. Nothing is processed (the
+            when it completes the warm-up fails, or a row the warm-up would buffer holds
+            a value beyond 1e150 in magnitude. Nothing is processed (the
             ``rejected`` count grows by the block's rows).
         """
         self._check_open()
@@ -1024,7 +1060,11 @@ class StreamEngine:
     def _push_many_warmup(self, X):
         parts = []
         k = 0
+        huge = (np.abs(X) > _MAX_WARMUP_ABS).any(axis=1)
         while self._phase == "warmup" and k < X.shape[0]:
+            if huge[k]:
+                raise ValueError(self._huge_warmup_message(X[k], f"row {k}, column ", "push_many") +
+                                 "; nothing was processed")
             posts = self._push_warmup(X[k], _ko.check_sample(X[k]))
             k += 1
             if posts:
@@ -1280,7 +1320,7 @@ class StreamEngine:
 
     @learning.setter
     def learning(self, value: bool):
-        value = bool(value)
+        value = _check_switch(value, "learning")
         if value and not self._learn:
             raise ValueError("this engine was built with learn=False: it has no learner")
         self._learning_wanted = value
@@ -1599,6 +1639,32 @@ class StreamEngine:
             raise ValueError(f"{path} is a damaged streamfhmm checkpoint: missing or malformed "
                              f"{exc}") from None
 
+    def _check_windows(self, meta):
+        """ValueError unless the checkpoint's phase, mode, posterior, window and network
+        agree (a checkpoint of another configuration, or a damaged one: a centred network
+        run in filter mode gave wrong posteriors, a window other than the network's read
+        windows of another length, a recognition engine without a network failed at every
+        sample)."""
+        if self._phase not in ("warmup", "running"):
+            raise ValueError(f"the checkpoint's phase must be 'warmup' or 'running', got "
+                             f"{self._phase!r}")
+        net = self._net
+        if self.posterior == "recognition":
+            want = "centred" if self.mode == "smooth" else "causal"
+            if net is None and self._phase == "running":
+                raise ValueError("this recognition-posterior checkpoint has no recognition "
+                                 "network (net.*)")
+            if net is not None and net.mode != want:
+                raise ValueError(f"the checkpoint's mode={self.mode!r} needs a {want!r} "
+                                 f"recognition network, its network is {net.mode!r}")
+        elif net is not None:
+            raise ValueError("an exact-posterior checkpoint has no inference network (net.*), "
+                             "this one has")
+        window = net.window if net is not None else self.model_window
+        if self._window != window:
+            raise ValueError(f"the checkpoint's window is {self._window}, its "
+                             f"{'network' if net is not None else 'model'}'s {window}")
+
     @classmethod
     def _from_state(cls, meta, arrays, overrides):
         from ..estimator import FHMM
@@ -1625,6 +1691,9 @@ class StreamEngine:
 
         self._net = net_from("net")
         lnet = net_from("lnet")
+        if meta["shared_net"] and self._net is None:
+            raise ValueError("the checkpoint says the learner shares the inference network, "
+                             "and it has none (net.*)")
         self._learner_net = self._net if meta["shared_net"] else lnet
         self._new_net = bool(meta["new_net"])
         self._window = int(meta["window"])
@@ -1650,15 +1719,13 @@ class StreamEngine:
                 return self
             if cfg["blas_threads"] is not None:
                 self._limiter = limit_blas_threads(check_positive_int(cfg["blas_threads"], "blas_threads"))
-            self._configure(int(D))
-            if meta["S"] is not None:
-                self._L, self._S, self._C = int(meta["L"]), int(meta["S"]), int(meta["C"])
-                self._hist = max(self._window, self._S) - 1
-                self._Z = np.empty((self._hist + _CHUNK, self._D))
-                self._cs = np.empty(self._hist + _CHUNK + 1, np.int64)
             # every array agrees with n_features and n_chains (else a resumed engine
-            # refused every sample, or ran on a ring of another width)
+            # refused every sample, or ran on a ring of another width), checked before
+            # anything of their size is allocated (exact mode: 2^M joint states)
             M = self._M
+            if self._exact_mode and not 1 <= M <= _exact.MAX_EXACT_CHAINS:
+                raise ValueError(f"an exact-posterior checkpoint must have 1 to "
+                                 f"{_exact.MAX_EXACT_CHAINS} chains, its configuration says {M}")
             for what, p in (("params", params), ("params0", self._params0)):
                 if p is not None and (p.n_features, p.n_chains) != (D, M):
                     raise ValueError(f"{what} have {p.n_chains} chains and {p.n_features} "
@@ -1667,9 +1734,23 @@ class StreamEngine:
                 if net is not None and (net.n_features, net.n_chains) != (D, M):
                     raise ValueError(f"{what} has {net.n_chains} chains and {net.n_features} "
                                      f"features, the engine {M} and {D}")
+            self._check_windows(meta)
+            self._configure(int(D))
+            # the sizes the kernels index the ring and the history buffers with are those
+            # of the configuration (a checkpoint that says otherwise, e.g. a history longer
+            # than the ring, made the block kernel read outside the ring)
+            saved = (meta["L"], meta["S"], meta["C"])
+            if meta["S"] is not None and saved != (self._L, self._S, self._C):
+                raise ValueError(f"the checkpoint's subchain length, segment length and ring "
+                                 f"capacity (L, S, C) = {saved} do not match its configuration, "
+                                 f"which gives {(self._L, self._S, self._C)}")
             ring = np.asarray(arrays["ring.buf"])
             if ring.ndim != 2 or ring.shape[1] != D:
                 raise ValueError(f"ring.buf has shape {ring.shape}, expected (capacity, {D})")
+            if ring.dtype.kind not in "biuf" or np.isinf(ring).any():
+                raise ValueError(f"ring.buf must hold real numbers without infinities (the "
+                                 f"samples pushed; NaN for a missing value), got dtype "
+                                 f"{ring.dtype}{' with infinities' if ring.dtype.kind in 'biuf' else ''}")
             self._ring = RingBuffer.from_arrays(ring)
             if self._ring.capacity != self._C:
                 raise ValueError("ring capacity does not match the configuration")
@@ -1727,6 +1808,13 @@ class StreamEngine:
                 raise ValueError(f"snapshot.weights has shape {np.shape(weights)}, expected "
                                  f"({self._net.n_weights if self._net is not None else 0},) for "
                                  f"the recognition network")
+            if weights is not None and (np.asarray(weights).dtype.kind not in "iuf"
+                                        or not np.isfinite(weights).all()):
+                raise ValueError("snapshot.weights must be finite real numbers (a NaN weight "
+                                 "made every posterior NaN)")
+            if not self._exact_mode and weights is None:
+                raise ValueError("a recognition-posterior checkpoint needs snapshot.weights, "
+                                 "the inference network's weights")
             self._snapshot = make_snapshot(int(arrays["snapshot.version"]), params, weights,
                                            self._exact_mode)
             if self._learn and meta["learner"]:

@@ -388,10 +388,18 @@ class Learner:
                              f"({self.x.shape})")
         if not (np.isfinite(x).all() and np.isfinite(sq).all()):
             raise ValueError("learner state must be finite")
+        if (sq < 0).any():
+            # RMSprop's running mean of squared gradients: a negative one made most steps
+            # non-finite (discarded) for as long as it stayed negative
+            raise ValueError(f"learner state: the RMSprop mean squares (sq) must be >= 0, got "
+                             f"a minimum of {float(sq.min()):g}")
+        c = np.asarray(arrays["counters"])
+        if c.shape != (5,) or c.dtype.kind not in "iu" or (c < 0).any():
+            raise ValueError(f"learner counters must be 5 integers >= 0 (steps, discarded, "
+                             f"dropped, freeze_remaining, version), got {c!r}")
         self.x[:] = x
         self.sq[:] = sq
         self._last_good[:] = x
-        c = np.asarray(arrays["counters"], dtype=np.int64)
         self.steps, self.discarded, self.dropped, self.freeze_remaining, self.version = (
             int(v) for v in c)
         self.elbo = float(arrays["elbo"])
