@@ -50,11 +50,25 @@ def check_real(value, name: str, low: float = 0.0, high: float = math.inf, *,
     return v
 
 
+def unmask(x):
+    """``x`` itself, or for a numpy masked array of numbers its data with every masked
+    entry NaN (a missing value; ``np.asarray`` would keep the values under the mask and
+    use them as observed)."""
+    if not isinstance(x, np.ma.MaskedArray):
+        return x
+    data = np.asarray(x.data)
+    mask = np.ma.getmaskarray(x)
+    if data.dtype.kind in "biuf" and mask.any():
+        data = data.astype(np.float64)
+        data[mask] = np.nan
+    return data
+
+
 def _as_float_array(x, name: str) -> np.ndarray:
     if isinstance(x, (str, bytes)):
         raise ValueError(f"{name} must be numeric, got {_describe(x)}")
     try:
-        arr = np.asarray(x)
+        arr = np.asarray(unmask(x))
     except Exception as exc:  # ragged lists and the like
         raise ValueError(f"{name} must be a numeric array, got {_describe(x)}: {exc}") from None
     # (timedelta64 is a numpy integer type, but not a number of the data's units)
@@ -73,6 +87,7 @@ def check_observations(X, name: str = "X", n_features: int | None = None,
     Parameters
     ----------
     X : array_like, shape (T, D)
+        A numpy masked array's masked entries are NaN (missing).
     n_features : int, optional
         The expected D.
     allow_nan : bool

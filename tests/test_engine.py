@@ -903,3 +903,27 @@ def test_switches_must_be_booleans_and_mode_is_read_only():
             eng.posterior = "exact"
         assert (eng.mode, eng.posterior, eng.lag) == ("smooth", "recognition", 2)
         assert len(eng.push_many(X)) == 58
+
+
+def test_masked_entries_are_missing_values():
+    """push and push_many read a numpy masked array's masked entries as missing values
+    (np.asarray kept the values under the mask and used them as observed)."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=57)
+    X = _data(model, 120, seed=58)
+    mask = np.zeros(X.shape, bool)
+    mask[[60, 61, 90, 100], [0, 1, 1, 0]] = True
+    Xg = X + 1e3 * mask                                   # garbage under the mask
+    runs = {}
+    for name, how in (("masked", "ma"), ("nan", "nan")):
+        with StreamEngine(model, mode="filter", posterior="exact", learn=False, warmup=50) as eng:
+            if how == "ma":
+                out = list(eng.push_many(np.ma.masked_array(Xg[:80], mask=mask[:80])))
+                out += [p for k in range(80, 120)
+                        for p in eng.push(np.ma.masked_array(Xg[k], mask=mask[k]))]
+            else:
+                Xn = np.where(mask, np.nan, X)
+                out = list(eng.push_many(Xn[:80])) + [p for x in Xn[80:] for p in eng.push(x)]
+            runs[name] = (np.array([p.theta for p in out]), [p.flags for p in out],
+                          eng.metrics()["imputed"])
+    np.testing.assert_array_equal(runs["masked"][0], runs["nan"][0])
+    assert runs["masked"][1:] == runs["nan"][1:] and runs["nan"][2] == 4

@@ -422,3 +422,29 @@ def test_time_spans_are_not_observations():
     with pytest.raises(ValueError, match=r"X must be a numeric array, got an array of shape "
                                          r"\(3, 2\) and dtype timedelta64\[s\]"):
         m.score(np.ones((3, 2)).astype("m8[s]"))
+
+
+def test_masked_entries_are_missing_values():
+    """A numpy masked array's masked entries are missing values (np.asarray kept the
+    values under the mask and used them as observed): the recognition posterior reads
+    them as NaN, the exact methods (which take no missing value) refuse them; a masked
+    array without masked entries, or of integers, is read as its data."""
+    seed = 41
+    print(f"seed={seed}")
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
+    X, _ = m.sample(300, random_state=seed)
+    mask = np.zeros(X.shape, bool)
+    mask[[3, 10, 11, 40], [0, 1, 0, 1]] = True
+    Xm = np.ma.masked_array(X + 1e3 * mask, mask=mask)   # garbage under the mask
+    Xn = np.where(mask, np.nan, X)
+    with pytest.raises(ValueError, match="must not contain NaN here"):
+        m.score(Xm)
+    assert m.score(np.ma.masked_array(X)) == m.score(X)
+    fitted = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed).fit(X, max_iter=30)
+    got = fitted.predict_proba(Xm)
+    np.testing.assert_array_equal(got, fitted.predict_proba(Xn))
+    assert not np.allclose(got, fitted.predict_proba(X + 1e3 * mask))
+    assert fitted.elbo(Xm) == fitted.elbo(Xn)
+    Xi = np.round(X * 10).astype(int)
+    np.testing.assert_array_equal(fitted.predict_proba(np.ma.masked_array(Xi, mask=mask)),
+                                  fitted.predict_proba(np.where(mask, np.nan, Xi)))

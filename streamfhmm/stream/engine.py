@@ -37,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import exact as _exact
-from .._validation import check_positive_int, check_random_state, check_real
+from .._validation import check_positive_int, check_random_state, check_real, unmask
 from .._blas import limit_blas_threads
 from ..kernels import online as _ko
 from ..kernels import recognition as _rk
@@ -848,7 +848,7 @@ class StreamEngine:
             if isinstance(x, (str, bytes)) or x is None:
                 self._reject(f"push expects one sample of D={D} numbers, got {type(x).__name__}")
             try:
-                raw = np.asarray(x)
+                raw = np.asarray(unmask(x))
             except Exception as exc:
                 self._reject(f"push expects one sample of D={D} numbers, got {type(x).__name__}: {exc}")
             if raw.dtype.kind not in "biuf":
@@ -877,7 +877,7 @@ class StreamEngine:
         if isinstance(X, (str, bytes)) or X is None:
             self._reject(f"push_many expects an array of shape (n, D={D}), got {type(X).__name__}")
         try:
-            raw = np.asarray(X)
+            raw = np.asarray(unmask(X))
         except Exception as exc:
             self._reject(f"push_many expects an array of shape (n, D={D}), got {type(X).__name__}: {exc}")
         if raw.dtype.kind not in "biuf":
@@ -909,8 +909,9 @@ class StreamEngine:
         Parameters
         ----------
         x : array_like, shape (D,)
-            One sample; NaN marks a missing value (imputed in the window, marginalised by
-            the learner and the exact kernels; the posterior is flagged ``FLAG_IMPUTED``).
+            One sample; NaN (or a masked entry of a numpy masked array) marks a missing
+            value (imputed in the window, marginalised by the learner and the exact
+            kernels; the posterior is flagged ``FLAG_IMPUTED``).
 
         Returns
         -------
@@ -1029,7 +1030,8 @@ class StreamEngine:
         Parameters
         ----------
         X : array_like, shape (n, D)
-            Samples in stream order; NaN marks a missing value.
+            Samples in stream order; NaN (or a masked entry of a numpy masked array)
+            marks a missing value.
 
         Returns
         -------
