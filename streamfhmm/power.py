@@ -31,6 +31,7 @@ period (:func:`fit_aggregate_baseline`).
 """
 from __future__ import annotations
 
+import numbers
 import os
 import tempfile
 import time
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import check_positive_int
+from ._validation import check_positive_int, check_real
 
 __all__ = [
     "PAPER_COLUMNS", "AGGREGATE_COLUMNS", "SUBMETER_COLUMNS", "N_TRAIN", "N_SCORED",
@@ -142,12 +143,20 @@ def power_split(data=None, columns=PAPER_COLUMNS, n_train: int = N_TRAIN,
     if data is None:
         from .datasets import load_household_power
         data = load_household_power()
-    if imputed not in ("keep", "nan"):
+    if not isinstance(imputed, str) or imputed not in ("keep", "nan"):
         raise ValueError(f"imputed must be 'keep' or 'nan', got {imputed!r}")
     T = len(data)
-    if not 1 < n_train < T:
-        raise ValueError(f"n_train must be between 2 and {T - 1} (the data has {T} rows), got {n_train}")
+    if (isinstance(n_train, (bool, np.bool_)) or not isinstance(n_train, numbers.Integral)
+            or not 1 < n_train < T):
+        raise ValueError(f"n_train must be an integer between 2 and {T - 1} (the data has {T} rows), "
+                         f"got {n_train!r}")
+    n_train = int(n_train)
+    if isinstance(columns, str):
+        raise ValueError(f"columns must be a sequence of column names, got the string {columns!r}")
     columns = tuple(columns)
+    unknown = [c for c in columns if c not in list(data.columns)]
+    if not columns or unknown:
+        raise ValueError(f"columns must be one or more of {list(data.columns)}, got {list(columns)}")
     X = data.select(columns)
     if imputed == "nan":
         X[data.imputed] = np.nan
@@ -177,22 +186,37 @@ def mse_per_dimension(X, R, mask=None) -> np.ndarray:
     Returns
     -------
     ndarray, shape (D,)
+        ``inf`` where a squared error overflows float64.
     """
     X = _check_2d(X, "X")
     R = _check_2d(R, "R", n_features=X.shape[1])
     if R.shape != X.shape:
         raise ValueError(f"X and R must have the same shape, got {X.shape} and {R.shape}")
-    E = (R - X) ** 2
-    ok = np.isfinite(E)
+    # the rows where both are finite (a squared error that overflows is scored, as inf)
+    ok = np.isfinite(X) & np.isfinite(R)
     if mask is not None:
-        mask = np.asarray(mask, dtype=bool)
-        if mask.shape != (X.shape[0],):
-            raise ValueError(f"mask must have shape ({X.shape[0]},), got {mask.shape}")
-        ok &= ~mask[:, None]
+        ok &= ~_check_mask(mask, X.shape[0])[:, None]
     n = ok.sum(axis=0)
     if (n == 0).any():
         raise ValueError("a column has no scored values")
-    return np.where(ok, E, 0.0).sum(axis=0) / n
+    with np.errstate(over="ignore"):
+        return (np.where(ok, R - X, 0.0) ** 2).sum(axis=0) / n
+
+
+def _check_mask(mask, n_rows: int) -> np.ndarray:
+    """A boolean row mask of shape (n_rows,) (booleans, or 0 and 1)."""
+    m = np.asarray(mask)
+    if m.shape != (n_rows,):
+        raise ValueError(f"mask must have shape ({n_rows},), got {m.shape}")
+    if m.dtype != bool:
+        try:
+            ok = bool(np.isin(m, (0, 1)).all()) and m.dtype.kind in "iuf"
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"mask must hold booleans (True: leave the row out), got dtype {m.dtype}"
+                             + (f" with values {np.unique(m)[:5].tolist()}" if m.dtype.kind in "iuf" else ""))
+    return m.astype(bool)
 
 
 def protocol_mse(model, split: PowerSplit, n_scored: int | None = N_SCORED, method=None,
@@ -206,7 +230,7 @@ def protocol_mse(model, split: PowerSplit, n_scored: int | None = N_SCORED, meth
     split : PowerSplit
     n_scored : int or None
         Score the first ``n_scored`` test rows (default 300,000, as the reference
-        figures); None scores all of them.
+        figures; at least 1, all test rows when there are fewer); None scores all of them.
     method : {"recognition", "exact", "smf"}, optional
         Posterior used for ``E[ŝ_t]`` (see :meth:`streamfhmm.FHMM.predict_proba`);
         default the model's own (``"recognition"`` after SVI). Use ``"smf"`` for a
@@ -221,6 +245,12 @@ def protocol_mse(model, split: PowerSplit, n_scored: int | None = N_SCORED, meth
         columns only; for ``method="smf"`` (which needs complete rows) the missing
         values are filled by linear interpolation before inference.
     """
+    if not isinstance(split, PowerSplit):
+        raise ValueError(f"split must be a PowerSplit (power_split()), got {type(split).__name__}")
+    if n_scored is not None:
+        n_scored = check_positive_int(n_scored, "n_scored")
+    if not isinstance(exclude_imputed, (bool, np.bool_)):
+        raise ValueError(f"exclude_imputed must be True or False, got {exclude_imputed!r}")
     Y, R, imputed = _test_reconstruction(model, split, n_scored, method)
     return mse_per_dimension(Y, R, imputed if exclude_imputed else None)
 
@@ -247,7 +277,14 @@ NET_WARMUP_FRACTION = 0.1
 
 def svi_settings(**overrides) -> dict:
     """:data:`SVI_SETTINGS` with ``overrides``, and ``net_warmup``
-    (:data:`NET_WARMUP_FRACTION` of ``max_iter``) unless it is given."""
+    (:data:`NET_WARMUP_FRACTION` of ``max_iter``) unless it is given.
+
+    Raises
+    ------
+    ValueError
+        When ``net_warmup`` is not given and ``max_iter`` is not an integer ≥ 1 (e.g.
+        None, for a fit limited by ``time_budget`` only: give ``net_warmup`` then).
+    """
     kw = dict(SVI_SETTINGS)
     kw.update(overrides)
     return _with_net_warmup(kw)
@@ -256,7 +293,11 @@ def svi_settings(**overrides) -> dict:
 def _with_net_warmup(fit_kwargs: dict) -> dict:
     """``fit_kwargs`` with ``net_warmup`` = :data:`NET_WARMUP_FRACTION` of ``max_iter``
     unless it is given (in place)."""
-    fit_kwargs.setdefault("net_warmup", int(NET_WARMUP_FRACTION * fit_kwargs["max_iter"]))
+    if "net_warmup" not in fit_kwargs:
+        # a fit limited by time only (max_iter None) has no step count to take a fraction of
+        n = check_positive_int(fit_kwargs.get("max_iter"),
+                               "max_iter (net_warmup, when not given, is a fraction of it)")
+        fit_kwargs["net_warmup"] = int(NET_WARMUP_FRACTION * n)
     return fit_kwargs
 
 
@@ -377,9 +418,10 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
     split : PowerSplit, optional
         Default :func:`power_split()` of the installed data.
     n_scored : int
-        Test rows scored (default 300,000, as the reference figures).
+        Test rows scored (default 300,000, as the reference figures; at least 1, all test
+        rows when there are fewer).
     train_rows : int, optional
-        Train on only the last so many training rows (default all 10^6).
+        Train on only the last so many training rows (at least 2; default all 10^6).
     svi_kwargs : dict, optional
         Overrides of :data:`SVI_SETTINGS`, passed to :meth:`FHMM.fit` (e.g.
         ``max_iter``, ``time_budget``, ``learning_rate``).
@@ -415,8 +457,19 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
         posteriors of the test rows, the SVI model with its recognition networks.
     """
     from . import FHMM
+    if split is not None and not isinstance(split, PowerSplit):
+        raise ValueError(f"split must be a PowerSplit (power_split()), got {type(split).__name__}")
+    n_scored = check_positive_int(n_scored, "n_scored")
+    n_bound_rows = check_positive_int(n_bound_rows, "n_bound_rows", minimum=0)
+    smf_full, score_all = _check_bool(smf_full, "smf_full"), _check_bool(score_all, "score_all")
+    if train_rows is not None:
+        # before the data: train_rows = -500 or 0 sliced the wrong rows (train[500:], all)
+        train_rows = check_positive_int(train_rows, "train_rows", minimum=2)
     split = power_split() if split is None else split
-    train = split.train if train_rows is None else split.train[-int(train_rows):]
+    if train_rows is not None and train_rows > split.train.shape[0]:
+        raise ValueError(f"train_rows must be at most the {split.train.shape[0]:,} training rows, "
+                         f"got {train_rows:,}")
+    train = split.train if train_rows is None else split.train[-train_rows:]
     if np.isnan(train).any():
         raise ValueError("protocol_table needs complete training rows (use power_split(imputed='keep'))")
     rows = [ProtocolRow(name, np.array(mse)) for name, mse in PAPER_TABLE2.items()]
@@ -519,9 +572,18 @@ def _check_2d(X, name: str, n_features: int | None = None) -> np.ndarray:
         raise ValueError(f"{name} must be a 2-D array of shape (n_samples, n_features), got shape {X.shape}")
     if n_features is not None and X.shape[1] != n_features:
         raise ValueError(f"{name} must have {n_features} columns, got {X.shape[1]}")
+    if X.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one column, got shape {X.shape}")
     if np.isinf(X).any():
         raise ValueError(f"{name} must not contain infinities")
     return X
+
+
+def _check_bool(value, name: str) -> bool:
+    """``value`` if it is a boolean (``"no"`` or 0 would pass a truth test)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def submeter_features(theta, both_states: bool = True) -> np.ndarray:
@@ -539,8 +601,16 @@ def submeter_features(theta, both_states: bool = True) -> np.ndarray:
     Returns
     -------
     ndarray, shape (T, 2M + 1) or (T, M + 1)
+        NaN rows where ``theta`` has a NaN (a missing value).
     """
     theta = _check_2d(theta, "theta")
+    _check_bool(both_states, "both_states")
+    # (a rounding error's worth outside [0, 1], as a sum of normalised probabilities may
+    # give, is clipped)
+    if ((theta < -1e-9) | (theta > 1 + 1e-9)).any():
+        raise ValueError(f"theta must hold probabilities in [0, 1], got values from "
+                         f"{np.nanmin(theta):g} to {np.nanmax(theta):g}")
+    theta = np.clip(theta, 0.0, 1.0)
     one = np.ones((theta.shape[0], 1))
     if both_states:
         return np.hstack([theta, 1.0 - theta, one])
@@ -593,10 +663,16 @@ def fit_submeter_map(theta, Y, both_states: bool = True) -> np.ndarray:
 def predict_submeters(theta, coef) -> np.ndarray:
     """Sub-meter estimates ``features(θ) @ coef`` (T, K); the feature layout follows coef's rows."""
     theta = _check_2d(theta, "theta")
-    coef = np.asarray(coef, dtype=float)
+    try:
+        coef = np.asarray(coef, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"coef must be a numeric array: {exc}") from None
     M = theta.shape[1]
-    if coef.ndim != 2 or coef.shape[0] not in (M + 1, 2 * M + 1):
-        raise ValueError(f"coef must have {M + 1} or {2 * M + 1} rows for {M} chains, got shape {coef.shape}")
+    if coef.ndim != 2 or coef.shape[0] not in (M + 1, 2 * M + 1) or coef.shape[1] == 0:
+        raise ValueError(f"coef must have {M + 1} or {2 * M + 1} rows for {M} chains and at least "
+                         f"one column, got shape {coef.shape}")
+    if not np.isfinite(coef).all():
+        raise ValueError("coef must be finite")
     return submeter_features(theta, both_states=coef.shape[0] == 2 * M + 1) @ coef
 
 
@@ -614,20 +690,43 @@ def fit_aggregate_baseline(A, Y) -> np.ndarray:
     -------
     coef : ndarray, shape (P + 1, K)
         Ordinary least squares weights, the intercept last: ``ŷ = [A, 1] @ coef``.
+
+    Raises
+    ------
+    ValueError
+        When the complete rows do not determine the weights: fewer than P + 1 of them,
+        or ``[A, 1]`` of lower rank (e.g. a constant channel).
     """
     A = _check_2d(A, "A")
     Y = _check_2d(Y, "Y")
     if A.shape[0] != Y.shape[0]:
         raise ValueError(f"A and Y must have the same number of rows, got {A.shape[0]} and {Y.shape[0]}")
     ok = np.isfinite(A).all(axis=1) & np.isfinite(Y).all(axis=1)
+    n_weights = A.shape[1] + 1
+    if ok.sum() < n_weights:
+        raise ValueError(f"too few complete calibration rows ({int(ok.sum())}) for {n_weights} weights")
     F = np.hstack([A[ok], np.ones((int(ok.sum()), 1))])
-    return np.linalg.lstsq(F, Y[ok], rcond=None)[0]
+    coef, _, rank, _ = np.linalg.lstsq(F, Y[ok], rcond=None)
+    if rank < n_weights:
+        raise ValueError(f"the calibration rows determine only {rank} of the {n_weights} weights: "
+                         f"[A, 1] has rank {rank} (a constant or collinear aggregate channel)")
+    return coef
 
 
 def predict_aggregate_baseline(A, coef) -> np.ndarray:
     """Baseline estimates ``[A, 1] @ coef``, shape (T, K)."""
     A = _check_2d(A, "A")
-    return np.hstack([A, np.ones((A.shape[0], 1))]) @ np.asarray(coef, dtype=float)
+    try:
+        coef = np.asarray(coef, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"coef must be a numeric array: {exc}") from None
+    P = A.shape[1]
+    if coef.ndim != 2 or coef.shape[0] != P + 1 or coef.shape[1] == 0:
+        raise ValueError(f"coef must have shape ({P + 1}, K) for {P} aggregate channels "
+                         f"(fit_aggregate_baseline), got shape {coef.shape}")
+    if not np.isfinite(coef).all():
+        raise ValueError("coef must be finite")
+    return np.hstack([A, np.ones((A.shape[0], 1))]) @ coef
 
 
 def disaggregation_metrics(Y_true, Y_est, on_threshold: float = 5.0, mask=None) -> dict:
@@ -636,10 +735,12 @@ def disaggregation_metrics(Y_true, Y_est, on_threshold: float = 5.0, mask=None) 
     Parameters
     ----------
     Y_true, Y_est : array_like, shape (T, K)
-        True and estimated readings (non-negative quantities, e.g. Wh per minute).
+        True and estimated readings (non-negative quantities, e.g. Wh per minute; a
+        negative true reading is refused).
     on_threshold : float
         A sub-meter is "on" in a minute when its reading is at least this (default
-        5 Wh in the minute, an average draw of 300 W), for both truth and estimate.
+        5 Wh in the minute, an average draw of 300 W), for both truth and estimate;
+        a finite number > 0.
     mask : array_like of bool, shape (T,), optional
         Rows to leave out (rows with a NaN are always left out).
 
@@ -651,7 +752,8 @@ def disaggregation_metrics(Y_true, Y_est, on_threshold: float = 5.0, mask=None) 
         ``"energy_accuracy"``: fraction of energy correctly assigned,
         ``1 − Σ_t |ŷ_t − y_t| / (2 Σ_t y_t)`` (Kolter & Johnson 2011, per sub-meter; 1 is
         perfect, predicting 0 everywhere scores ½, and it can go below 0 for estimates
-        far above the truth).
+        far above the truth). Both are NaN for a sub-meter whose true readings are all
+        0 over the scored rows (no energy to normalise by).
         ``"f1"``: F1 score ``2 TP / (2 TP + FP + FN)`` of the on/off states (NaN when the
         sub-meter is never on in truth nor estimate); ``"precision"``, ``"recall"``
         alike (NaN when undefined).
@@ -666,18 +768,20 @@ def disaggregation_metrics(Y_true, Y_est, on_threshold: float = 5.0, mask=None) 
     E = _check_2d(Y_est, "Y_est", n_features=Y.shape[1])
     if E.shape != Y.shape:
         raise ValueError(f"Y_true and Y_est must have the same shape, got {Y.shape} and {E.shape}")
+    on_threshold = check_real(on_threshold, "on_threshold", 0.0, low_open=True)
     ok = np.isfinite(Y).all(axis=1) & np.isfinite(E).all(axis=1)
     if mask is not None:
-        mask = np.asarray(mask, dtype=bool)
-        if mask.shape != (Y.shape[0],):
-            raise ValueError(f"mask must have shape ({Y.shape[0]},), got {mask.shape}")
-        ok &= ~mask
+        ok &= ~_check_mask(mask, Y.shape[0])
     Y, E = Y[ok], E[ok]
     if Y.shape[0] == 0:
         raise ValueError("no rows to score")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        nde = ((E - Y) ** 2).sum(axis=0) / (Y ** 2).sum(axis=0)
-        acc = 1.0 - np.abs(E - Y).sum(axis=0) / (2.0 * Y.sum(axis=0))
+    if (Y < 0).any():
+        k = int(np.nonzero((Y < 0).any(axis=0))[0][0])
+        raise ValueError(f"Y_true must hold non-negative readings, got {Y[:, k].min():g} in column {k}")
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        energy = Y.sum(axis=0)
+        nde = np.where(energy > 0, ((E - Y) ** 2).sum(axis=0) / (Y ** 2).sum(axis=0), np.nan)
+        acc = np.where(energy > 0, 1.0 - np.abs(E - Y).sum(axis=0) / (2.0 * energy), np.nan)
         on_t, on_e = Y >= on_threshold, E >= on_threshold
         tp = (on_t & on_e).sum(axis=0).astype(float)
         fp = (~on_t & on_e).sum(axis=0)
@@ -827,10 +931,9 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     n_test = agg.test.shape[0]
     days = []
     for name, v in (("calibration_days", calibration_days), ("evaluation_days", evaluation_days)):
-        try:
-            v = float(v)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a number of days, got {v!r}") from None
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+            raise ValueError(f"{name} must be a number of days, got {v!r}")
+        v = float(v)
         # (compared as floats first: 1e308 days would overflow int())
         days.append(int(round(v * _MINUTES_PER_DAY)) if 0 < v * _MINUTES_PER_DAY <= n_test else -1)
     n_cal, n_eval = days
@@ -838,9 +941,28 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         raise ValueError(f"calibration_days and evaluation_days must be positive and fit in the "
                          f"{n_test / _MINUTES_PER_DAY:.0f} test days, got {calibration_days:g} and "
                          f"{evaluation_days:g}")
+    if train_rows is not None and (isinstance(train_rows, (bool, np.bool_))
+                                   or not isinstance(train_rows, numbers.Integral)):
+        raise ValueError(f"train_rows must be an integer or None, got {train_rows!r}")
     if train_rows is not None and not 2 <= int(train_rows) <= n_train:
         raise ValueError(f"train_rows must be between 2 and n_train = {n_train:,}, got {train_rows:,}")
+    on_threshold = check_real(on_threshold, "on_threshold", 0.0, low_open=True)
+    _check_bool(both_states, "both_states")
     n = n_cal + n_eval
+    n_keep_cal = int((~agg.test_imputed[:n_cal]).sum())
+    if not (~agg.test_imputed[n_cal:n]).any():
+        raise ValueError("every row of the evaluation period is one the data file filled from the "
+                         "previous day: nothing to score")
+
+    def check_calibration_rows(n_chains: int):
+        # before the fit: the two calibration fits need as many complete rows as weights
+        n_map = (2 * n_chains + 1) if both_states else (n_chains + 1)
+        n_base = len(AGGREGATE_COLUMNS) + 1
+        if n_keep_cal < max(n_map, n_base):
+            raise ValueError(f"the calibration period has {n_keep_cal:,} usable rows (calibration_days "
+                             f"= {calibration_days:g}, imputed rows left out); at least "
+                             f"{max(n_map, n_base):,} are needed: the sub-meter map has {n_map:,} "
+                             f"weights per sub-meter, the baseline {n_base}")
     ts = agg.test_timestamps[:n]
     if plot_dir is not None:
         # before the fit: a day without data or an unwritable directory must not cost it
@@ -863,12 +985,15 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         if fkw["net_warmup"] >= fkw["max_iter"]:
             raise ValueError(f"net_warmup ({fkw['net_warmup']:,}) must be less than max_iter "
                              f"({fkw['max_iter']:,}): the model would never be trained, only its networks")
+        check_calibration_rows(check_positive_int(kw["n_chains"], "n_chains"))
         X = agg.train if train_rows is None else agg.train[-int(train_rows):]
         model = FHMM(**kw, random_state=random_state).fit(X, progress=progress, **fkw)
         fit_seconds = time.perf_counter() - t0
     elif getattr(model, "n_features_in_", None) != len(AGGREGATE_COLUMNS):
         raise ValueError(f"model must be fitted on the {len(AGGREGATE_COLUMNS)} aggregate channels "
                          f"{AGGREGATE_COLUMNS}")
+    else:
+        check_calibration_rows(np.shape(model.W_)[0] - 1)
     Z = agg.test[:n]
     method = None if getattr(model, "net_", None) is not None else "smf"
     theta = model.predict_proba(Z, method=method)
@@ -890,7 +1015,7 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         aggregate_mse=mse_per_dimension(Z[ev], R[ev], imputed[ev]),
         calibration=(ts[0], ts[n_cal - 1]), evaluation=(ts[n_cal], ts[n - 1]),
         n_calibration=int(keep.sum()), n_evaluation=int((~imputed[ev]).sum()),
-        on_threshold=float(on_threshold), fit_seconds=fit_seconds, coef=coef, fit_settings=fkw)
+        on_threshold=on_threshold, fit_seconds=fit_seconds, coef=coef, fit_settings=fkw)
     pngs = []
     if before_plots is not None:
         before_plots(DisaggregationReport(**report_kw, pngs=[]))

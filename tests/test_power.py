@@ -14,7 +14,8 @@ from streamfhmm.power import (AGGREGATE_COLUMNS, PAPER_COLUMNS, SUBMETER_COLUMNS
                               disaggregate_report, disaggregation_metrics, fit_aggregate_baseline,
                               fit_submeter_map, likelihood_per_step, mse_per_dimension,
                               plot_submeters, power_split, predict_aggregate_baseline,
-                              predict_submeters, protocol_mse, protocol_table, submeter_features)
+                              predict_submeters, protocol_mse, protocol_table, submeter_features,
+                              svi_settings)
 
 from . import naive
 
@@ -105,6 +106,20 @@ def test_power_split_synthetic():
         power_split(data, imputed="drop")
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(n_train=2000.0), "n_train must be an integer between 2 and 4319 (the data has 4320 rows), got 2000.0"),
+    (dict(n_train="2000"), "n_train must be an integer between 2 and 4319"),
+    (dict(columns="Voltage"), "columns must be a sequence of column names, got the string 'Voltage'"),
+    (dict(columns=()), "columns must be one or more of ['Global_active_power'"),
+    (dict(columns=["Voltage", "nope"]), "got ['Voltage', 'nope']"),
+])
+def test_power_split_refuses_bad_arguments(kwargs, message):
+    kw = dict(n_train=2000)
+    kw.update(kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        power_split(_synthetic_household(3, seed=0), **kw)
+
+
 def test_mse_per_dimension_known_values():
     X = np.array([[0.0, 1.0], [2.0, np.nan], [4.0, 3.0]])
     R = np.array([[1.0, 1.0], [2.0, 5.0], [1.0, 1.0]])
@@ -112,6 +127,52 @@ def test_mse_per_dimension_known_values():
     np.testing.assert_allclose(mse_per_dimension(X, R), [10.0 / 3.0, 2.0], rtol=1e-15)
     np.testing.assert_allclose(mse_per_dimension(X, R, mask=[False, False, True]), [0.5, 0.0],
                                rtol=1e-15)
+    np.testing.assert_allclose(mse_per_dimension(X, R, mask=[0, 0, 1]), [0.5, 0.0], rtol=1e-15)
+
+
+def _mse_reference(X, R, mask=None):
+    """Slow :func:`mse_per_dimension`: per column, the mean over the rows where X and R are
+    both finite (and not masked) of the squared error."""
+    out = []
+    for d in range(X.shape[1]):
+        errs = [(float(R[t, d]) - float(X[t, d])) ** 2 if abs(float(R[t, d]) - float(X[t, d])) < 1e154
+                else float("inf")
+                for t in range(X.shape[0])
+                if np.isfinite(X[t, d]) and np.isfinite(R[t, d]) and not (mask is not None and mask[t])]
+        out.append(sum(errs) / len(errs))
+    return np.array(out)
+
+
+def test_mse_per_dimension_matches_reference():
+    """A squared error that overflows is scored (inf), not left out: the docstring's rows
+    are those where X and R are finite (a 1e200 error used to be dropped, the rest's mean
+    returned)."""
+    seed = 21
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    X, R = rng.standard_normal((40, 3)), rng.standard_normal((40, 3))
+    X[rng.uniform(size=X.shape) < 0.1] = np.nan
+    R[rng.uniform(size=R.shape) < 0.1] = np.nan
+    mask = rng.uniform(size=40) < 0.2
+    np.testing.assert_allclose(mse_per_dimension(X, R), _mse_reference(X, R), rtol=1e-13)
+    np.testing.assert_allclose(mse_per_dimension(X, R, mask), _mse_reference(X, R, mask), rtol=1e-13)
+    X[3, 1], R[3, 1] = 1e200, -1e200
+    assert np.isinf(_mse_reference(X, R)[1])
+    np.testing.assert_array_equal(mse_per_dimension(X, R), _mse_reference(X, R))
+    np.testing.assert_array_equal(mse_per_dimension([[1e200], [0.0]], [[-1e200], [1.0]]), [np.inf])
+
+
+@pytest.mark.parametrize("X, R, mask, message", [
+    (np.zeros((3, 0)), np.zeros((3, 0)), None, "X must have at least one column, got shape (3, 0)"),
+    (np.zeros((2, 1)), np.ones((2, 1)), [0, 5], "mask must hold booleans (True: leave the row out), "
+                                               "got dtype int64 with values [0, 5]"),
+    (np.zeros((2, 1)), np.ones((2, 1)), [0.0, np.nan], "mask must hold booleans"),
+    (np.zeros((2, 1)), np.ones((2, 1)), ["no", "yes"], "mask must hold booleans"),
+    (np.zeros((2, 1)), np.ones((2, 1)), [True], "mask must have shape (2,), got (1,)"),
+])
+def test_mse_per_dimension_refuses_bad_input(X, R, mask, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        mse_per_dimension(X, R, mask)
 
 
 def test_protocol_mse_matches_manual():
@@ -133,6 +194,40 @@ def test_protocol_mse_matches_manual():
     clean = ((R[50:] - X[150:200]) ** 2).mean(axis=0)
     np.testing.assert_allclose(protocol_mse(model, split, n_scored=100, method="exact",
                                             exclude_imputed=True), clean, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    # n_scored=-1 scored all test rows but the last (a slice to -1)
+    (dict(n_scored=-1), "n_scored must be an integer >= 1, got -1"),
+    (dict(n_scored=0), "n_scored must be an integer >= 1, got 0"),
+    (dict(n_scored=2.5), "n_scored must be an integer >= 1, got 2.5"),
+    (dict(n_scored=True), "n_scored must be an integer >= 1, got True"),
+    (dict(exclude_imputed="no"), "exclude_imputed must be True or False, got 'no'"),
+    (dict(split=None), "split must be a PowerSplit (power_split()), got NoneType"),
+])
+def test_protocol_mse_refuses_bad_arguments(kwargs, message):
+    model = FHMM.from_params(W=[[1.0, 0.0], [0.0, 1.0]], covariance=0.3 * np.eye(2),
+                             transmat=[[[0.9, 0.1], [0.2, 0.8]]])
+    X = np.zeros((30, 2))
+    split = PowerSplit(columns=("a", "b"), train=X[:10], test=X[10:], mean=np.zeros(2),
+                       std=np.ones(2), train_timestamps=np.arange(10), test_timestamps=np.arange(20),
+                       train_imputed=np.zeros(10, dtype=bool), test_imputed=np.zeros(20, dtype=bool))
+    kw = dict(split=split, n_scored=10, method="exact")
+    kw.update(kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        protocol_mse(model, **kw)
+
+
+def test_svi_settings_net_warmup():
+    assert svi_settings()["net_warmup"] == 15_000
+    assert svi_settings(max_iter=200)["net_warmup"] == 20
+    # a fit limited by time only: net_warmup must be given (it was a TypeError even then)
+    kw = svi_settings(max_iter=None, time_budget=5.0, net_warmup=0)
+    assert kw["max_iter"] is None and kw["net_warmup"] == 0
+    for bad in (None, 1.5e5, "100", True, -10):
+        with pytest.raises(ValueError, match=re.escape(
+                f"max_iter (net_warmup, when not given, is a fraction of it) must be an integer >= 1, got")):
+            svi_settings(max_iter=bad)
 
 
 # ----------------------------------------------------------------------------------------
@@ -159,6 +254,95 @@ def test_disaggregation_metrics_known_answers():
     np.testing.assert_allclose(zeros["energy_accuracy"], 0.5, rtol=1e-15)
     masked = disaggregation_metrics(Y, E, mask=[False, False, True, True])
     np.testing.assert_allclose(masked["nde"], [0.0, 16.0 / 8.0], rtol=1e-15)
+
+
+def _metrics_reference(Y, E, on_threshold, mask=None):
+    """Slow :func:`disaggregation_metrics`, from the docstring's formulas, one sub-meter and
+    one row at a time (rows with a NaN or masked left out; NaN where a ratio is 0/0 or a
+    sub-meter's true energy is 0)."""
+    rows = [t for t in range(Y.shape[0]) if np.isfinite(Y[t]).all() and np.isfinite(E[t]).all()
+            and not (mask is not None and mask[t])]
+    out = {k: [] for k in ("nde", "energy_accuracy", "f1", "precision", "recall")}
+    for k in range(Y.shape[1]):
+        y = [float(Y[t, k]) for t in rows]
+        e = [float(E[t, k]) for t in rows]
+        energy = sum(y)
+        out["nde"].append(sum((a - b) ** 2 for a, b in zip(e, y)) / sum(b * b for b in y)
+                          if energy > 0 else np.nan)
+        out["energy_accuracy"].append(1 - sum(abs(a - b) for a, b in zip(e, y)) / (2 * energy)
+                                      if energy > 0 else np.nan)
+        tp = sum(1 for a, b in zip(e, y) if a >= on_threshold and b >= on_threshold)
+        fp = sum(1 for a, b in zip(e, y) if a >= on_threshold and b < on_threshold)
+        fn = sum(1 for a, b in zip(e, y) if a < on_threshold and b >= on_threshold)
+        out["f1"].append(2 * tp / (2 * tp + fp + fn) if 2 * tp + fp + fn else np.nan)
+        out["precision"].append(tp / (tp + fp) if tp + fp else np.nan)
+        out["recall"].append(tp / (tp + fn) if tp + fn else np.nan)
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def test_disaggregation_metrics_match_reference():
+    """The formulas of the docstring; a sub-meter with no true energy scores NaN for NDE
+    and energy assigned (it gave inf and -inf: Σy² = 0 and Σy = 0 in the denominators)."""
+    seed = 23
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    Y = np.where(rng.uniform(size=(60, 4)) < 0.3, rng.uniform(0, 20, size=(60, 4)), 0.0)
+    E = np.maximum(Y + rng.normal(0, 3, size=Y.shape), 0.0)
+    Y[:, 2] = 0.0            # never on, no energy, estimate not 0
+    Y[:, 3], E[:, 3] = 0.0, 0.0  # nothing at all
+    Y[7, 0], E[9, 1] = np.nan, np.nan
+    Y[11, 0] = 5.0  # exactly at the threshold: on
+    mask = rng.uniform(size=60) < 0.1
+    for m in (None, mask):
+        got = disaggregation_metrics(Y, E, 5.0, mask=m)
+        want = _metrics_reference(Y, E, 5.0, m)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-12, err_msg=k)
+    got = disaggregation_metrics(Y, E, 5.0)
+    assert np.isnan(got["nde"][2:]).all() and np.isnan(got["energy_accuracy"][2:]).all()
+    assert got["f1"][2] == 0.0 and np.isnan(got["f1"][3])
+
+
+@pytest.mark.parametrize("Y, E, kwargs, message", [
+    ([[-5.0], [5.0], [1.0]], [[0.0], [0.0], [1.0]], {},  # energy assigned was -4
+     "Y_true must hold non-negative readings, got -5 in column 0"),
+    ([[1.0]], [[1.0]], dict(on_threshold=float("nan")), "on_threshold must be a finite number in (0, inf), got nan"),
+    ([[1.0]], [[1.0]], dict(on_threshold=-1.0), "on_threshold must be a finite number in (0, inf), got -1.0"),
+    ([[1.0]], [[1.0]], dict(on_threshold=0), "on_threshold must be a finite number in (0, inf), got 0"),
+    ([[1.0]], [[1.0]], dict(on_threshold="5"), "on_threshold must be a finite number in (0, inf), got '5'"),
+    ([[1.0]], [[1.0]], dict(on_threshold=True), "on_threshold must be a finite number in (0, inf), got True"),
+    (np.zeros((3, 0)), np.zeros((3, 0)), {}, "Y_true must have at least one column, got shape (3, 0)"),
+    ([[1.0], [2.0]], [[1.0], [2.0]], dict(mask=[0, 2]), "mask must hold booleans"),
+    ([[1.0], [2.0]], [[1.0]], {}, "Y_true and Y_est must have the same shape, got (2, 1) and (1, 1)"),
+    ([1.0, 2.0], [1.0, 2.0], {}, "Y_true must be a 2-D array of shape (n_samples, n_features), got shape (2,)"),
+    ([[1.0, 2.0]], [[1.0, 2.0, 3.0]], {}, "Y_est must have 2 columns, got 3"),
+    ([[1.0]], [[np.inf]], {}, "Y_est must not contain infinities"),
+    ([[np.nan]], [[1.0]], {}, "no rows to score"),
+])
+def test_disaggregation_metrics_refuses_bad_input(Y, E, kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        disaggregation_metrics(Y, E, **kwargs)
+
+
+def test_submeter_map_refuses_bad_input():
+    theta = np.full((10, 2), 0.5)
+    with pytest.raises(ValueError, match=re.escape("theta must hold probabilities in [0, 1], got values from -1 to 2")):
+        submeter_features([[2.0, -1.0]])
+    with pytest.raises(ValueError, match="theta must hold probabilities"):
+        predict_submeters([[2.0, -1.0]], np.ones((5, 1)))
+    assert np.isnan(submeter_features([[np.nan, 0.5]])[0, [0, 2]]).all()  # NaN: missing, allowed
+    # a rounding error beyond 1 (a sum of normalised probabilities) is clipped, not refused
+    np.testing.assert_array_equal(submeter_features([[1.0 + 2e-16, -1e-17]]), [[1.0, 0.0, 0.0, 1.0, 1.0]])
+    with pytest.raises(ValueError, match=re.escape("both_states must be True or False, got 'no'")):
+        fit_submeter_map(theta, np.ones((10, 1)), both_states="no")
+    with pytest.raises(ValueError, match=re.escape("Y must have at least one column, got shape (10, 0)")):
+        fit_submeter_map(theta, np.ones((10, 0)))
+    with pytest.raises(ValueError, match="coef must be finite"):
+        predict_submeters(theta, np.full((3, 1), np.nan))
+    with pytest.raises(ValueError, match=re.escape("coef must have 3 or 5 rows for 2 chains and at least one column")):
+        predict_submeters(theta, np.ones((3, 0)))
+    with pytest.raises(ValueError, match="coef must be a numeric array"):
+        predict_submeters(theta, "x")
 
 
 def test_submeter_map_recovers_nonnegative_weights():
@@ -191,6 +375,31 @@ def test_aggregate_baseline_recovers_linear_map():
     fitted = fit_aggregate_baseline(A, Y)
     np.testing.assert_allclose(fitted, coef, atol=1e-10)
     np.testing.assert_allclose(predict_aggregate_baseline(A[:4], fitted), Y[:4], atol=1e-10)
+
+
+def test_aggregate_baseline_refuses_undetermined_weights():
+    """Fewer complete rows than weights (or a constant channel) gave an arbitrary
+    minimum-norm solution, and no rows at all gave zeros, silently."""
+    seed = 13
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    A, Y = rng.standard_normal((10, 3)), rng.uniform(size=(10, 2))
+    with pytest.raises(ValueError, match=re.escape("too few complete calibration rows (2) for 4 weights")):
+        fit_aggregate_baseline(A[:2], Y[:2])
+    with pytest.raises(ValueError, match=re.escape("too few complete calibration rows (0) for 4 weights")):
+        fit_aggregate_baseline(np.full((10, 3), np.nan), Y)
+    const = A.copy()
+    const[:, 2] = 240.0
+    with pytest.raises(ValueError, match=re.escape("the calibration rows determine only 3 of the 4 weights")):
+        fit_aggregate_baseline(const, Y)
+    coef = fit_aggregate_baseline(A, Y)
+    for bad, message in ((np.ones(4), "coef must have shape (4, K) for 3 aggregate channels"),
+                         (np.ones((3, 2)), "got shape (3, 2)"),
+                         (np.full((4, 1), np.nan), "coef must be finite"),
+                         ("abc", "coef must be a numeric array")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            predict_aggregate_baseline(A, bad)
+    assert predict_aggregate_baseline(A, coef).shape == (10, 2)
 
 
 def test_disaggregate_report_synthetic(tmp_path):
@@ -277,6 +486,27 @@ def test_protocol_table_small():
     assert "per step, on the last 300 training rows" in text
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(n_scored=-1), "n_scored must be an integer >= 1, got -1"),  # scored all test rows but the last
+    (dict(train_rows=-500), "train_rows must be an integer >= 2, got -500"),  # fitted the first 2,500
+    (dict(train_rows=0), "train_rows must be an integer >= 2, got 0"),  # fitted all of them
+    (dict(train_rows=2.5), "train_rows must be an integer >= 2, got 2.5"),
+    (dict(train_rows=3001), "train_rows must be at most the 3,000 training rows, got 3,001"),
+    (dict(n_bound_rows=-1), "n_bound_rows must be an integer >= 0, got -1"),
+    (dict(smf_full="no"), "smf_full must be True or False, got 'no'"),
+    (dict(score_all=None), "score_all must be True or False, got None"),
+    (dict(split="split"), "split must be a PowerSplit (power_split()), got str"),
+])
+def test_protocol_table_checks_before_the_fits(monkeypatch, kwargs, message):
+    def no_fit(self, *a, **k):
+        raise AssertionError("fitted before the arguments were checked")
+    monkeypatch.setattr(FHMM, "fit", no_fit)
+    kw = dict(split=power_split(_synthetic_household(3, 4), n_train=3000))
+    kw.update(kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        protocol_table(**kw)
+
+
 def test_likelihood_per_step_orders_the_bounds():
     """ELBO ≤ log p and SMF bound ≤ log p; one chain: the SMF bound is log p."""
     seed = 8
@@ -307,6 +537,21 @@ def test_likelihood_per_step_orders_the_bounds():
     (dict(fit_kwargs=dict(max_iter=None, time_budget=5.0)),
      "fit_kwargs['max_iter'] must be an integer >= 1, got None"),
     (dict(plot_day="2012-01-01"), "no data on 2012-01-01"),
+    (dict(on_threshold="5"), "on_threshold must be a finite number in (0, inf), got '5'"),
+    (dict(on_threshold=float("nan")), "on_threshold must be a finite number in (0, inf), got nan"),
+    (dict(both_states="no"), "both_states must be True or False, got 'no'"),
+    (dict(train_rows=2.9), "train_rows must be an integer or None, got 2.9"),
+    (dict(calibration_days=True), "calibration_days must be a number of days, got True"),
+    (dict(evaluation_days="1"), "evaluation_days must be a number of days, got '1'"),
+    # 3 minutes: the map of 1 chain ([θ, 1]) could be fitted, the baseline's 4 weights not
+    (dict(calibration_days=3 / 1440, model_kwargs=dict(n_chains=1)),
+     "the calibration period has 3 usable rows (calibration_days = 0.00208333, imputed rows left out); "
+     "at least 4 are needed: the sub-meter map has 2 weights per sub-meter, the baseline 4"),
+    (dict(calibration_days=1, both_states=True, model_kwargs=dict(n_chains=1000)),
+     "the calibration period has 1,430 usable rows"),
+    # the evaluation period is rows 100..109 of the test period: all imputed
+    (dict(calibration_days=100 / 1440, evaluation_days=10 / 1440),
+     "every row of the evaluation period is one the data file filled from the previous day"),
 ])
 def test_disaggregate_report_checks_before_the_fit(monkeypatch, kwargs, message):
     def no_fit(self, *a, **k):
@@ -319,6 +564,19 @@ def test_disaggregate_report_checks_before_the_fit(monkeypatch, kwargs, message)
     kw.update(kwargs)
     with pytest.raises(ValueError, match=re.escape(message)):
         disaggregate_report(data, **kw)
+
+
+def test_disaggregate_report_given_model_checks_calibration_rows(monkeypatch):
+    """A given model of 5 chains: its [θ, 1] map has 6 weights, more than 5 calibration
+    minutes can fit (the inference is not run)."""
+    def no_inference(self, *a, **k):
+        raise AssertionError("inferred before the calibration period was checked")
+    monkeypatch.setattr(FHMM, "predict_proba", no_inference)
+    model = FHMM.from_params(W=np.zeros((6, 3)), covariance=np.eye(3),
+                             transmat=[[[0.9, 0.1], [0.1, 0.9]]] * 5)
+    with pytest.raises(ValueError, match=re.escape("the calibration period has 5 usable rows")):
+        disaggregate_report(_synthetic_household(5, 0), model, n_train=2 * 1440,
+                            calibration_days=5 / 1440, evaluation_days=1)
 
 
 def test_disaggregate_report_unwritable_plot_dir_before_the_fit(monkeypatch, tmp_path):
