@@ -23,8 +23,9 @@ per stream topic into a ``zmq.Poller`` loop:
   after the restart). After a crash, the posteriors of samples that were inside the
   smoothing lag at the checkpoint are published again: delivery is at-least-once;
 * :meth:`StreamService.request_stop` (e.g. from a signal handler the host installs)
-  makes :meth:`StreamService.run` drain the queued input, flush the engines, publish,
-  checkpoint and return.
+  makes :meth:`StreamService.run` drain the queued input (for at most ``drain_timeout``
+  seconds: a publisher that never pauses cannot keep it from stopping), flush the
+  engines, publish, checkpoint and return.
 
 ``wait_subscribers`` counts the subscriptions that reach the output socket. A consumer
 whose SUB socket stays connected while the service restarts resends its subscription
@@ -288,6 +289,20 @@ def warm_lane(engine_factory, X, format: str = "binary", timeout: float = 120.0)
     return svc.lane_samples
 
 
+def _check_count(name: str, value, low: int, unit: str):
+    """A ValueError unless ``value`` is a whole number >= ``low`` (a bool is no count)."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+    if not (ok and math.isfinite(value) and value == int(value) and value >= low):
+        raise ValueError(f"{name} must be >= {low} {unit} (a whole number), got {value!r}")
+
+
+def _check_seconds(name: str, value):
+    """A ValueError unless ``value`` is a number of seconds >= 0 (inf allowed: never)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not value >= 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+
+
 def _stream_stem(topic: bytes) -> str:
     h = topic.hex()
     if len(h) > 200:
@@ -297,6 +312,18 @@ def _stream_stem(topic: bytes) -> str:
 
 def _atomic_write_text(path: str, text: str):
     write_atomically(path, lambda fh: fh.write(text), mode="w")
+
+
+#: sequence numbers and stream positions are int64 (the wire's ``0 <= seq < 2**63``)
+_INT64_END = 1 << 63
+
+
+def _record_int(rec: dict, key: str, low: int) -> int:
+    """``rec[key]``, an integer in [low, 2**63), else ValueError."""
+    v = rec[key]
+    if type(v) is not int or not low <= v < _INT64_END:
+        raise ValueError(f"{key} must be an integer in [{low}, 2**63), got {v!r}")
+    return v
 
 
 def read_stream_record(path: str) -> dict:
@@ -327,8 +354,10 @@ def read_stream_record(path: str) -> dict:
                               f"reads version {_RECORD_VERSION}")
     try:
         topic = bytes.fromhex(rec["topic"])
-        seq, t_next, gen = int(rec["seq"]), int(rec["t_next"]), int(rec["generation"])
-        pending = [(int(t), int(s), float(ts)) for t, s, ts in rec["pending"]]
+        seq, t_next, gen = (_record_int(rec, "seq", -1), _record_int(rec, "t_next", 0),
+                            _record_int(rec, "generation", 0))
+        pending = [(_record_int({"t": t}, "t", 0), _record_int({"seq": s}, "seq", 0), float(ts))
+                   for t, s, ts in rec["pending"]]
         texts = [p[2] for p in json.loads(raw, parse_float=str, parse_int=str)["pending"]] if pending else []
         fname = str(rec["file"])
         when = float(rec["time"])
@@ -341,6 +370,13 @@ def read_stream_record(path: str) -> dict:
                               "must have consecutive positions before t_next and finite time stamps")
     if os.path.basename(fname) != fname:
         raise CheckpointError(f"{path} names an engine file outside its directory: {fname!r}")
+    # the names the service writes: a record copied or renamed to another stream's name
+    # would resume that stream from this one's state (and two records one engine file)
+    stem = _stream_stem(topic)
+    if os.path.basename(path) != stem + ".json" or fname != f"{stem}.{gen}.npz":
+        raise CheckpointError(f"{path} is a damaged stream checkpoint record: a record of topic "
+                              f"{topic!r}, generation {gen} is named {stem}.json and names the "
+                              f"engine file {stem}.{gen}.npz, not {os.path.basename(path)} and {fname}")
     full = os.path.join(os.path.dirname(path), fname)
     if not os.path.isfile(full):
         raise CheckpointError(f"{path} names the engine checkpoint {fname}, which is missing")
@@ -367,8 +403,8 @@ class StreamService:
         ``resume_engine(path) -> engine`` (e.g. ``StreamEngine.resume``); needed to
         resume from ``checkpoint_dir``.
     checkpoint_dir : str, optional
-        Directory of stream checkpoints (created if missing); streams found there are
-        resumed.
+        Directory of stream checkpoints (created if missing, and made again if it is
+        deleted while the service runs); streams found there are resumed.
     checkpoint_every : int, optional
         Checkpoint a stream after this many of its samples (None: only at shutdown).
     heartbeat_interval : float
@@ -402,6 +438,11 @@ class StreamService:
         send, an engine with the block path): one compiled call per read for receive,
         recognition and publication. False: always the general path
         (same messages, more interpreter work per read).
+    drain_timeout : float
+        Seconds that shutdown spends at most reading the input still queued (a publisher
+        that keeps sending would otherwise keep the service from stopping); then the
+        engines are flushed and checkpointed whatever is left unread, which a resumed
+        service counts as lost (``lost_on_resume``).
     """
 
     def __init__(self, source: ZmqSource, sink: ZmqSink, engine_factory, *, resume_engine=None,
@@ -409,13 +450,17 @@ class StreamService:
                  heartbeat_interval: float = 1.0, status_interval: float = 0.0, status=None,
                  max_streams: int = 1024, wait_subscribers: int = 0, batch_size: int = 256,
                  batch_threshold: int = 4, log_interval: float = 10.0, batch_wait: float = 250e-6,
-                 lane: bool = True):
-        if checkpoint_every is not None and int(checkpoint_every) < 1:
-            raise ValueError(f"checkpoint_every must be >= 1 sample, got {checkpoint_every}")
+                 lane: bool = True, drain_timeout: float = 5.0):
+        if checkpoint_every is not None:
+            _check_count("checkpoint_every", checkpoint_every, 1, "samples")
         if checkpoint_every is not None and checkpoint_dir is None:
             raise ValueError("checkpoint_every needs a checkpoint directory")
-        if int(max_streams) < 1:
-            raise ValueError(f"max_streams must be >= 1, got {max_streams}")
+        _check_count("max_streams", max_streams, 1, "streams")
+        _check_count("batch_size", batch_size, 1, "messages per read")   # 0 never read: a busy loop
+        _check_count("wait_subscribers", wait_subscribers, 0, "subscriptions")
+        for name, value in (("heartbeat_interval", heartbeat_interval), ("status_interval", status_interval),
+                            ("log_interval", log_interval), ("drain_timeout", drain_timeout)):
+            _check_seconds(name, value)
         self.source = source
         self.sink = sink
         self.engine_factory = engine_factory
@@ -432,6 +477,7 @@ class StreamService:
         if not 0 <= float(batch_wait) <= 1:
             raise ValueError(f"batch_wait must be in [0, 1] seconds, got {batch_wait}")
         self.batch_wait = float(batch_wait)
+        self.drain_timeout = float(drain_timeout)
         self._block = None  # whether the engines have push_many (known at the first stream)
         self._lane = bool(lane) and source.fast and sink.fast
         self._lane_status = np.zeros(len(LANE_STATUS), np.int64)
@@ -514,6 +560,10 @@ class StreamService:
         gen = st.generation + 1
         path = f"{stem}.{gen}.npz"
         try:
+            if not os.path.isdir(self.checkpoint_dir):   # deleted while the service runs
+                os.makedirs(self.checkpoint_dir, exist_ok=True)
+                logger.warning("the checkpoint directory %s was missing: made it again",
+                               self.checkpoint_dir)
             st.engine.checkpoint(path)
             rec = {"format": _RECORD_TAG, "version": _RECORD_VERSION, "topic": st.topic.hex(),
                    "seq": st.last_seq, "t_next": st.t_next, "generation": gen,
@@ -546,6 +596,10 @@ class StreamService:
         dict
             :meth:`metrics` at the end.
         """
+        if time_budget is not None:
+            _check_seconds("time_budget", time_budget)   # (NaN would serve forever)
+        if max_samples is not None:
+            _check_count("max_samples", max_samples, 0, "samples")
         deadline = None if time_budget is None else time.monotonic() + time_budget
         if self.wait_subscribers > 0:
             ok = self.sink.wait_for_subscribers(self.wait_subscribers, should_stop=self._stop.is_set,
@@ -706,7 +760,7 @@ class StreamService:
         """Push a SampleRun, or a sequence of Samples of one topic with consecutive seq."""
         st = self.streams.get(topic)
         if st is None:
-            st = self._new_stream(topic)
+            st = self._new_stream(topic, len(run))
             if st is None:
                 return
         is_run = type(run) is SampleRun
@@ -796,16 +850,17 @@ class StreamService:
             logger.warning("stream %r: first sample after the restart has sequence number %d, "
                            "not after the checkpoint's %d: the publisher restarted", st.name, seq, c)
 
-    def _new_stream(self, topic: bytes):
+    def _new_stream(self, topic: bytes, n: int = 1):
+        """The stream of a new topic, or None (its ``n`` samples counted and skipped)."""
         if len(self.streams) >= self.max_streams:
-            self.counters["streams_full"] += 1
-            self._log("streams_full", "skipped a sample of a new topic %r: already %d streams "
-                      "(max_streams)", topic, len(self.streams))
+            self.counters["streams_full"] += n
+            self._log("streams_full", "skipped %d sample(s) of a new topic %r: already %d streams "
+                      "(max_streams)", n, topic, len(self.streams))
             return None
         try:
             engine = self.engine_factory(topic)
         except (OSError, ValueError) as exc:
-            self.counters["engine_rejected"] += 1
+            self.counters["engine_rejected"] += n
             self._log("engine_factory", "cannot start an engine for topic %r: %s", topic, exc)
             return None
         st = self.streams[topic] = _Stream(topic, engine)
@@ -913,12 +968,18 @@ class StreamService:
 
     # -- shutdown ----------------------------------------------------------------------
     def shutdown(self):
-        """Drain the queued input, flush every engine, publish, checkpoint, close engines."""
+        """Drain the queued input (for at most ``drain_timeout`` seconds), flush every
+        engine, publish, checkpoint, close engines."""
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + self.drain_timeout
         try:
             while True:
+                if time.monotonic() >= deadline:   # (a publisher flooding: stop reading)
+                    logger.warning("stopped draining the input after %g s (drain_timeout): "
+                                   "the messages still queued are not read", self.drain_timeout)
+                    break
                 items = self.source.recv_runs(self.batch_size)
                 if not items:
                     break
@@ -979,7 +1040,17 @@ def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0
     -------
     MetricsServer
         ``port`` is the port bound (useful with ``port=0``); ``close()`` stops it.
+
+    Raises
+    ------
+    ValueError
+        ``port`` is not in [0, 65535].
+    OSError
+        The port cannot be bound (e.g. already in use).
     """
+    if isinstance(port, bool) or not isinstance(port, (int, np.integer)) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer in [0, 65535] (0: any free port), got {port!r}")
+    port = int(port)
     try:
         import prometheus_client
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -1032,7 +1103,7 @@ def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0
 
     registry = prometheus_client.CollectorRegistry()
     registry.register(_Collector())
-    result = prometheus_client.start_http_server(int(port), addr=addr, registry=registry)
+    result = prometheus_client.start_http_server(port, addr=addr, registry=registry)
     return MetricsServer(result[0] if isinstance(result, tuple) else result)
 
 

@@ -533,6 +533,150 @@ def test_bad_checkpoint_directory_is_a_clear_error(tmp_path):
     ctx.term()
 
 
+def _record(d, **change):
+    """Write a consistent record and engine file of topic b"s" (7 samples) into d, with
+    ``change`` applied to the record; returns the record's path."""
+    FakeEngine(t=7).checkpoint(str(d / "stream-73.1.npz"))
+    rec = {"format": "streamfhmm.service-stream", "version": 1, "topic": "73", "seq": 6, "t_next": 7,
+           "pending": [], "generation": 1, "file": "stream-73.1.npz", "time": 0.0}
+    rec.update(change)
+    path = d / change.pop("name", "stream-73.json")
+    path.write_text(json.dumps({k: v for k, v in rec.items() if k != "name"}))
+    return path
+
+
+def test_tampered_records_are_clear_errors_not_crashes(tmp_path):
+    """Integers past int64 (an OverflowError out of the constructor before) and a record
+    under another stream's name (two streams resumed from one engine file, one of them
+    never closed, and the next start refused) are CheckpointErrors naming the file."""
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    for change, message in (({"pending": [[6, 2 ** 70, 1.0]]}, r"seq must be an integer in \[0, 2\*\*63\)"),
+                            ({"seq": 2 ** 63}, r"seq must be an integer in \[-1, 2\*\*63\)"),
+                            ({"seq": 1e300}, "seq must be an integer"),
+                            ({"t_next": -1}, "t_next must be an integer"),
+                            ({"generation": True}, "generation must be an integer"),
+                            ({"name": "stream-74.json"}, "is named stream-73.json"),
+                            ({"file": "stream-74.1.npz"}, "names the engine file stream-73.1.npz")):
+        for f in d.iterdir():
+            f.unlink()
+        if "file" in change:
+            FakeEngine(t=7).checkpoint(str(d / change["file"]))
+        path = _record(d, **change)
+        with pytest.raises(CheckpointError, match=f"{re.escape(str(path))} .*{message}"):
+            read_stream_record(str(path))
+    # the service refuses to start on such a record and leaves no engine open
+    for f in d.iterdir():
+        f.unlink()
+    _record(d)
+    _record(d, name="stream-74.json")   # a stray copy of stream-73.json
+    opened = []
+
+    def resume(path):
+        opened.append(FakeEngine.resume(path))
+        return opened[-1]
+    ctx = zmq.Context()
+    src = ZmqSource(ANY, 3, bind=True, context=ctx, linger_ms=0)
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    with pytest.raises(CheckpointError, match="stream-74.json is a damaged stream checkpoint record"):
+        StreamService(src, sink, lambda t: FakeEngine(), resume_engine=resume, checkpoint_dir=str(d))
+    assert len(opened) == 1 and opened[0].closed
+    src.close(0)
+    sink.close(0)
+    ctx.term()
+
+
+def test_checkpoint_directory_deleted_while_running_is_made_again(tmp_path, harness):
+    import shutil
+    h = harness(tmp_path, checkpoint_every=5)
+    for seq in range(10):
+        h.sample(b"s", seq, _values(0, seq))
+    h.recv(8)
+    # the checkpoint after the 10th sample written (removing the directory while it is
+    # being written raced with it), the service idle: then the directory goes
+    record = tmp_path / "ckpt" / "stream-73.json"
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:
+        if record.exists() and read_stream_record(str(record))["seq"] == 9:
+            break
+        time.sleep(0.01)
+    shutil.rmtree(tmp_path / "ckpt")
+    for seq in range(10, 20):
+        h.sample(b"s", seq, _values(0, seq))
+    h.recv(10)
+    h.stop()
+    rec = read_stream_record(str(tmp_path / "ckpt" / "stream-73.json"))
+    assert rec["seq"] == 19 and rec["t_next"] == 20
+
+
+class SlowEngine(BlockFakeEngine):
+    """About 50 µs a sample: slower than a publisher that never pauses."""
+
+    def push(self, x):
+        t = time.perf_counter()
+        while time.perf_counter() - t < 50e-6:
+            pass
+        return super().push(x)
+
+
+def test_stop_returns_while_a_publisher_floods():
+    """A publisher that sends faster than the service handles and never pauses kept the
+    shutdown's drain reading for ever: the drain is bounded by ``drain_timeout``."""
+    ctx = zmq.Context()
+    src = ZmqSource(ANY, 3, bind=True, context=ctx, linger_ms=0, hwm=1000)
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    svc = StreamService(src, sink, lambda t: SlowEngine(), heartbeat_interval=0, drain_timeout=0.2)
+    stop = threading.Event()
+
+    def flood():
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, 1000)   # (past it the PUB drops: bounded memory)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.connect(src.endpoint)
+        x, seq, t_end = np.zeros(3), 0, time.monotonic() + 120
+        while not stop.is_set() and time.monotonic() < t_end:
+            pub.send_multipart(encode_sample(b"s", seq, 1.0, x))
+            seq += 1
+        pub.close(0)
+    publisher = threading.Thread(target=flood)
+    publisher.start()
+    server = threading.Thread(target=svc.run)
+    server.start()
+    try:
+        deadline = time.monotonic() + 60
+        while svc.counters["samples"] < 2000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert svc.counters["samples"] >= 2000
+        svc.request_stop()
+        server.join(20)
+        assert not server.is_alive(), "run() did not return while the publisher kept sending"
+    finally:
+        stop.set()
+        publisher.join(30)
+        server.join(30)
+        src.close(0)
+        sink.close(0)
+        ctx.term()
+
+
+def test_skipped_samples_of_a_new_topic_are_counted_one_by_one():
+    """``streams_full`` counts samples (it counted runs of samples)."""
+    from streamfhmm.io.wire import SampleRun
+    ctx = zmq.Context()
+    src = ZmqSource(ANY, 3, bind=True, context=ctx, linger_ms=0)
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    svc = StreamService(src, sink, lambda t: FakeEngine(), heartbeat_interval=0, max_streams=1)
+    text = np.zeros((6, 32), np.uint8)
+    text[:, 0] = ord("1")
+    for topic in (b"a", b"b"):
+        svc.process([SampleRun(topic, np.arange(6), text, np.ones(6, np.int64), np.ones((6, 3)))])
+    assert svc.counters["samples"] == 6 and svc.counters["streams_full"] == 6
+    svc.shutdown()
+    src.close(0)
+    sink.close(0)
+    ctx.term()
+
+
 def test_metrics_server(harness):
     pytest.importorskip("prometheus_client")
     import urllib.request
@@ -551,6 +695,9 @@ def test_metrics_server(harness):
     assert "streamfhmm_samples_total 5.0" in text
     assert 'streamfhmm_malformed_total{kind="frames"} 1.0' in text
     assert 'streamfhmm_engine_samples{topic="s"} 5.0' in text
+    for bad in (-1, 65536, "9100", 1.5):
+        with pytest.raises(ValueError, match=r"port must be an integer in \[0, 65535\]"):
+            start_metrics_server(h.service, bad)
 
 
 def test_service_argument_checks():
@@ -561,6 +708,22 @@ def test_service_argument_checks():
         StreamService(src, sink, FakeEngine, checkpoint_every=10)
     with pytest.raises(ValueError, match="checkpoint_every must be >= 1"):
         StreamService(src, sink, FakeEngine, checkpoint_dir="x", checkpoint_every=0)
+    # batch_size 0 read nothing, ever: the loop spun with the input queued
+    for kw, message in ((dict(batch_size=0), "batch_size must be >= 1 messages per read .*got 0"),
+                        (dict(batch_size=2.5), "batch_size must be >= 1"),
+                        (dict(max_streams=float("nan")), "max_streams must be >= 1"),
+                        (dict(wait_subscribers=-1), "wait_subscribers must be >= 0"),
+                        (dict(heartbeat_interval=float("nan")), "heartbeat_interval must be a number of seconds"),
+                        (dict(status_interval=-1), "status_interval must be a number of seconds"),
+                        (dict(log_interval="10"), "log_interval must be a number of seconds"),
+                        (dict(drain_timeout=-0.5), "drain_timeout must be a number of seconds")):
+        with pytest.raises(ValueError, match=message):
+            StreamService(src, sink, FakeEngine, **kw)
+    svc = StreamService(src, sink, FakeEngine)
+    with pytest.raises(ValueError, match="time_budget must be a number of seconds >= 0, got nan"):
+        svc.run(time_budget=float("nan"))   # (it served for ever)
+    with pytest.raises(ValueError, match="max_samples must be >= 0"):
+        svc.run(max_samples=-1)
     src.close(0)
     sink.close(0)
     ctx.term()

@@ -163,6 +163,38 @@ def test_sink_handshake_and_posterior(ctx):
     sub.close(0)
 
 
+def test_sink_counts_the_subscribers_connected_as_they_come_and_go(ctx):
+    """A consumer that leaves while another with the same subscription stays is no longer
+    counted (it was, for ever: ``subscriptions`` grew with every consumer that came)."""
+    import time
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+
+    def settles_at(n, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while sink.n_subscribers() != n:
+            if time.monotonic() > deadline:
+                return False
+            if sink.socket.poll(20):
+                sink.poll_subscriptions()
+        return True
+    stay = ctx.socket(zmq.SUB)
+    stay.setsockopt(zmq.LINGER, 0)
+    stay.connect(sink.endpoint)
+    stay.subscribe(b"")
+    assert settles_at(1)
+    for _ in range(3):
+        c = ctx.socket(zmq.SUB)
+        c.setsockopt(zmq.LINGER, 0)
+        c.connect(sink.endpoint)
+        c.subscribe(b"")
+        assert settles_at(2)
+        c.close(0)
+        assert settles_at(1), f"{sink.n_subscribers()} subscriptions counted, 1 consumer connected"
+    stay.close(0)
+    assert settles_at(0)
+    sink.close(0)
+
+
 @pytest.mark.parametrize("fmt", ["binary", "json"])
 def test_replay_waits_for_subscriber_and_loses_nothing(ctx, fmt):
     print(f"seed={SEED}")

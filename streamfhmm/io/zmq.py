@@ -643,7 +643,10 @@ class ZmqSink:
         self.format = format
         self.endpoint = endpoint
         self.context = context or zmq.Context.instance()
-        opts = {zmq.XPUB_VERBOSE: 1}
+        # every subscription and every unsubscription, a departing subscriber's included
+        # (XPUB_VERBOSE alone reports the latter only when a prefix loses its last
+        # subscriber: with consumers coming and going, ``subscriptions`` grew without end)
+        opts = {getattr(zmq, "XPUB_VERBOSER", zmq.XPUB_VERBOSE): 1}
         if nodrop:
             opts[zmq.XPUB_NODROP] = 1
             opts[zmq.SNDTIMEO] = int(send_timeout_ms)
@@ -786,7 +789,8 @@ class ZmqSink:
                 self.subscriptions.remove(msg[1:])
 
     def n_subscribers(self, first_frame: bytes | None = None) -> int:
-        """Subscriptions seen so far (those matching ``first_frame``, when given)."""
+        """Subscriptions of the subscribers connected (those matching ``first_frame``,
+        when given), as of the last :meth:`poll_subscriptions`."""
         if first_frame is None:
             return len(self.subscriptions)
         return sum(1 for p in self.subscriptions if first_frame.startswith(p))
