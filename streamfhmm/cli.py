@@ -673,7 +673,7 @@ def _serve(args, state) -> int:
     try:
         source = ZmqSource(args.sub, n_features, topics=args.topics, bind=sub_bind, hwm=args.hwm,
                            linger_ms=args.linger, subscribe=False, curve=curve, context=ctx,
-                           max_streams=args.max_streams)
+                           max_streams=args.max_streams, resync_after=args.resync_after)
     except BaseException:
         sink.close(0)
         ctx.term()
@@ -1039,6 +1039,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--wait-subscribers", type=_nonneg_int, default=0, metavar="N",
                     help="subscribe to the input only once N consumers subscribed to the output")
     sv.add_argument("--max-streams", type=_positive_int, default=1024, help="most topics served (default 1024)")
+    sv.add_argument("--resync-after", type=_nonneg_int, default=64, metavar="N",
+                    help="a stream whose publisher restarted at a sequence number other than 0 "
+                         "is followed again after N numbers in order behind the last one (the "
+                         "N-1 before are skipped as stale; 0: only a restart at 0; default 64)")
     sv.add_argument("--time-budget", type=_nonneg_float, metavar="SECONDS", help="stop after this long")
     sv.add_argument("--max-samples", type=_positive_int, metavar="N", help="stop after N samples")
     sv.add_argument("--switch-interval", type=_positive_float, default=1e-4, metavar="SECONDS",

@@ -8,7 +8,8 @@ per stream topic into a ``zmq.Poller`` loop:
   published with the sequence number and time stamp of the sample it is about (runs of
   consecutive samples of one topic, when the input is backed up, go through the
   engine's block path ``push_many``);
-* a discontinuity in a stream's sequence numbers (a gap, a publisher restarting at 0,
+* a discontinuity in a stream's sequence numbers (a gap, a publisher restarting (at 0,
+  or elsewhere: :class:`~streamfhmm.io.zmq.ZmqSource`'s ``resync_after``),
   the first sample after a resume that lost samples) ends the engine's sequence first:
   the posteriors pending in the smoothing lag are emitted from edge-padded windows
   (flagged ``FLAG_EDGE``) and the next sample starts a new sequence;

@@ -261,6 +261,26 @@ def test_every_sample_gets_its_posterior_in_order(engine, harness):
     assert m["engines"]["a"]["samples"] == N
 
 
+@pytest.mark.parametrize("engine", [FakeEngine, BlockFakeEngine])
+def test_a_publisher_restarting_at_another_number_is_served_again(engine, harness):
+    """A publisher that restarts at 1 (not 0): every later sample was skipped as stale.
+    After ``resync_after`` numbers in order behind the last one the stream goes on, as
+    a new sequence (the discontinuity flushes the lag)."""
+    h = harness(engine=engine, batch_threshold=4, source_kw={"resync_after": 8})
+    for seq in range(30):
+        h.sample(b"s", seq, _values(0, seq))
+    h.recv(28)
+    for seq in range(1, 41):
+        h.sample(b"s", seq, _values(0, seq))
+    h.send(encode_heartbeat(b"s", 40, 0.0, end=True))
+    got = h.recv(2 + 33)
+    m = h.stop()
+    assert [g.seq for g in got] == [28, 29] + list(range(8, 41))
+    np.testing.assert_array_equal(np.array([g.mean for g in got[2:]]),
+                                  np.array([_values(0, s) for s in range(8, 41)]))
+    assert (m["stale"], m["restarts"], m["gaps"]) == (7, 1, 0)
+
+
 def test_block_path_is_taken_for_runs(harness):
     BlockFakeEngine.blocks = 0
     h = harness(engine=BlockFakeEngine, batch_threshold=4)

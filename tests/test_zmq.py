@@ -8,7 +8,7 @@ import zmq
 
 from streamfhmm.io.wire import (Heartbeat, PosteriorMessage, Sample, decode_output, encode_heartbeat,
                                 encode_sample, max_frame_bytes)
-from streamfhmm.io.zmq import (CurveConfig, RateLimitedLog, ZmqSink, ZmqSource, replay)
+from streamfhmm.io.zmq import (CurveConfig, RateLimitedLog, StreamSeq, ZmqSink, ZmqSource, replay)
 from streamfhmm.stream.posterior import Posterior
 
 SEED = 7
@@ -65,6 +65,50 @@ def test_source_receives_and_checks_sequence(ctx):
     assert (a.gaps, a.gap_samples, a.stale, a.restarts, a.samples) == (1, 2, 1, 1, 8)
     assert src.streams[b"b"].gap_samples == 0       # first message of a stream: no gap
     src.close(0)
+
+
+def _feed_seqs(src, topic, seqs):
+    """Feed samples with these sequence numbers (no socket); the numbers accepted."""
+    out = []
+    for seq in seqs:
+        item = src.feed(encode_sample(topic, int(seq), float(seq), [float(seq)]))
+        if item is not None:
+            out.append(item.seq)
+    return out
+
+
+def test_a_publisher_restarting_elsewhere_than_0_is_followed(ctx):
+    """Only a restart at 0 was recognised: a publisher restarting at 1 lost every later
+    sample as stale, and so did a stream after one message with a corrupt, far-ahead
+    number. ``resync_after`` numbers in order behind the last one are a restart; fewer
+    (a resent window, duplicates) stay stale; runs count like single samples."""
+    src = ZmqSource("tcp://127.0.0.1:0", 1, context=ctx, linger_ms=0, bind=True, resync_after=8)
+    assert _feed_seqs(src, b"a", range(50)) == list(range(50))
+    got = _feed_seqs(src, b"a", range(1, 30))           # restarted at 1
+    assert got == list(range(8, 30))                     # 1..7 stale, 8 resynchronises
+    a = src.streams[b"a"]
+    assert (a.stale, a.restarts, a.last_seq, a.samples) == (7, 1, 29, 72)
+    assert _feed_seqs(src, b"b", [0, 1, 2, 10**15]) == [0, 1, 2, 10**15]   # corrupt number
+    assert _feed_seqs(src, b"b", range(3, 20)) == list(range(10, 20))
+    assert src.streams[b"b"].restarts == 1
+    assert _feed_seqs(src, b"c", range(20)) == list(range(20))
+    assert _feed_seqs(src, b"c", list(range(13, 20)) + [20]) == [20]     # 7 resent: stale
+    assert _feed_seqs(src, b"c", [5, 6, 7, 9, 10, 11, 12, 13, 14]) == []  # not in order
+    c = src.streams[b"c"]
+    assert (c.stale, c.restarts) == (16, 0)
+    st = src.streams.setdefault(b"d", StreamSeq())       # runs, as recv_runs passes them
+    assert src._accept(b"d", st, 0, 100) == 0
+    assert src._accept(b"d", st, 40, 5) == 5             # 5 behind, stale
+    assert src._accept(b"d", st, 45, 6) == 2             # the 8th behind is 47: restart
+    assert (st.last_seq, st.restarts, st.stale, st.samples) == (50, 1, 7, 104)
+    never = ZmqSource("tcp://127.0.0.1:0", 1, context=ctx, linger_ms=0, bind=True, resync_after=0)
+    _feed_seqs(never, b"a", range(50))
+    assert _feed_seqs(never, b"a", range(1, 200)) == list(range(50, 200))
+    for bad in (-1, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="resync_after must be an integer >= 0"):
+            ZmqSource("tcp://127.0.0.1:0", 1, context=ctx, bind=True, resync_after=bad)
+    for s in (src, never):
+        s.close(0)
 
 
 def test_heartbeat_reveals_tail_gap_and_end(ctx):

@@ -190,9 +190,11 @@ class StreamSeq:
     gaps: int = 0          # gap events
     gap_samples: int = 0   # sequence numbers never received
     stale: int = 0         # repeated or out-of-order sequence numbers, skipped
-    restarts: int = 0      # the publisher restarted at 0
+    restarts: int = 0      # the publisher restarted (at 0, or found by resync_after)
     heartbeats: int = 0
     ended: bool = False
+    behind: int = 0        # consecutive numbers received in order behind last_seq, so far
+    behind_next: int = -1  # the number that would continue them
 
 
 class ZmqSource:
@@ -232,6 +234,14 @@ class ZmqSource:
         Let :meth:`recv_runs` use the compiled receive path
         (:mod:`streamfhmm.io.fastwire`) where libzmq is reachable; False forces the
         pure pyzmq path.
+    resync_after : int
+        A sequence number at or before the last one seen is stale (a duplicate or a
+        late message: counted and skipped), unless it is 0 (a publisher restarting at
+        0). When ``resync_after`` consecutive numbers arrive in order behind the last
+        one, the publisher is taken to have restarted there (at another number than 0,
+        or after one message with a corrupt, far-ahead number, which otherwise made
+        every later sample of its stream stale): the last of them and those after it
+        are accepted, and a restart is counted. 0 never resynchronises.
 
     Attributes
     ----------
@@ -249,9 +259,13 @@ class ZmqSource:
     def __init__(self, endpoint: str, n_features: int, *, topics=None, bind: bool = False,
                  hwm: int = DEFAULT_HWM, linger_ms: int = DEFAULT_LINGER_MS, context=None,
                  subscribe: bool = True, curve: CurveConfig | None = None, log_interval: float = 10.0,
-                 max_streams: int = 100_000, fast: bool = True):
+                 max_streams: int = 100_000, fast: bool = True, resync_after: int = 64):
         if int(n_features) < 1:
             raise ValueError(f"n_features must be >= 1, got {n_features}")
+        if isinstance(resync_after, bool) or not isinstance(resync_after, (int, np.integer)) \
+                or resync_after < 0:
+            raise ValueError(f"resync_after must be an integer >= 0 (0: never), got {resync_after!r}")
+        self.resync_after = int(resync_after)
         if int(max_streams) < 1:
             raise ValueError(f"max_streams must be >= 1, got {max_streams}")
         self.n_features = int(n_features)
@@ -383,8 +397,9 @@ class ZmqSource:
 
     def _accept(self, topic: bytes, st: StreamSeq, seq: int, n: int) -> int:
         """Sequence-check n samples with consecutive numbers from ``seq``: count a gap
-        before them, a restart at 0, or the first ones already seen (stale, skipped);
-        update the stream. Returns how many leading samples are skipped."""
+        before them, a restart (at 0, or found by ``resync_after``), or the first ones
+        already seen (stale, skipped); update the stream. Returns how many leading
+        samples are skipped."""
         last = st.last_seq
         skip = 0
         if seq == last + 1 or last < 0:
@@ -394,12 +409,26 @@ class ZmqSource:
         elif seq == 0:
             st.restarts += 1
             self._log("restart", "stream %r restarted at sequence number 0 (after %d)", topic, last)
+        elif seq + n - 1 <= last and self.resync_after and (
+                (st.behind if seq == st.behind_next else 0) + n >= self.resync_after):
+            # the resync_after-th number in order behind the last one: accepted, with those
+            # after it in this run, after a discontinuity (the ones before it were stale)
+            skip = self.resync_after - (st.behind if seq == st.behind_next else 0) - 1
+            st.stale += skip
+            st.restarts += 1
+            self._log("restart", "stream %r restarted at sequence number %d: %d numbers in "
+                      "order behind the last one, %d (resync_after)", topic, seq + skip,
+                      self.resync_after, last)
         else:
+            whole = seq + n - 1 <= last
             skip = min(n, last - seq + 1)
             st.stale += skip
             self._log("stale", "stream %r: skipped sequence number %d, not after %d", topic, seq, last)
-            if skip == n:
+            if whole:
+                st.behind = (st.behind if seq == st.behind_next else 0) + n
+                st.behind_next = seq + n
                 return skip
+        st.behind, st.behind_next = 0, -1
         st.last_seq = seq + n - 1
         st.samples += n - skip
         st.ended = False
