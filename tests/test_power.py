@@ -226,7 +226,7 @@ def test_svi_settings_net_warmup():
     assert kw["max_iter"] is None and kw["net_warmup"] == 0
     for bad in (None, 1.5e5, "100", True, -10):
         with pytest.raises(ValueError, match=re.escape(
-                f"max_iter (net_warmup, when not given, is a fraction of it) must be an integer >= 1, got")):
+                "max_iter (net_warmup, when not given, is a fraction of it) must be an integer >= 1, got")):
             svi_settings(max_iter=bad)
 
 
