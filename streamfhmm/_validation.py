@@ -11,6 +11,8 @@ __all__ = [
     "check_observations",
     "check_lengths",
     "check_bounds",
+    "check_bool",
+    "check_generator",
     "check_W",
     "check_covariance",
     "check_transmat",
@@ -48,6 +50,21 @@ def check_real(value, name: str, low: float = 0.0, high: float = math.inf, *,
     if not math.isfinite(v) or v < low or v > high or (low_open and v == low) or (high_open and v == high):
         raise ValueError(f"{name} must be {want}, got {v!r}")
     return v
+
+
+def check_bool(value, name: str) -> bool:
+    """``value`` as a bool if it is True or False (numpy's included), else ValueError (a
+    string such as ``"false"``, or 0.5, would pass a truth test)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_generator(rng, name: str = "rng") -> np.random.Generator:
+    """``rng`` if it is a numpy Generator, else ValueError."""
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"{name} must be a numpy Generator, got {type(rng).__name__}")
+    return rng
 
 
 def unmask(x):

@@ -13,20 +13,14 @@ from scipy.optimize import linear_sum_assignment
 
 from . import exact
 from ._validation import _as_float_array, check_observations
-from .model import FHMMParams
+from .model import FHMMParams, check_params
 
 __all__ = ["loglik_per_step", "posterior_mae", "align_params", "recovery_errors"]
 
 
-def _check_params(params, name: str = "params") -> FHMMParams:
-    if not isinstance(params, FHMMParams):
-        raise ValueError(f"{name} must be an FHMMParams, got {type(params).__name__}")
-    return params
-
-
 def loglik_per_step(params: FHMMParams, X, lengths=None) -> float:
     """Exact log-likelihood divided by the number of time steps."""
-    _check_params(params)
+    check_params(params)
     X = check_observations(X, n_features=params.n_features)
     return exact.log_likelihood(params, X, lengths) / X.shape[0]
 
@@ -59,7 +53,7 @@ def relabel(params: FHMMParams, perm, flip) -> FHMMParams:
     ``perm`` must be a permutation of ``0 … M-1`` and ``flip`` M booleans; otherwise
     ValueError.
     """
-    _check_params(params)
+    check_params(params)
     M = params.n_chains
     perm = np.asarray(perm)
     if perm.shape != (M,) or not np.issubdtype(perm.dtype, np.integer) \
@@ -94,8 +88,8 @@ def align_params(estimate: FHMMParams, reference: FHMMParams):
     perm : ndarray of int, shape (M,)
     flip : ndarray of bool, shape (M,)
     """
-    _check_params(estimate, "estimate")
-    _check_params(reference, "reference")
+    check_params(estimate, "estimate")
+    check_params(reference, "reference")
     if estimate.n_chains != reference.n_chains or estimate.n_features != reference.n_features:
         raise ValueError("estimate and reference must have the same n_chains and n_features")
     M = estimate.n_chains

@@ -12,7 +12,7 @@ import numpy as np
 
 from ._validation import check_lengths, check_observations
 from .kernels import exact as _k
-from .model import FHMMParams
+from .model import FHMMParams, check_params
 
 __all__ = ["MAX_EXACT_CHAINS", "log_likelihood", "filtered_marginals", "smoothed_marginals",
            "bounds_from_lengths"]
@@ -29,8 +29,7 @@ def bounds_from_lengths(lengths: np.ndarray) -> np.ndarray:
 
 
 def _prepare(params: FHMMParams, X, lengths):
-    if not isinstance(params, FHMMParams):
-        raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
+    check_params(params)
     M = params.n_chains
     if M > MAX_EXACT_CHAINS:
         raise ValueError(f"exact inference is limited to n_chains <= {MAX_EXACT_CHAINS} "

@@ -22,10 +22,17 @@ import numpy as np
 from ._validation import (check_covariance, check_random_state, check_real, check_startprob,
                           check_transmat, check_W, check_positive_int, _as_float_array)
 
-__all__ = ["FHMMParams", "logit", "sigmoid"]
+__all__ = ["FHMMParams", "check_params", "logit", "sigmoid"]
 
 #: transition probabilities are kept inside [PROB_FLOOR, 1 - PROB_FLOOR] so logits stay finite
 PROB_FLOOR = 1e-12
+
+
+def check_params(params, name: str = "params") -> "FHMMParams":
+    """``params`` if it is an :class:`FHMMParams`, else ValueError."""
+    if not isinstance(params, FHMMParams):
+        raise ValueError(f"{name} must be an FHMMParams, got {type(params).__name__}")
+    return params
 
 
 def sigmoid(x):

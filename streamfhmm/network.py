@@ -20,7 +20,7 @@ from ._validation import (_as_float_array, check_lengths, check_observations,
 from .kernels.bvn import EPS_RHO, EPS_THETA
 from .kernels import recognition as _rk
 
-__all__ = ["RecognitionNet", "SHARE_MODES", "WINDOW_MODES"]
+__all__ = ["RecognitionNet", "SHARE_MODES", "WINDOW_MODES", "check_net"]
 
 #: hidden-layer sharing: one layer for all 2M heads, or one group of units per chain
 SHARE_MODES = ("all", "chain")
@@ -454,3 +454,15 @@ class RecognitionNet:
         return (f"RecognitionNet(n_chains={self._n_chains}, n_features={self._n_features}, "
                 f"window={self._window}, n_hidden={self._n_hidden}, share={self._share!r}, "
                 f"mode={self._mode!r})")
+
+
+def check_net(net, n_chains: int | None = None, n_features: int | None = None,
+              whose: str = "") -> RecognitionNet:
+    """``net`` if it is a :class:`RecognitionNet` (for ``n_chains`` chains and
+    ``n_features`` features, ``whose`` they are, when given), else ValueError."""
+    if not isinstance(net, RecognitionNet):
+        raise ValueError(f"net must be a RecognitionNet, got {type(net).__name__}")
+    if n_chains is not None and (net.n_chains, net.n_features) != (n_chains, n_features):
+        raise ValueError(f"net must have {whose} {n_chains} chains and {n_features} features, "
+                         f"got {net.n_chains} chains and {net.n_features} features")
+    return net

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import check_positive_int, check_real
+from ._validation import check_bool, check_positive_int, check_real
 
 __all__ = [
     "PAPER_COLUMNS", "AGGREGATE_COLUMNS", "SUBMETER_COLUMNS", "N_TRAIN", "N_SCORED",
@@ -249,8 +249,7 @@ def protocol_mse(model, split: PowerSplit, n_scored: int | None = N_SCORED, meth
         raise ValueError(f"split must be a PowerSplit (power_split()), got {type(split).__name__}")
     if n_scored is not None:
         n_scored = check_positive_int(n_scored, "n_scored")
-    if not isinstance(exclude_imputed, (bool, np.bool_)):
-        raise ValueError(f"exclude_imputed must be True or False, got {exclude_imputed!r}")
+    check_bool(exclude_imputed, "exclude_imputed")
     Y, R, imputed = _test_reconstruction(model, split, n_scored, method)
     return mse_per_dimension(Y, R, imputed if exclude_imputed else None)
 
@@ -461,7 +460,7 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
         raise ValueError(f"split must be a PowerSplit (power_split()), got {type(split).__name__}")
     n_scored = check_positive_int(n_scored, "n_scored")
     n_bound_rows = check_positive_int(n_bound_rows, "n_bound_rows", minimum=0)
-    smf_full, score_all = _check_bool(smf_full, "smf_full"), _check_bool(score_all, "score_all")
+    smf_full, score_all = check_bool(smf_full, "smf_full"), check_bool(score_all, "score_all")
     if train_rows is not None:
         # before the data: train_rows = -500 or 0 sliced the wrong rows (train[500:], all)
         train_rows = check_positive_int(train_rows, "train_rows", minimum=2)
@@ -579,13 +578,6 @@ def _check_2d(X, name: str, n_features: int | None = None) -> np.ndarray:
     return X
 
 
-def _check_bool(value, name: str) -> bool:
-    """``value`` if it is a boolean (``"no"`` or 0 would pass a truth test)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
 def submeter_features(theta, both_states: bool = True) -> np.ndarray:
     """Regressors of the chain-to-sub-meter map.
 
@@ -604,7 +596,7 @@ def submeter_features(theta, both_states: bool = True) -> np.ndarray:
         NaN rows where ``theta`` has a NaN (a missing value).
     """
     theta = _check_2d(theta, "theta")
-    _check_bool(both_states, "both_states")
+    check_bool(both_states, "both_states")
     # (a rounding error's worth outside [0, 1], as a sum of normalised probabilities may
     # give, is clipped)
     if ((theta < -1e-9) | (theta > 1 + 1e-9)).any():
@@ -660,19 +652,26 @@ def fit_submeter_map(theta, Y, both_states: bool = True) -> np.ndarray:
     return coef
 
 
-def predict_submeters(theta, coef) -> np.ndarray:
-    """Sub-meter estimates ``features(θ) @ coef`` (T, K); the feature layout follows coef's rows."""
-    theta = _check_2d(theta, "theta")
+def _check_coef(coef, rows, expected: str) -> np.ndarray:
+    """``coef`` as a finite float array of shape (r, K), r in ``rows``, K ≥ 1; else
+    ValueError saying it must have ``expected``."""
     try:
         coef = np.asarray(coef, dtype=float)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"coef must be a numeric array: {exc}") from None
-    M = theta.shape[1]
-    if coef.ndim != 2 or coef.shape[0] not in (M + 1, 2 * M + 1) or coef.shape[1] == 0:
-        raise ValueError(f"coef must have {M + 1} or {2 * M + 1} rows for {M} chains and at least "
-                         f"one column, got shape {coef.shape}")
+    if coef.ndim != 2 or coef.shape[0] not in rows or coef.shape[1] == 0:
+        raise ValueError(f"coef must have {expected}, got shape {coef.shape}")
     if not np.isfinite(coef).all():
         raise ValueError("coef must be finite")
+    return coef
+
+
+def predict_submeters(theta, coef) -> np.ndarray:
+    """Sub-meter estimates ``features(θ) @ coef`` (T, K); the feature layout follows coef's rows."""
+    theta = _check_2d(theta, "theta")
+    M = theta.shape[1]
+    coef = _check_coef(coef, (M + 1, 2 * M + 1),
+                       f"{M + 1} or {2 * M + 1} rows for {M} chains and at least one column")
     return submeter_features(theta, both_states=coef.shape[0] == 2 * M + 1) @ coef
 
 
@@ -716,16 +715,9 @@ def fit_aggregate_baseline(A, Y) -> np.ndarray:
 def predict_aggregate_baseline(A, coef) -> np.ndarray:
     """Baseline estimates ``[A, 1] @ coef``, shape (T, K)."""
     A = _check_2d(A, "A")
-    try:
-        coef = np.asarray(coef, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"coef must be a numeric array: {exc}") from None
     P = A.shape[1]
-    if coef.ndim != 2 or coef.shape[0] != P + 1 or coef.shape[1] == 0:
-        raise ValueError(f"coef must have shape ({P + 1}, K) for {P} aggregate channels "
-                         f"(fit_aggregate_baseline), got shape {coef.shape}")
-    if not np.isfinite(coef).all():
-        raise ValueError("coef must be finite")
+    coef = _check_coef(coef, (P + 1,),
+                       f"shape ({P + 1}, K) for {P} aggregate channels (fit_aggregate_baseline)")
     return np.hstack([A, np.ones((A.shape[0], 1))]) @ coef
 
 
@@ -947,7 +939,7 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     if train_rows is not None and not 2 <= int(train_rows) <= n_train:
         raise ValueError(f"train_rows must be between 2 and n_train = {n_train:,}, got {train_rows:,}")
     on_threshold = check_real(on_threshold, "on_threshold", 0.0, low_open=True)
-    _check_bool(both_states, "both_states")
+    check_bool(both_states, "both_states")
     n = n_cal + n_eval
     n_keep_cal = int((~agg.test_imputed[:n_cal]).sum())
     if not (~agg.test_imputed[n_cal:n]).any():

@@ -319,9 +319,8 @@ def _atomic_write_text(path: str, text: str):
 _INT64_END = 1 << 63
 
 
-def _record_int(rec: dict, key: str, low: int) -> int:
-    """``rec[key]``, an integer in [low, 2**63), else ValueError."""
-    v = rec[key]
+def _record_int(v, key: str, low: int) -> int:
+    """``v`` (the record's ``key``), an integer in [low, 2**63), else ValueError."""
     if type(v) is not int or not low <= v < _INT64_END:
         raise ValueError(f"{key} must be an integer in [{low}, 2**63), got {v!r}")
     return v
@@ -355,9 +354,9 @@ def read_stream_record(path: str) -> dict:
                               f"reads version {_RECORD_VERSION}")
     try:
         topic = bytes.fromhex(rec["topic"])
-        seq, t_next, gen = (_record_int(rec, "seq", -1), _record_int(rec, "t_next", 0),
-                            _record_int(rec, "generation", 0))
-        pending = [(_record_int({"t": t}, "t", 0), _record_int({"seq": s}, "seq", 0), float(ts))
+        seq, t_next, gen = (_record_int(rec["seq"], "seq", -1), _record_int(rec["t_next"], "t_next", 0),
+                            _record_int(rec["generation"], "generation", 0))
+        pending = [(_record_int(t, "t", 0), _record_int(s, "seq", 0), float(ts))
                    for t, s, ts in rec["pending"]]
         texts = [p[2] for p in json.loads(raw, parse_float=str, parse_int=str)["pending"]] if pending else []
         fname = str(rec["file"])

@@ -506,7 +506,7 @@ def test_a_restarted_worker_takes_its_shard_back(problem):
 def test_expected_blocks_match_the_sampler():
     """The batch split's weights: the mean number of subchains an epoch of the sampler
     cuts from each sequence."""
-    from streamfhmm.learn.sampler import SubchainSampler
+    from streamfhmm.learn.sampler import SubchainSampler, expected_subchains
     seed = 11
     print(f"seed={seed}")
     lengths = np.array([1, 2, 5, 6, 9, 10, 11, 23, 40])
@@ -518,7 +518,7 @@ def test_expected_blocks_match_the_sampler():
         for _ in range(n_epochs):
             _, _, lo, _ = sampler._epoch_blocks()
             counts += np.bincount(np.searchsorted(bounds, lo), minlength=len(lengths))
-        np.testing.assert_allclose(counts / n_epochs, dl._expected_blocks(lengths, L),
+        np.testing.assert_allclose(counts / n_epochs, expected_subchains(lengths, L),
                                    rtol=0.02)
 
 

@@ -69,7 +69,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     raise ImportError("streamfhmm.adapters.river needs river: pip install 'streamfhmm[river]'") \
         from None
 
-from .._validation import check_positive_int
+from .._validation import check_bool, check_positive_int
 from ..estimator import FHMM
 from ..exact import MAX_EXACT_CHAINS
 from ..io.checkpoint import load_checkpoint, save_checkpoint
@@ -361,10 +361,11 @@ class _StreamAdapter:
             if bad:
                 raise ValueError(f"engine_params must not set {bad}: they are the adapter's own "
                                  f"arguments (or fixed by it)")
-            unknown = [k for k in self.engine_params if k not in _engine_arguments()]
+            allowed = _engine_arguments()
+            unknown = [k for k in self.engine_params if k not in allowed]
             if unknown:
                 raise ValueError(f"engine_params has unknown StreamEngine arguments {unknown}; "
-                                 f"expected some of {sorted(_engine_arguments())}")
+                                 f"expected some of {sorted(allowed)}")
         M = self._structure()[0]
         if self._resolved_posterior() == "exact" and M > MAX_EXACT_CHAINS:
             raise ValueError(f"posterior='exact' is limited to n_chains <= {MAX_EXACT_CHAINS}, "
@@ -436,9 +437,7 @@ class _StreamAdapter:
 
     @learning.setter
     def learning(self, value: bool):
-        if not isinstance(value, (bool, np.bool_)):
-            raise ValueError(f"learning must be True or False, got {value!r}")
-        value = bool(value)
+        value = check_bool(value, "learning")
         if self._engine is not None:
             self._engine.learning = value
         self._learning = value

@@ -402,6 +402,8 @@ class ZmqSource:
         samples are skipped."""
         last = st.last_seq
         skip = 0
+        # the numbers already received in order behind the last one, that this run continues
+        behind = st.behind if seq == st.behind_next else 0
         if seq == last + 1 or last < 0:
             pass
         elif seq > last:
@@ -409,11 +411,10 @@ class ZmqSource:
         elif seq == 0:
             st.restarts += 1
             self._log("restart", "stream %r restarted at sequence number 0 (after %d)", topic, last)
-        elif seq + n - 1 <= last and self.resync_after and (
-                (st.behind if seq == st.behind_next else 0) + n >= self.resync_after):
+        elif seq + n - 1 <= last and self.resync_after and behind + n >= self.resync_after:
             # the resync_after-th number in order behind the last one: accepted, with those
             # after it in this run, after a discontinuity (the ones before it were stale)
-            skip = self.resync_after - (st.behind if seq == st.behind_next else 0) - 1
+            skip = self.resync_after - behind - 1
             st.stale += skip
             st.restarts += 1
             self._log("restart", "stream %r restarted at sequence number %d: %d numbers in "
@@ -425,7 +426,7 @@ class ZmqSource:
             st.stale += skip
             self._log("stale", "stream %r: skipped sequence number %d, not after %d", topic, seq, last)
             if whole:
-                st.behind = (st.behind if seq == st.behind_next else 0) + n
+                st.behind = behind + n
                 st.behind_next = seq + n
                 return skip
         st.behind, st.behind_next = 0, -1

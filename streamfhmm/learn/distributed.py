@@ -104,9 +104,9 @@ from .._validation import check_observations, check_positive_int, check_random_s
 from ..kernels import svi as _ks
 from ..model import FHMMParams
 from ..network import RecognitionNet
-from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
-from .sampler import SubchainSampler
-from .svi import RMSprop, SVIState, check_svi_settings, cosine_lr, log_step, store
+from .objective import check_covariance_type, covariance_mode
+from .sampler import SubchainSampler, expected_subchains
+from .svi import SVIState, check_svi_settings, cosine_lr, log_step, start_state, store
 
 __all__ = ["fit_svi_distributed", "write_npy_chunks", "chunk_lengths", "chunk_scaler",
            "head_rows"]
@@ -503,24 +503,6 @@ def _allocate(batch_size, fractions, rng):
     return base
 
 
-def _expected_blocks(lengths, subchain_length):
-    """Mean number of subchains per epoch of :class:`~.sampler.SubchainSampler` for each
-    sequence: 1 for ``T <= L``, else ``ceil(T / L)`` with offset 0 and
-    ``1 + ceil((T - o) / L)`` with offset ``o = 1 .. L-1``, the offsets equally likely."""
-    T = np.asarray(lengths, dtype=np.int64)
-    L = int(subchain_length)
-    out = np.ones(T.shape[0])
-    long = T > L
-    if long.any() and L > 1:
-        t = T[long][:, None]
-        o = np.arange(1, L, dtype=np.int64)[None, :]
-        with_offset = (1 + (t - o + L - 1) // L).sum(axis=1)
-        out[long] = ((T[long] + L - 1) // L + with_offset) / L
-    elif long.any():
-        out[long] = T[long]
-    return out
-
-
 def _shard_chunks(lengths, n_shards):
     """Longest chunk first onto the least-loaded shard (deterministic)."""
     load = np.zeros(n_shards, dtype=np.int64)
@@ -843,9 +825,6 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     if direct_to_workers is not None and not isinstance(direct_to_workers, (bool, np.bool_)):
         raise ValueError(f"direct_to_workers must be True, False or None, got "
                          f"{direct_to_workers!r}")
-    if state is not None and not isinstance(state, SVIState):
-        raise ValueError(f"state must be an SVIState (a learner's result), got "
-                         f"{type(state).__name__}")
     if callback is not None and not callable(callback):
         raise ValueError(f"callback must be callable, got {type(callback).__name__}")
     if workers is not None and (isinstance(workers, (str, bytes, os.PathLike))
@@ -859,19 +838,11 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     max_recoveries = check_positive_int(max_recoveries, "max_recoveries", minimum=0)
     step_timeout = _check_seconds(step_timeout, "step_timeout")
     setup_timeout = _check_seconds(setup_timeout, "setup_timeout")
+    continued = state is not None
+    state = start_state(state, params, net, decay, covariance_type)
     desc = _describe_chunks(chunks)
     D = desc[0].n_features
-    if state is None:
-        if not isinstance(params, FHMMParams):
-            raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
-        if not isinstance(net, RecognitionNet):
-            raise ValueError(f"net must be a RecognitionNet, got {type(net).__name__}")
-        ctype = check_covariance_type("full" if covariance_type is None else covariance_type)
-        packer = ModelPacker(params.n_chains, params.n_features)
-        state = SVIState(packer=packer, model_vec=packer.pack(constrain_params(params, ctype)),
-                         net=net.copy(), opt=RMSprop(packer.size + net.n_weights, decay=decay),
-                         covariance_type=ctype)
-    elif covariance_type is not None:
+    if continued and covariance_type is not None:
         state.covariance_type = check_covariance_type(covariance_type)
     packer, net = state.packer, state.net
     cov_mode = covariance_mode(state.covariance_type)
@@ -904,7 +875,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     alloc_rng = np.random.default_rng(seeds[0])
     shards = [_Shard(k, m, int(lengths[m].sum()), seeds[k + 1]) for k, m in enumerate(members)]
     # the batch split by subchains per epoch, not positions: every position equally often
-    blocks = _expected_blocks(lengths, L)
+    blocks = expected_subchains(lengths, L)
     fractions = np.array([blocks[s.chunk_ids].sum() for s in shards])
     fractions /= fractions.sum()
     spec = {"M": packer.n_chains, "D": D, "n_model": packer.size, "n_weights": net.n_weights,

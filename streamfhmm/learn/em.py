@@ -26,7 +26,7 @@ from .. import exact
 from .._validation import (check_lengths, check_observations, check_positive_int,
                            check_random_state)
 from ..kernels import exact as _kx
-from ..model import FHMMParams
+from ..model import FHMMParams, check_params
 from .objective import constrain_params, covariance_mode
 from .smf import _bounds, _check_nonneg_float, _check_params, _default_floor, _m_step, init_params
 
@@ -84,8 +84,7 @@ def exact_e_step(params: FHMMParams, X, lengths=None) -> ExactEStep:
     MATH.md §7 (smoother) and §6 (statistics): ``gram = Σ_k G_k ŝ_k ŝ_kᵀ`` with
     ``G_k = Σ_t p(s_t = k | y)`` accumulated by the smoother's backward pass.
     """
-    if not isinstance(params, FHMMParams):
-        raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
+    check_params(params)
     M = params.n_chains
     if M > MAX_EM_CHAINS:
         raise ValueError(f"exact EM enumerates 2^M joint states; n_chains must be at most "

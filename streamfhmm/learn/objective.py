@@ -24,8 +24,8 @@ import numpy as np
 from .._validation import check_bounds, check_observations, check_positive_int
 from ..kernels import elbo as _elbo
 from ..kernels import recognition as _rk
-from ..model import FHMMParams, sigmoid
-from ..network import RecognitionNet
+from ..model import FHMMParams, check_params, sigmoid
+from ..network import check_net
 
 __all__ = ["COVARIANCE_TYPES", "ModelPacker", "Workspace", "batch_objective", "sequence_elbo",
            "check_covariance_type", "covariance_mode", "project_covariance", "constrain_params",
@@ -146,8 +146,7 @@ class ModelPacker:
 
     def pack(self, params: FHMMParams) -> np.ndarray:
         """The flat vector of ``params`` (``n_chains`` and ``n_features`` as the packer's)."""
-        if not isinstance(params, FHMMParams):
-            raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
+        check_params(params)
         if (params.n_chains, params.n_features) != (self.n_chains, self.n_features):
             raise ValueError(f"params must have {self.n_chains} chains and {self.n_features} "
                              f"features like the packer, got {params.n_chains} and "
@@ -221,12 +220,7 @@ class Workspace:
     def __init__(self, packer: ModelPacker, net):
         if not isinstance(packer, ModelPacker):
             raise ValueError(f"packer must be a ModelPacker, got {type(packer).__name__}")
-        if not isinstance(net, RecognitionNet):
-            raise ValueError(f"net must be a RecognitionNet, got {type(net).__name__}")
-        if (net.n_chains, net.n_features) != (packer.n_chains, packer.n_features):
-            raise ValueError(f"net must have the packer's {packer.n_chains} chains and "
-                             f"{packer.n_features} features, got {net.n_chains} chains and "
-                             f"{net.n_features} features")
+        check_net(net, packer.n_chains, packer.n_features, "the packer's")
         self.packer = packer
         self.net = net
         M, D = packer.n_chains, packer.n_features

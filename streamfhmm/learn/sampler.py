@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import check_bounds, check_positive_int
+from .._validation import check_bounds, check_generator, check_positive_int
 
-__all__ = ["SubchainSampler", "Batch"]
+__all__ = ["SubchainSampler", "Batch", "expected_subchains"]
 
 
 class Batch:
@@ -70,9 +70,7 @@ class SubchainSampler:
         self.bounds = check_bounds(bounds)
         self.subchain_length = check_positive_int(subchain_length, "subchain_length")
         self.batch_size = check_positive_int(batch_size, "batch_size")
-        if not isinstance(rng, np.random.Generator):
-            raise ValueError(f"rng must be a numpy Generator, got {type(rng).__name__}")
-        self.rng = rng
+        self.rng = check_generator(rng)
         self.n_positions = int(self.bounds[-1] - self.bounds[0])
         self.epoch = 0
         empty = np.empty(0, dtype=np.int64)
@@ -133,3 +131,22 @@ class SubchainSampler:
         self._cursor += B
         return Batch(np.concatenate(rows), np.concatenate(rs), np.concatenate(re),
                      np.asarray(offsets, dtype=np.int64), np.asarray(first, dtype=bool))
+
+
+def expected_subchains(lengths, subchain_length: int) -> np.ndarray:
+    """Mean number of subchains an epoch of :class:`SubchainSampler` cuts from each
+    sequence, shape (n_sequences,).
+
+    The cut of :meth:`SubchainSampler._epoch_blocks`: a sequence of ``T <= L`` positions
+    is one subchain; a longer one is cut every ``L`` from a random offset ``o`` in
+    ``0 .. L-1``, into ``ceil(T / L)`` subchains for ``o = 0`` and ``1 + ceil((T - o) / L)``
+    otherwise, the offsets equally likely.
+    """
+    T = np.asarray(lengths, dtype=np.int64)
+    L = int(subchain_length)
+    out = np.ones(T.shape[0])
+    long = T > L
+    t = T[long][:, None]
+    o = np.arange(1, L, dtype=np.int64)[None, :]
+    out[long] = ((T[long] + L - 1) // L + (1 + (t - o + L - 1) // L).sum(axis=1)) / L
+    return out

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from .._validation import (check_lengths, check_observations, check_positive_int,
                            check_random_state)
 from ..kernels import smf as _k
-from ..model import PROB_FLOOR, FHMMParams
+from ..model import PROB_FLOOR, FHMMParams, check_params
 from .objective import COVARIANCE_TYPES as COVARIANCE_TYPE_NAMES
 from .objective import constrain_params, covariance_mode
 
@@ -103,8 +103,7 @@ def _bounds(lengths: np.ndarray) -> np.ndarray:
 
 
 def _check_params(params, n_features=None) -> FHMMParams:
-    if not isinstance(params, FHMMParams):
-        raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
+    check_params(params)
     if params.log_transmat.min() < LOG_MIN_TRANSITION:
         raise ValueError("params has a transition probability below 1e-100, which the scaled "
                          "SMF recursions do not support (FHMMParams.from_natural keeps them "

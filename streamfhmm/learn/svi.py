@@ -21,14 +21,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._blas import limit_blas_threads
-from .._validation import check_bounds, check_observations, check_positive_int, check_real
+from .._validation import (check_bounds, check_generator, check_observations,
+                           check_positive_int, check_real)
 from ..kernels import svi as _ks
-from ..model import FHMMParams
-from ..network import RecognitionNet
+from ..model import FHMMParams, check_params
+from ..network import RecognitionNet, check_net
 from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
 
-__all__ = ["RMSprop", "SVIState", "check_svi_settings", "fit_svi"]
+__all__ = ["RMSprop", "SVIState", "check_svi_settings", "fit_svi", "start_state"]
 
 
 def check_svi_settings(max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio,
@@ -122,6 +123,25 @@ class SVIState:
         return np.concatenate([self.model_vec, self.net.weights])
 
 
+def start_state(state, params, net, decay: float, covariance_type) -> SVIState:
+    """The state a learner continues from: ``state``, checked to be an
+    :class:`SVIState`, or when it is None a new one from ``params``, a copy of ``net``
+    (checked to be their networks) and a fresh :class:`RMSprop` of ``decay``.
+    ``covariance_type`` (None: ``"full"``) is the new state's family; a continued
+    state's is left to the caller (after its other checks)."""
+    if state is not None:
+        if not isinstance(state, SVIState):
+            raise ValueError(f"state must be an SVIState, got {type(state).__name__}")
+        return state
+    check_params(params)
+    check_net(net, params.n_chains, params.n_features, "params'")
+    ctype = check_covariance_type("full" if covariance_type is None else covariance_type)
+    packer = ModelPacker(params.n_chains, params.n_features)
+    return SVIState(packer=packer, model_vec=packer.pack(constrain_params(params, ctype)),
+                    net=net.copy(), opt=RMSprop(packer.size + net.n_weights, decay=decay),
+                    covariance_type=ctype)
+
+
 def log_step(state: SVIState, entry: dict, x: np.ndarray, bar, callback) -> None:
     """Record one logged step of a learner loop: append ``entry`` to the history, show
     its ELBO on the progress bar, and hand ``callback`` the state with the model vector
@@ -182,34 +202,15 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     SVIState
     """
     net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng must be a numpy Generator, got {type(rng).__name__}")
-    if state is None:
-        if not isinstance(params, FHMMParams):
-            raise ValueError(f"params must be an FHMMParams, got {type(params).__name__}")
-        if not isinstance(net, RecognitionNet):
-            raise ValueError(f"net must be a RecognitionNet, got {type(net).__name__}")
-        if (net.n_chains, net.n_features) != (params.n_chains, params.n_features):
-            raise ValueError(f"net must have params' {params.n_chains} chains and "
-                             f"{params.n_features} features, got {net.n_chains} chains and "
-                             f"{net.n_features} features")
-        D = params.n_features
-    elif not isinstance(state, SVIState):
-        raise ValueError(f"state must be an SVIState, got {type(state).__name__}")
-    else:
-        D = state.packer.n_features
-    X = check_observations(X, n_features=D, allow_nan=True)
-    bounds = check_bounds(bounds, X.shape[0])
+    check_generator(rng)
     (max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay,
      time_budget) = check_svi_settings(max_iter, batch_size, subchain_length, learning_rate,
                                        final_lr_ratio, decay, time_budget)
-    if state is None:
-        ctype = check_covariance_type("full" if covariance_type is None else covariance_type)
-        packer = ModelPacker(params.n_chains, params.n_features)
-        state = SVIState(packer=packer, model_vec=packer.pack(constrain_params(params, ctype)),
-                         net=net.copy(), opt=RMSprop(packer.size + net.n_weights, decay=decay),
-                         covariance_type=ctype)
-    elif covariance_type is not None:
+    continued = state is not None
+    state = start_state(state, params, net, decay, covariance_type)
+    X = check_observations(X, n_features=state.packer.n_features, allow_nan=True)
+    bounds = check_bounds(bounds, X.shape[0])
+    if continued and covariance_type is not None:
         state.covariance_type = check_covariance_type(covariance_type)
     packer, net = state.packer, state.net
     cov_mode = covariance_mode(state.covariance_type)

@@ -37,12 +37,12 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import exact as _exact
-from .._validation import check_positive_int, check_random_state, check_real, unmask
+from .._validation import check_bool, check_positive_int, check_random_state, check_real, unmask
 from .._blas import limit_blas_threads
 from ..kernels import online as _ko
 from ..kernels import recognition as _rk
 from ..model import FHMMParams
-from ..network import RecognitionNet
+from ..network import RecognitionNet, check_net
 from .learner import (DEFAULT_LEARNER_DUTY, Learner, LearnerThread, Snapshot, check_duty,
                       make_snapshot)
 from .posterior import FLAG_EDGE, FLAG_IMPUTED, FLAG_WARMUP, Posterior
@@ -218,14 +218,6 @@ def _snapshot_arrays(snap: Snapshot) -> dict:
     return out
 
 
-def _check_switch(value, name: str) -> bool:
-    """``value`` as a bool if it is True or False (numpy's included), else ValueError (a
-    string such as ``"false"`` was taken as True)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
 def _has_value(x, status) -> int:
     """1 if sample ``x`` (its :func:`check_sample` ``status``) holds at least one value."""
     return int(status != _ko.STATUS_MISSING or not np.isnan(x).all())
@@ -381,7 +373,7 @@ class StreamEngine:
         if learn_samples is not None and not learn:
             raise ValueError("learn_samples needs learn=True: an engine without a learner has "
                              "nothing to stop")
-        cfg = dict(mode=mode, learn=_check_switch(learn, "learn"), posterior=posterior, n_features=n_features,
+        cfg = dict(mode=mode, learn=check_bool(learn, "learn"), posterior=posterior, n_features=n_features,
                    warmup=warmup, warmup_steps=warmup_steps, warmup_time=warmup_time,
                    reservoir_size=reservoir_size, recency_half_life=recency_half_life,
                    batch_size=batch_size, subchain_length=subchain_length,
@@ -407,8 +399,7 @@ class StreamEngine:
                              f"posterior='recognition'")
         want = "centred" if mode == "smooth" else "causal"
         if net is not None:
-            if not isinstance(net, RecognitionNet):
-                raise ValueError(f"net must be a RecognitionNet, got {type(net).__name__}")
+            check_net(net)
             if posterior == "recognition" and net.mode != want:
                 raise ValueError(f"mode={mode!r} needs a {want!r} recognition network, got a "
                                  f"{net.mode!r} one")
@@ -473,7 +464,7 @@ class StreamEngine:
             raise ValueError(f"posterior must be one of {_POSTERIORS}, got {cfg['posterior']!r}")
         self._cfg = dict(cfg)
         self._mode, self._posterior = cfg["mode"], cfg["posterior"]   # (read on every push)
-        self._learn = self._cfg["learn"] = _check_switch(cfg["learn"], "learn")
+        self._learn = self._cfg["learn"] = check_bool(cfg["learn"], "learn")
         self._exact_mode = cfg["posterior"] == "exact"
         self._M = int(cfg["n_chains"])
         self._warmup = check_positive_int(cfg["warmup"], "warmup", minimum=2)
@@ -1322,7 +1313,7 @@ class StreamEngine:
 
     @learning.setter
     def learning(self, value: bool):
-        value = _check_switch(value, "learning")
+        value = check_bool(value, "learning")
         if value and not self._learn:
             raise ValueError("this engine was built with learn=False: it has no learner")
         self._learning_wanted = value

@@ -43,7 +43,6 @@ __all__ = ["ExactTables", "Snapshot", "make_snapshot", "Learner", "LearnerThread
 
 _log = logging.getLogger("streamfhmm")
 
-
 #: yield the processor to another runnable thread (``time.sleep(0)`` where the platform
 #: has no ``sched_yield``); releases the GIL
 _yield_cpu = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
