@@ -6,8 +6,11 @@ quadrature for absolute accuracy, mpmath quadrature at 20+ digits for accuracy
 relative to the value).
 """
 import math
+import platform
 
+import numba
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import special
@@ -370,6 +373,27 @@ def test_copula_cells_relative_accuracy_near_laguerre_boundary():
         worst = max(worst, rel)
         assert rel <= 2e-11, (a, b, c, cell, q[cell], ref, rel)
     print(f"cells near the Gauss–Laguerre boundary: max rel err {worst:.2e}")
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="checks x86 packed instructions")
+def test_quadrature_node_loops_are_vectorised():
+    """The integrands of Φ2's three quadratures (angle integral, Genz's remainder,
+    Gauss–Laguerre) compile to packed divisions: their nodes are evaluated four at a
+    time, with no libm call (``math.exp``/``math.sin`` in them would keep them scalar)."""
+    cases = [
+        (bvn._dw_terms, (22.0, 21.0, 0.3, bvn._GL32_X, bvn._GL32_W, 1.0, np.empty(16))),
+        (bvn._series_terms, (1.0, 2.0, 0.1, 0.2, 0.1, bvn._GL20_X, bvn._GL20_W, 1.0,
+                             np.empty(10))),
+        (bvn._iplus_laguerre, (1.0, -2.0, 0.95)),
+    ]
+    for fn, args in cases:
+        # compiled afresh (asm of cached code cannot be inspected)
+        kernel = numba.njit(fn.py_func, nogil=True, error_model="numpy", cache=False)
+        expected = fn(*args)
+        assert kernel(*args) == expected
+        asm = kernel.inspect_asm(kernel.signatures[0])
+        assert "divpd" in asm, f"{fn.py_func.__name__} did not vectorise"
 
 
 def test_copula_cells_margins_sum_and_sign():

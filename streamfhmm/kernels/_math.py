@@ -8,7 +8,9 @@ plus one bit cast between float64 and int64, so a loop of them compiles to AVX2 
 
 ``tanh`` (absolute error ≤ 2.3e-16, relative ≤ 5e-16 against the exact value, NaN
 propagated, ``tanh(±inf) = ±1``, ``tanh(±0) = ±0``) is what the hidden layers and the ρ
-heads of the recognition networks use, ``sigmoid`` the θ heads (MATH.md §3). Without
+heads of the recognition networks use, ``sigmoid`` the θ heads (MATH.md §3). ``exp`` and
+``sin_small`` are the integrands' functions of the bivariate normal quadratures
+(:mod:`.bvn`), whose nodes are evaluated as one vectorised loop. Without
 ``error_model="numpy"`` (the package default, :mod:`._jit`) a division checks for a zero
 divisor and the loop stays scalar.
 """
@@ -22,7 +24,7 @@ from numba.extending import intrinsic
 
 from ._jit import jit
 
-__all__ = ["tanh", "sigmoid", "tanh_inplace", "tanh_bias_inplace"]
+__all__ = ["exp", "sin_small", "tanh", "sigmoid", "tanh_inplace", "tanh_bias_inplace"]
 
 
 @intrinsic
@@ -71,11 +73,17 @@ _TANH_CLAMP = 19.1
 _TANH_NEAR_ONE = 0.55
 # sigmoid's argument is clamped at ±708 so that 2**n stays a normal number; σ(x < -708) = 0
 _SIGMOID_CLAMP = 708.0
+# exp's range: below it 0 (exp(-708) = 3.3e-308), above it +inf (2**n must stay finite)
+_EXP_LO = -708.0
+_EXP_HI = 709.0
+# sin's Taylor coefficients (-1)^j / (2j+1)!, j = 1..11 (the remainder at |x| = 1.2 is
+# below 1.2^25/25! = 6e-24)
+_SIN_C = tuple((-1.0) ** j / math.factorial(2 * j + 1) for j in range(1, 12))
 
 
 @jit(inline="always")
 def _exp_parts(y):
-    """``exp(y) = s (d + 2r) / d`` for ``-1022 ln2 < y <= 0``, returned as ``(s, d, r)``.
+    """``exp(y) = s (d + 2r) / d`` for ``-1022 ln2 < y <= 709``, returned as ``(s, d, r)``.
 
     ``y = n ln2 + r`` (Cody–Waite, ``|r| ≤ ln2/2``), ``s = 2**n`` built from its bit
     pattern, and fdlibm's ``exp(r) = 1 + 2r / (2 - c)``, ``c = r - r² P(r²)`` (error
@@ -95,6 +103,71 @@ def _exp_parts(y):
     # 2**n: the low bits of t hold n (two's complement); the shift drops all the rest
     s = _bitcast((_bitcast(t, np.int64) + 1023) << 52, np.float64)
     return s, 2.0 - c, r
+
+
+@jit(inline="always")
+def exp(y):
+    """``exp(y)`` from arithmetic only, so that a loop of it vectorises.
+
+    Parameters
+    ----------
+    y : float
+
+    Returns
+    -------
+    float
+        Relative error ≤ 2.5e-16 for ``-708 ≤ y ≤ 709``; 0 below -708 (the exact value
+        is < 3.4e-308 there) and +inf above 709 (an overflow from 709.78, a value above
+        8.2e307 between); NaN gives NaN.
+
+    Notes
+    -----
+    MATH.md §2 (the integrands of Φ2). ``exp(y) = s (d + 2r) / d`` (:func:`_exp_parts`,
+    whose reduction holds for ``|y| ≤ 709``) on ``y`` clamped into that range, the
+    out-of-range values selected afterwards: no branch.
+    """
+    u = _EXP_LO if y < _EXP_LO else (_EXP_HI if y > _EXP_HI else y)
+    s, d, r = _exp_parts(u)
+    v = s * _fmadd(2.0, r, d) / d
+    v = 0.0 if y < _EXP_LO else v
+    # NaN fails both comparisons, so u and v are NaN
+    return math.inf if y > _EXP_HI else v
+
+
+@jit(inline="always")
+def sin_small(x):
+    """``sin(x)`` for ``|x| ≤ 1.2`` from arithmetic only (vectorises).
+
+    Parameters
+    ----------
+    x : float
+        ``|x| ≤ 1.2`` (the angles of the Drezner–Wesolowsky integral, ``|asin ρ| <
+        1.19`` for ``|ρ| < 0.925``); outside that range the result is not ``sin x``.
+
+    Returns
+    -------
+    float
+        Relative error ≤ 2.5e-16 on ``|x| ≤ 1.2``; odd, ``sin_small(±0) = ±0``.
+
+    Notes
+    -----
+    MATH.md §2. The Taylor polynomial to degree 23, ``x + x³ P(x²)`` by Horner's rule
+    with fused multiply-adds on ``|x|``, the sign from ``copysign``; no range reduction.
+    """
+    ax = abs(x)
+    x2 = ax * ax
+    c = _SIN_C
+    p = _fmadd(c[10], x2, c[9])
+    p = _fmadd(p, x2, c[8])
+    p = _fmadd(p, x2, c[7])
+    p = _fmadd(p, x2, c[6])
+    p = _fmadd(p, x2, c[5])
+    p = _fmadd(p, x2, c[4])
+    p = _fmadd(p, x2, c[3])
+    p = _fmadd(p, x2, c[2])
+    p = _fmadd(p, x2, c[1])
+    p = _fmadd(p, x2, c[0])
+    return math.copysign(_fmadd(ax * x2, p, ax), x)
 
 
 @jit(inline="always")

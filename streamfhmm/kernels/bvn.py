@@ -39,6 +39,14 @@ for ``θ ∈ [1e-6, 1-1e-6]``; 1.2e-11 measured at ``h = k = -4.753``, ``ρ = -0
   a difference of nearly equal numbers (``Φ(h)Φ(k)`` minus almost as much) and so
   would lose all its relative precision.
 
+Speed: each quadrature evaluates its nodes in a loop of arithmetic, ``sqrt`` and
+selects only (:func:`._math.exp`, :func:`._math.sin_small`; a libm call would keep the
+loop scalar), which LLVM vectorises, and sums them in four interleaved partial sums. The
+copula cells take ``Φ(-h) = θ`` and ``Φ(h) = 1 - θ`` from the marginals instead of
+evaluating them, and :func:`copula_cells_h` takes the thresholds, so that the ELBO
+computes each row's ``h = Φ⁻¹(1-θ)`` once. Together these make the cells about twice as
+fast on the power protocol's posteriors (1.2–1.3 µs to 0.6–0.8 µs per cell).
+
 Conventions
 -----------
 No argument checking happens in the kernels. ``h``, ``k`` may be ±inf; NaN propagates;
@@ -50,7 +58,9 @@ import math
 import numpy as np
 
 from ._jit import jit
+from ._math import exp as _exp
 from ._math import sigmoid as _fast_sigmoid
+from ._math import sin_small as _sin_small
 from ._math import tanh as _fast_tanh
 
 __all__ = [
@@ -62,6 +72,7 @@ __all__ = [
     "bvn_pdf",
     "bvn_cdf",
     "copula_cells",
+    "copula_cells_h",
     "copula_cells_value",
     "clip_theta",
     "clip_theta_deriv",
@@ -320,14 +331,44 @@ def _dw_points(rho, hs):
 
 
 @jit
+def _sum_terms(terms):
+    """Σ terms in four interleaved partial sums (a fixed order, shorter dependency chains)."""
+    n = terms.shape[0]
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    m = n - n % 4
+    for i in range(0, m, 4):
+        a0 += terms[i]
+        a1 += terms[i + 1]
+        a2 += terms[i + 2]
+        a3 += terms[i + 3]
+    for i in range(m, n):
+        a0 += terms[i]
+    return (a0 + a1) + (a2 + a3)
+
+
+@jit
 def _dw_sum(hs, hk, half_asr, x, w):
-    total = 0.0
+    """The Gauss–Legendre sum of the angle integral over its 2·len(x) nodes.
+
+    The nodes are evaluated by loops of arithmetic only (:func:`._math.sin_small`,
+    :func:`._math.exp`), which LLVM vectorises; the exponent is ≤ 0.
+    """
+    n = x.shape[0]
+    terms = np.empty(2 * n)
+    _dw_terms(hs, hk, half_asr, x, w, 1.0, terms[:n])
+    _dw_terms(hs, hk, half_asr, x, w, -1.0, terms[n:])
+    return _sum_terms(terms)
+
+
+@jit
+def _dw_terms(hs, hk, half_asr, x, w, sign, out):
+    """``out[i]`` = the angle integrand at node ``half_asr (1 + sign x_i)``, weighted."""
     for i in range(x.shape[0]):
-        sn = math.sin(half_asr * (1.0 + x[i]))
-        total += w[i] * math.exp((sn * hk - hs) / ((1.0 - sn) * (1.0 + sn)))
-        sn = math.sin(half_asr * (1.0 - x[i]))
-        total += w[i] * math.exp((sn * hk - hs) / ((1.0 - sn) * (1.0 + sn)))
-    return total
+        sn = _sin_small(half_asr * (1.0 + sign * x[i]))
+        out[i] = w[i] * _exp((sn * hk - hs) / ((1.0 - sn) * (1.0 + sn)))
 
 
 @jit
@@ -392,31 +433,42 @@ def _iplus_laguerre(h, k, r):
     hk = h * k
     z2 = s2 / a2
     quad = s2 + 2.0 * (1.0 - r) * hk  # = h² - 2rhk + k²
-    total = 0.0
-    for i in range(_LAG_T.shape[0]):
+    n = _LAG_T.shape[0]
+    terms = np.empty(n)
+    for i in range(n):  # vectorised (arithmetic, sqrt and ._math.exp only)
         u = 2.0 * _LAG_T[i] / z2
         y2 = 1.0 / (1.0 + u)
         ry = math.sqrt((r * r + u) * y2)
         expo = hk * a2 * u * y2 / ((ry + r) * (1.0 + r) * (1.0 + ry))
-        total += _LAG_W[i] * y2 * math.sqrt(y2) * (r / ry) * math.exp(expo)
+        terms[i] = _LAG_W[i] * y2 * math.sqrt(y2) * (r / ry) * _exp(expo)
+    total = _sum_terms(terms)
     return math.exp(-0.5 * quad / a2) * a2 * math.sqrt(a2) / (_TWO_PI * s2 * r) * total
 
 
 @jit
 def _series_remainder(s2, hk, c, d, half_a, x, w):
     """Σ_i w_i e^{-(s²/x_i² + hk)/2} (smooth factor - its Taylor part) over [0, a]."""
-    rem = 0.0
+    n = x.shape[0]
+    terms = np.empty(2 * n)
+    _series_terms(s2, hk, c, d, half_a, x, w, -1.0, terms[:n])
+    _series_terms(s2, hk, c, d, half_a, x, w, 1.0, terms[n:])
+    return _sum_terms(terms)
+
+
+@jit
+def _series_terms(s2, hk, c, d, half_a, x, w, sign, out):
+    """``out[i]`` = the remainder's integrand at node ``half_a (1 + sign x_i)``, weighted
+    (a vectorised loop: arithmetic, sqrt, selects and :func:`._math.exp` only)."""
     for i in range(x.shape[0]):
-        for sign in (-1.0, 1.0):
-            xi = half_a * (1.0 + sign * x[i])
-            xs = xi * xi
-            e_i = -0.5 * (s2 / xs + hk)
-            if e_i > -745.0:
-                rs = math.sqrt((1.0 - xi) * (1.0 + xi))
-                ep = math.exp(-hk * xs / (2.0 * (1.0 + rs) * (1.0 + rs))) / rs
-                sp = 1.0 + c * xs * (1.0 + d * xs)
-                rem += w[i] * math.exp(e_i) * (ep - sp)
-    return rem
+        xi = half_a * (1.0 + sign * x[i])
+        xs = xi * xi
+        e_i = -0.5 * (s2 / xs + hk)
+        rs = math.sqrt((1.0 - xi) * (1.0 + xi))
+        ep = _exp(-hk * xs / (2.0 * (1.0 + rs) * (1.0 + rs))) / rs
+        sp = 1.0 + c * xs * (1.0 + d * xs)
+        t = w[i] * _exp(e_i) * (ep - sp)
+        # exp(e_i) < 3.4e-308 below -708: the term is left out (ep may overflow there)
+        out[i] = t if e_i >= -708.0 else 0.0
 
 
 @jit
@@ -529,16 +581,33 @@ def bvn_cdf(h, k, rho):
 # ---------------------------------------------------------------------------------------
 
 @jit
-def _cells_from_thresholds(h1, h2, rho, q):
-    """q = [q00, q01, q10, q11] of MATH.md §2 from thresholds h1 = h_{t-1}, h2 = h_t.
+def _interval_from(lo, hi, cdf_lo, cdf_hi, sf_lo, sf_hi):
+    """P(lo < Z < hi) as :func:`_interval_prob`, from the given ``Φ(lo)``, ``Φ(hi)``,
+    ``Φ(-lo)``, ``Φ(-hi)``; 0 if hi ≤ lo."""
+    if hi <= lo:
+        return 0.0
+    if hi <= 0.0:
+        return cdf_hi - cdf_lo
+    if lo >= 0.0:
+        return sf_lo - sf_hi
+    return 1.0 - cdf_lo - sf_hi
+
+
+@jit
+def _cells_from_thresholds(h1, h2, t1, t2, rho, q):
+    """q = [q00, q01, q10, q11] of MATH.md §2 from thresholds h1 = h_{t-1}, h2 = h_t and
+    the marginals t1 = θ_{t-1} = Φ(-h1), t2 = θ_t = Φ(-h2).
 
     Each cell is the Φ2 of its own arguments (same branches as ``bvn_cdf``); the
-    integral term is shared between cells where it is the same number.
+    integral term is shared between cells where it is the same number. The univariate
+    probabilities are the marginals themselves, ``Φ(-h) = θ`` and ``Φ(h) = 1 - θ``
+    (each with full relative precision: ``1 - θ`` is exact for ``θ ≥ 1/2`` and within
+    half an ulp of a number ≥ 1/2 otherwise), so that the margins hold to rounding.
     """
-    p1 = norm_cdf(h1)     # 1 - θ_{t-1}
-    m1 = norm_cdf(-h1)    # θ_{t-1}
-    p2 = norm_cdf(h2)
-    m2 = norm_cdf(-h2)
+    p1 = 1.0 - t1     # Φ(h1)
+    m1 = t1           # Φ(-h1)
+    p2 = 1.0 - t2
+    m2 = t2
     if rho == 0.0:
         q[0] = p1 * p2
         q[1] = p1 * m2
@@ -569,16 +638,16 @@ def _cells_from_thresholds(h1, h2, rho, q):
                     q[3] = tail   # Φ2(-h1, -h2; ρ)
     elif rho > 0.0:
         j = _iplus(h1, h2, rho)
-        q[0] = norm_cdf(min(h1, h2)) - j
-        q[1] = _interval_prob(h2, h1) + j
-        q[2] = _interval_prob(h1, h2) + j
-        q[3] = norm_cdf(-max(h1, h2)) - j
+        q[0] = min(p1, p2) - j    # Φ(min(h1, h2))
+        q[1] = _interval_from(h2, h1, p2, p1, m2, m1) + j
+        q[2] = _interval_from(h1, h2, p1, p2, m1, m2) + j
+        q[3] = min(m1, m2) - j    # Φ(-max(h1, h2))
     else:
         j = _iplus(h1, -h2, -rho)
-        q[0] = _interval_prob(-h2, h1) + j
-        q[1] = norm_cdf(min(h1, -h2)) - j
-        q[2] = norm_cdf(min(-h1, h2)) - j
-        q[3] = _interval_prob(h2, -h1) + j
+        q[0] = _interval_from(-h2, h1, m2, p1, p2, m1) + j
+        q[1] = min(p1, m2) - j    # Φ(min(h1, -h2))
+        q[2] = min(m1, p2) - j    # Φ(min(-h1, h2))
+        q[3] = _interval_from(h2, -h1, p2, m1, m2, p1) + j
     for i in range(4):
         q[i] = _clamp01(q[i])
 
@@ -615,7 +684,7 @@ def copula_cells_value(theta_prev, theta, rho, q):
     """
     h1 = -norm_ppf(theta_prev)
     h2 = -norm_ppf(theta)
-    _cells_from_thresholds(h1, h2, rho, q)
+    _cells_from_thresholds(h1, h2, theta_prev, theta, rho, q)
 
 
 @jit
@@ -649,8 +718,8 @@ def copula_cells(theta_prev, theta, rho, q, dq):
     MATH.md §2. With ``r = √(1-ρ²)``, ``A = (h2 - ρh1)/r``, ``B = (h1 - ρh2)/r``:
     ``∂q00 = (-Φ(A), -Φ(B), φ2)``, ``∂q01 = (-Φ(-A), Φ(B), -φ2)``,
     ``∂q10 = (Φ(A), -Φ(-B), -φ2)``, ``∂q11 = (Φ(-A), Φ(-B), φ2)``, with
-    ``φ2 = φ2(h1, h2; ρ)``; each is evaluated directly, so they too keep their relative
-    precision, and they satisfy the margin identities' derivatives exactly in exact
+    ``φ2 = φ2(h1, h2; ρ)``; each keeps its relative precision (the smaller of
+    ``Φ(±A)`` from its tail, the larger, ≥ 1/2, as 1 minus it), and they satisfy the margin identities' derivatives exactly in exact
     arithmetic. These are derivatives of the unclipped cells: chain with
     ``clip_theta_deriv`` / ``clip_rho_deriv``.
 
@@ -661,16 +730,45 @@ def copula_cells(theta_prev, theta, rho, q, dq):
     >>> dq[0].round(6).tolist()  # -Φ(0), -Φ(0), φ2(0, 0; 0)
     [-0.5, -0.5, 0.159155]
     """
-    h1 = -norm_ppf(theta_prev)
-    h2 = -norm_ppf(theta)
-    _cells_from_thresholds(h1, h2, rho, q)
+    copula_cells_h(theta_prev, theta, -norm_ppf(theta_prev), -norm_ppf(theta), rho, q, dq)
+
+
+@jit
+def _cdf_pair(x):
+    """``(Φ(x), Φ(-x))`` from one ``erfc``: the smaller from its tail, the larger (≥ 1/2)
+    as 1 minus it, both with full relative precision."""
+    if x >= 0.0:
+        lo = norm_cdf(-x)
+        return 1.0 - lo, lo
+    lo = norm_cdf(x)
+    return lo, 1.0 - lo
+
+
+@jit
+def copula_cells_h(theta_prev, theta, h_prev, h, rho, q, dq):
+    """:func:`copula_cells` given the thresholds as well (the ELBO computes each row's
+    ``h = -norm_ppf(θ)`` once for the two cells it enters).
+
+    Parameters
+    ----------
+    theta_prev, theta, rho, q, dq
+        As in :func:`copula_cells`.
+    h_prev, h : float
+        ``Φ⁻¹(1 - θ_{t-1})`` and ``Φ⁻¹(1 - θ_t)``, i.e. ``-norm_ppf(theta_prev)`` and
+        ``-norm_ppf(theta)``.
+
+    Notes
+    -----
+    MATH.md §2; see :func:`copula_cells`.
+    """
+    h1 = h_prev
+    h2 = h
+    _cells_from_thresholds(h1, h2, theta_prev, theta, rho, q)
     r = math.sqrt((1.0 - rho) * (1.0 + rho))
     a = _phi_pair(h1, h2, rho, r)
     b = _phi_pair(h2, h1, rho, r)
-    pa = norm_cdf(a)
-    ma = norm_cdf(-a)
-    pb = norm_cdf(b)
-    mb = norm_cdf(-b)
+    pa, ma = _cdf_pair(a)
+    pb, mb = _cdf_pair(b)
     dens = bvn_pdf(h1, h2, rho)
     dq[0, 0] = -pa
     dq[0, 1] = -pb

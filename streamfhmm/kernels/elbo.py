@@ -41,7 +41,7 @@ import math
 import numpy as np
 
 from ._jit import jit
-from .bvn import copula_cells
+from .bvn import copula_cells_h, norm_ppf
 
 __all__ = ["Q_FLOOR", "elbo_subchain", "elbo_batch", "sigma_grad_to_chol"]
 
@@ -398,13 +398,19 @@ def _emission(y, theta_row, g_theta_row, W, L, P, WP, c, const, mats, vecs, wmis
 # --------------------------------------------------------------------------------------
 @jit
 def _subchain(Y, theta, rho, row0, n, first_is_start, W, L, P, log_A, log_pi, const, mats, vecs,
-              wmiss, chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho, gW, gSigma,
+              wmiss, chain, WP, c, scal, obs, obs_prev, q, dq, hth, g_theta, g_rho, gW, gSigma,
               g_alpha, g_beta, g_logpi):
-    """Σ ℓ over the counted rows of the subchain in rows ``row0 .. row0+n-1``."""
+    """Σ ℓ over the counted rows of the subchain in rows ``row0 .. row0+n-1``.
+
+    ``hth`` (≥ row0+n, M) is scratch: each row's copula thresholds ``h = Φ⁻¹(1-θ)``,
+    computed once for the two pair cells the row enters."""
     M = W.shape[0] - 1
     total = 0.0
     if n <= 0:
         return 0.0
+    for t in range(row0, row0 + n):
+        for m in range(M):
+            hth[t, m] = -norm_ppf(theta[t, m])
     if first_is_start:
         t = row0
         total += _emission(Y[t], theta[t], g_theta[t], W, L, P, WP, c, const, mats, vecs, wmiss,
@@ -421,7 +427,7 @@ def _subchain(Y, theta, rho, row0, n, first_is_start, W, L, P, log_A, log_pi, co
                            chain, scal, obs, obs_prev, gW, gSigma)
         for m in range(M):
             tp = theta[t - 1, m]
-            copula_cells(tp, theta[t, m], rho[t, m], q, dq)
+            copula_cells_h(tp, theta[t, m], hth[t - 1, m], hth[t, m], rho[t, m], q, dq)
             ne, dne = _neg_entropy(tp)
             val = ne
             g_prev = dne
@@ -524,9 +530,10 @@ def elbo_subchain(Y, theta, rho, first_is_start, W, L, P, log_A, log_pi, g_theta
     mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
     half_logdet = _prepare(W, L, P, log_A, mats, chain, WP, c)
     const = -0.5 * D * LOG_2PI - half_logdet
+    hth = np.empty(theta.shape)
     total = _subchain(Y, theta, rho, 0, Y.shape[0], first_is_start, W, L, P, log_A, log_pi, const,
-                      mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev, q, dq, g_theta, g_rho,
-                      gW, gSigma, g_alpha, g_beta, g_logpi)
+                      mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev, q, dq, hth, g_theta,
+                      g_rho, gW, gSigma, g_alpha, g_beta, g_logpi)
     _finish(P, mats, chain, WP, scal, gW, gSigma)
     return total
 
@@ -571,11 +578,12 @@ def elbo_batch(Y, starts, n_pos, seq_start_flags, theta, rho, W, L, P, log_A, lo
     mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev, q, dq = _workspace(M, D)
     half_logdet = _prepare(W, L, P, log_A, mats, chain, WP, c)
     const = -0.5 * D * LOG_2PI - half_logdet
+    hth = np.empty(theta.shape)
     total = 0.0
     for b in range(starts.shape[0]):
         total += _subchain(Y, theta, rho, starts[b], n_pos[b], seq_start_flags[b], W, L, P, log_A,
                            log_pi, const, mats, vecs, wmiss, chain, WP, c, scal, obs, obs_prev,
-                           q, dq, g_theta, g_rho, gW, gSigma, g_alpha, g_beta, g_logpi)
+                           q, dq, hth, g_theta, g_rho, gW, gSigma, g_alpha, g_beta, g_logpi)
     _finish(P, mats, chain, WP, scal, gW, gSigma)
     return total
 
