@@ -59,7 +59,7 @@ TUNE_VARIANTS = {
     "batch 30": dict(batch_size=30),
 }
 _SVI_OPTIONS = ("learning_rate", "final_lr_ratio", "batch_size", "subchain_length", "init",
-                "init_samples", "net_warmup")
+                "init_samples", "net_warmup", "n_jobs")
 
 
 def print_table(rows, title):
@@ -170,6 +170,8 @@ def main(argv=None):
     ap.add_argument("--init-samples", type=int)
     ap.add_argument("--net-warmup", type=int, help="SVI steps training the networks only "
                     "(default a tenth of --iters)")
+    ap.add_argument("--n-jobs", type=int, help="SVI: threads computing each step's gradient "
+                    "(default 1; -1 one per processor)")
     ap.add_argument("--n-scored", type=int, help=f"test rows scored (default {N_SCORED:,}; --quick 20,000)")
     ap.add_argument("--train-rows", type=int, help="train on the last so many training rows "
                     "(default all; --quick 50,000)")

@@ -272,6 +272,17 @@ def _nonneg_int(s):
     return v
 
 
+def _n_jobs(s):
+    """An argparse type: a thread count, an integer >= 1 or -1 (every processor)."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or -1, got {s!r}") from None
+    if v < 1 and v != -1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or -1, got {v}")
+    return v
+
+
 def _int_at_least(low: int):
     """An argparse type: an integer >= ``low``."""
     def parse(s):
@@ -455,7 +466,7 @@ def _cmd_fit(args) -> int:
     t0 = time.perf_counter()
     model.fit(X, method=args.method, max_iter=args.max_iter, time_budget=args.time_budget,
               batch_size=args.batch_size, learning_rate=args.learning_rate, progress=_progress(args),
-              net_warmup=args.net_warmup or 0)
+              net_warmup=args.net_warmup or 0, n_jobs=args.n_jobs)
     dt = time.perf_counter() - t0
     model.save(args.out)
     print(f"fitted {model!r} ({args.method}) on {X.shape[0]:,} samples x {X.shape[1]} features "
@@ -953,6 +964,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--learning-rate", type=_nonneg_float, default=1e-2, help="RMSprop learning rate (default 0.01)")
     f.add_argument("--net-warmup", type=_nonneg_int, metavar="STEPS",
                    help="svi: first steps training the recognition networks only, the model held (default 0)")
+    f.add_argument("--n-jobs", type=_n_jobs, default=1, metavar="N",
+                   help="svi: threads computing each step's gradient (-1: one per processor; default 1)")
     f.add_argument("--seed", type=_nonneg_int, default=None, help="random seed, an integer >= 0")
     _progress_args(f)
     f.set_defaults(func=_cmd_fit)

@@ -162,7 +162,7 @@ class FHMM:
             subchain_length: int | None = None, learning_rate: float = 1e-2,
             final_lr_ratio: float = 0.01, decay: float = 0.9, tol: float = 1e-6,
             init: str = "auto", init_samples: int = 5000, net_warmup: int = 0,
-            progress: bool = True, client=None) -> "FHMM":
+            progress: bool = True, client=None, n_jobs: int = 1) -> "FHMM":
         """Learn the model (and, for SVI, the recognition networks) from data.
 
         Parameters
@@ -218,6 +218,12 @@ class FHMM:
             (synchronous data-parallel; :mod:`streamfhmm.learn.distributed`). With a
             client, ``X`` may also be a list of arrays or of ``.npy`` files (independent
             sequences) that the workers load themselves.
+        n_jobs : int
+            SVI without a client: threads computing each step's gradient, each over its
+            share of the step's subchains (-1: one per processor; at most
+            ``batch_size``). The step is the one-thread step to rounding and a run is
+            reproducible for a given ``n_jobs``; different values give runs that differ
+            by rounding (which SGD then amplifies). Default 1.
 
         Returns
         -------
@@ -231,10 +237,16 @@ class FHMM:
             max_iter = check_positive_int(max_iter, "max_iter")
         if time_budget is not None:
             time_budget = check_real(time_budget, "time_budget", low_open=True)
+        from .learn.svi import check_n_jobs
+        n_jobs = check_n_jobs(n_jobs)
         if method == "svi":
             from .learn.svi import check_svi_settings
             check_svi_settings(max_iter or 1, batch_size, subchain_length, learning_rate,
                                final_lr_ratio, decay, time_budget)
+        if n_jobs != 1 and (method != "svi" or client is not None):
+            raise ValueError(f"n_jobs applies to method='svi' without a client (the threads of "
+                             f"the local learner), got n_jobs={n_jobs!r} with method={method!r}"
+                             f"{' and a client' if client is not None else ''}")
         if client is not None:
             return self._fit_distributed(X, lengths, method, client, max_iter=max_iter,
                                          time_budget=time_budget, batch_size=batch_size,
@@ -290,7 +302,8 @@ class FHMM:
                         batch_size=batch_size,
                         subchain_length=subchain_length, learning_rate=learning_rate,
                         final_lr_ratio=final_lr_ratio, decay=decay, time_budget=budget, rng=rng,
-                        progress=progress, covariance_type=self.covariance_type, net_warmup=net_warmup)
+                        progress=progress, covariance_type=self.covariance_type, net_warmup=net_warmup,
+                        n_jobs=n_jobs)
         self._set_params(state.params, state.net)
         self.history_ = state.history
         self.fit_method_ = "svi"

@@ -16,6 +16,7 @@ kernel module                   slow reference
 ``kernels/recognition.py``      ``naive_recognition.py`` (loops)
 ``kernels/smf.py``              ``naive_smf.py`` (loops, enumeration)
 ``kernels/online.py``           ``naive_stream.py`` (dense product space)
+``kernels/_math.py``            numpy, scipy and mpmath (in ``test_math.py``)
 ==============================  ============================================
 """
 from __future__ import annotations

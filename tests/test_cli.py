@@ -147,19 +147,23 @@ def test_fit_with_columns(files, capsys):
     assert FHMM.load(out_path + ".npz").n_features_in_ == 2
 
 
-def test_fit_net_warmup(files, capsys):
-    """--net-warmup reaches FHMM.fit: the same model as the library's fit with it."""
-    out_path = str(files["dir"] / "warm.npz")
+@pytest.mark.parametrize("option,value,kwargs", [("--net-warmup", "30", {"net_warmup": 30}),
+                                                  ("--n-jobs", "2", {"n_jobs": 2})])
+def test_fit_options_reach_fhmm_fit(files, capsys, option, value, kwargs):
+    """--net-warmup and --n-jobs reach FHMM.fit: the same model as the library's fit
+    with them (and --net-warmup another than without it)."""
+    out_path = str(files["dir"] / "option.npz")
     args = dict(n_chains=2, window=3, n_hidden=4, random_state=3)
     code, _, _ = _run(["fit", files["csv"], "--chains", "2", "--window", "3", "--hidden", "4",
-                       "--max-iter", "40", "--net-warmup", "30", "--seed", "3", "--out", out_path,
+                       "--max-iter", "40", option, value, "--seed", "3", "--out", out_path,
                        "--no-progress"], capsys)
     assert code == 0
-    held = FHMM(**args).fit(files["X"], max_iter=40, net_warmup=30, learning_rate=1e-2, progress=False)
-    joint = FHMM(**args).fit(files["X"], max_iter=40, learning_rate=1e-2, progress=False)
+    ref = FHMM(**args).fit(files["X"], max_iter=40, learning_rate=1e-2, progress=False, **kwargs)
     got = FHMM.load(out_path)
-    np.testing.assert_array_equal(got.W_, held.W_)
-    assert not np.array_equal(got.W_, joint.W_)
+    np.testing.assert_array_equal(got.W_, ref.W_)
+    if "net_warmup" in kwargs:
+        joint = FHMM(**args).fit(files["X"], max_iter=40, learning_rate=1e-2, progress=False)
+        assert not np.array_equal(got.W_, joint.W_)
 
 
 def test_fit_exact_em(files, capsys):
@@ -290,6 +294,10 @@ def _errors(tmp_path, files):
         (["fit", csv, "--method", "smf", "--net-warmup", "5", "--out", "x"], 1,
          "net_warmup applies to method='svi' only (it has no networks)"),
         (["fit", csv, "--net-warmup", "-1", "--out", "x"], 2, "argument --net-warmup: expected an integer >= 0, got -1"),
+        (["fit", csv, "--n-jobs", "0", "--out", "x"], 2, "argument --n-jobs: expected an integer >= 1 or -1, got 0"),
+        (["fit", csv, "--n-jobs", "two", "--out", "x"], 2, "argument --n-jobs: expected an integer >= 1 or -1, got 'two'"),
+        (["fit", csv, "--method", "em", "--n-jobs", "2", "--out", "x"], 1,
+         "n_jobs applies to method='svi' without a client"),
         # checkable before the fit: refused before it
         (["fit", csv, "--max-iter", "5", "--net-warmup", "10", "--out", "x"], 1,
          "streamfhmm fit: error: --net-warmup 10 must be less than the 5 SVI steps (--max-iter): the model "

@@ -751,3 +751,104 @@ def test_fit_svi_checks_its_inputs():
     a = fit(X=np.asfortranarray(X)).state_vector()
     np.testing.assert_array_equal(fit(X=Xv).state_vector(), a)
     np.testing.assert_array_equal(fit().state_vector(), a)
+
+
+def _threaded_fit(X, params, net, n_jobs, steps, seed, **kw):
+    from streamfhmm.learn.svi import fit_svi
+    return fit_svi(X, np.array([0, len(X)]), params, net, max_iter=steps, batch_size=5,
+                   rng=np.random.default_rng(seed), progress=False, n_jobs=n_jobs, **kw)
+
+
+@pytest.fixture(scope="module")
+def three_chain_setup():
+    from streamfhmm.network import RecognitionNet
+    seed = 81
+    print(f"seed={seed}")
+    params = FHMMParams.random(3, 2, random_state=seed)
+    X, _ = params.sample(600, random_state=seed + 1)
+    X[5, 1] = np.nan  # a missing value: its rows go through the other emission path
+    net = RecognitionNet(3, 2, window=5, n_hidden=8, share="all").init(random_state=seed)
+    net.fit_scaler(X)
+    return X, params, net, seed
+
+
+@pytest.mark.parametrize("n_jobs", [2, 3, 5, 50])
+def test_threaded_steps_equal_the_one_thread_step(three_chain_setup, n_jobs):
+    """n_jobs threads, each summing the gradient over its share of a step's subchains,
+    take the one-thread step to rounding (the sums are added in another order), and the
+    same run each time; more threads than subchains are capped at one per subchain."""
+    X, params, net, seed = three_chain_setup
+    one = _threaded_fit(X, params, net, 1, 4, seed, net_warmup=1).state_vector()
+    many = _threaded_fit(X, params, net, n_jobs, 4, seed, net_warmup=1).state_vector()
+    rel = np.abs(many - one).max() / np.abs(one).max()
+    print(f"n_jobs={n_jobs}: max difference from the one-thread run after 4 steps {rel:.1e}")
+    assert 0 < rel <= 1e-13 or np.array_equal(many, one)
+    again = _threaded_fit(X, params, net, n_jobs, 4, seed, net_warmup=1).state_vector()
+    np.testing.assert_array_equal(again, many)
+    if n_jobs > 5:
+        capped = _threaded_fit(X, params, net, 5, 4, seed, net_warmup=1).state_vector()
+        np.testing.assert_array_equal(capped, many)
+
+
+def test_threaded_fit_learns_like_the_one_thread_fit(three_chain_setup):
+    """Over a whole fit the runs part by rounding, but learn alike."""
+    X, params, net, seed = three_chain_setup
+    scored = X[10:]  # complete rows (the exact score takes no missing values)
+
+    def loglik(p):
+        return FHMM.from_params(W=p.W, covariance=p.covariance,
+                                transmat=p.transmat).score(scored) / len(scored)
+
+    ll = {n_jobs: loglik(_threaded_fit(X, params, net, n_jobs, 1500, seed,
+                                       net_warmup=100).params) for n_jobs in (1, 2)}
+    print(f"log-likelihood per step: true parameters {loglik(params):.4f}, "
+          f"n_jobs=1 {ll[1]:.4f}, n_jobs=2 {ll[2]:.4f}")
+    assert ll[1] != ll[2] and abs(ll[2] - ll[1]) < 0.02
+
+
+def test_threaded_fit_failure_keeps_its_steps_in_the_state(three_chain_setup, monkeypatch):
+    """A non-finite gradient from one thread's share stops the threaded fit as the
+    one-thread fit stops: an error naming the step, the state at the step before."""
+    from streamfhmm.kernels import svi as ks
+    X, params, net, seed = three_chain_setup
+    gradient = ks.batch_gradient
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        value, counted = gradient(*args)
+        return (np.nan if len(calls) == 2 * 7 else value), counted
+
+    monkeypatch.setattr(ks, "batch_gradient", failing)
+    state = None
+    with pytest.raises(FloatingPointError, match="non-finite ELBO gradient at iteration 7"):
+        from streamfhmm.learn.svi import fit_svi, start_state
+        state = start_state(None, params, net, 0.9, None)
+        fit_svi(X, np.array([0, len(X)]), None, None, max_iter=20, batch_size=5,
+                rng=np.random.default_rng(seed), progress=False, n_jobs=2, state=state)
+    assert state.iteration == 6 and state.opt.steps == 6
+    assert np.isfinite(state.state_vector()).all()
+
+
+@pytest.mark.parametrize("n_jobs,message", [
+    (0, r"n_jobs \(or -1 for every processor\) must be an integer >= 1, got 0"),
+    (-2, r"n_jobs \(or -1 for every processor\) must be an integer >= 1, got -2"),
+    (1.5, r"n_jobs \(or -1 for every processor\) must be an integer >= 1, got 1.5"),
+    ("2", r"n_jobs \(or -1 for every processor\) must be an integer >= 1, got '2'"),
+])
+def test_n_jobs_errors(n_jobs, message):
+    X = np.random.default_rng(0).normal(size=(30, 2))
+    with pytest.raises(ValueError, match=message):
+        FHMM(n_chains=2, window=3, n_hidden=4).fit(X, max_iter=2, progress=False, n_jobs=n_jobs)
+
+
+@pytest.mark.parametrize("method", ["smf", "em"])
+def test_n_jobs_is_for_the_local_svi_fit(method):
+    X = np.random.default_rng(0).normal(size=(30, 2))
+    with pytest.raises(ValueError, match=f"n_jobs applies to method='svi' without a client .*"
+                                         f"got n_jobs=2 with method='{method}'"):
+        FHMM(n_chains=2, window=3, n_hidden=4).fit(X, method=method, max_iter=2, progress=False,
+                                                   n_jobs=2)
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=1)
+    m.fit(X, max_iter=3, progress=False, n_jobs=-1)
+    assert m.fit_method_ == "svi" and np.isfinite(m.W_).all()

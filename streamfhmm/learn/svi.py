@@ -15,7 +15,9 @@ there exactly (:func:`~streamfhmm.kernels.svi.constrain_model_grad`).
 from __future__ import annotations
 
 import math
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +31,7 @@ from ..network import RecognitionNet, check_net
 from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
 
-__all__ = ["RMSprop", "SVIState", "check_svi_settings", "fit_svi", "start_state"]
+__all__ = ["RMSprop", "SVIState", "check_n_jobs", "check_svi_settings", "fit_svi", "start_state"]
 
 
 def check_svi_settings(max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio,
@@ -47,6 +49,79 @@ def check_svi_settings(max_iter, batch_size, subchain_length, learning_rate, fin
             check_real(final_lr_ratio, "final_lr_ratio", 0.0, 1.0),
             check_real(decay, "decay", 0.0, 1.0, high_open=True),
             None if time_budget is None else check_real(time_budget, "time_budget"))
+
+
+def check_n_jobs(n_jobs) -> int:
+    """The number of threads of a local SVI fit: an int ≥ 1, or -1 for every processor
+    (``os.cpu_count()``)."""
+    if n_jobs == -1 and not isinstance(n_jobs, bool):
+        return os.cpu_count() or 1
+    return check_positive_int(n_jobs, "n_jobs (or -1 for every processor)")
+
+
+class _ThreadedStep:
+    """One SVI step with the batch's gradient computed by ``n_jobs`` threads.
+
+    The step's ``B`` subchains are dealt out in ``n_jobs`` consecutive groups (sizes
+    differing by at most one); each thread runs the compiled
+    :func:`~streamfhmm.kernels.svi.batch_gradient` (which holds no GIL) on its group
+    with its own scratch and gradient vector, the calling thread taking the first group.
+    The sums are added in group order, divided by the counted positions and applied by
+    :func:`~streamfhmm.kernels.svi.rmsprop_update`, as the one-thread step
+    (:func:`~streamfhmm.kernels.svi.svi_step`) does: the same step to rounding, and the
+    same run for the same ``n_jobs`` whatever the threads' timing.
+    """
+
+    def __init__(self, n_jobs, sampler, net, M, D, size, n_model, cov_mode):
+        B = sampler.batch_size
+        sizes = [B // n_jobs + (1 if j < B % n_jobs else 0) for j in range(n_jobs)]
+        self.groups = []
+        first = 0
+        for n_blocks in sizes:
+            scratch = _ks.batch_scratch(n_blocks * (sampler.subchain_length + 1), n_blocks,
+                                        net.n_inputs, net.n_groups * net.n_hidden, M, D)
+            self.groups.append((first, n_blocks, scratch, np.empty(size)))
+            first += n_blocks
+        self.sampler, self.net, self.M, self.D = sampler, net, M, D
+        self.n_model, self.cov_mode = n_model, cov_mode
+        self.units = np.empty(n_model)
+        _ks.model_units(M, D, net.scale, self.units)
+        self.pool = ThreadPoolExecutor(max_workers=n_jobs - 1, thread_name_prefix="svi")
+
+    def _gradient(self, group, x):
+        _, _, sc, grad = group
+        net = self.net
+        return _ks.batch_gradient(self.X, sc.rows, sc.row_start, sc.row_end, sc.offsets,
+                                  sc.first, net.window, net.offset, net.mean, net.scale, x,
+                                  self.n_model, net.layout, self.M, self.D, sc.Xw, sc.hidden,
+                                  sc.theta, sc.rho, sc.g_theta, sc.g_rho, sc.Yb, grad,
+                                  self.cov_mode)
+
+    def __call__(self, X, x, grad, opt, lr, model_lr_scale):
+        s = self.sampler
+        s.ensure(s.batch_size)
+        for first, n_blocks, sc, _ in self.groups:
+            _ks.fill_batch(s.q_start, s.q_stop, s.q_lo, s.q_hi, s.cursor + first, n_blocks,
+                           sc.rows, sc.row_start, sc.row_end, sc.offsets, sc.first)
+        s.advance(s.batch_size)
+        self.X = X
+        futures = [self.pool.submit(self._gradient, g, x) for g in self.groups[1:]]
+        value, counted = self._gradient(self.groups[0], x)
+        grad[:] = self.groups[0][3]
+        for g, f in zip(self.groups[1:], futures):
+            v, c = f.result()
+            value += v
+            counted += c
+            grad += g[3]
+        grad /= counted
+        if not (math.isfinite(value) and _ks.rmsprop_update(x, grad, opt.sq, opt.decay, opt.eps,
+                                                           lr, opt.steps, self.n_model,
+                                                           model_lr_scale, self.units)):
+            return math.nan
+        return value / counted
+
+    def close(self):
+        self.pool.shutdown(wait=True)
 
 
 class RMSprop:
@@ -166,7 +241,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             learning_rate: float = 1e-2, final_lr_ratio: float = 0.01, decay: float = 0.9,
             time_budget: float | None = None, rng: np.random.Generator,
             progress: bool = True, log_every: int | None = None, state: SVIState | None = None,
-            callback=None, covariance_type: str | None = None, net_warmup: int = 0) -> SVIState:
+            callback=None, covariance_type: str | None = None, net_warmup: int = 0,
+            n_jobs: int = 1) -> SVIState:
     """Run SVI from ``params`` and ``net`` (or continue ``state``).
 
     Parameters
@@ -196,12 +272,17 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     net_warmup : int
         The first ``net_warmup`` steps of this call train the networks only, the model held
         where it starts (see :meth:`streamfhmm.FHMM.fit`).
+    n_jobs : int
+        Threads computing each step's gradient (-1: one per processor; at most
+        ``batch_size``), see :meth:`streamfhmm.FHMM.fit`. 1 (the default) runs the
+        whole step as one compiled call.
 
     Returns
     -------
     SVIState
     """
     net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
+    n_jobs = check_n_jobs(n_jobs)
     check_generator(rng)
     (max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay,
      time_budget) = check_svi_settings(max_iter, batch_size, subchain_length, learning_rate,
@@ -237,21 +318,27 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     # one BLAS thread: the step's products are small, and on a busy machine
     # multithreaded BLAS waits for its threads far longer than it computes
     limiter = limit_blas_threads(1)
+    n_jobs = min(n_jobs, B)
+    threaded = _ThreadedStep(n_jobs, sampler, net, M, D, x.size, nm, cov_mode) if n_jobs > 1 else None
     try:
         for i in range(1, max_iter + 1):
-            sampler.ensure(B)
-            _ks.fill_batch(sampler.q_start, sampler.q_stop, sampler.q_lo, sampler.q_hi,
-                           sampler.cursor, B, rows, row_start, row_end, offsets, first)
-            sampler.advance(B)
             elapsed = time.perf_counter() - t0
             frac = i / max_iter
             if time_budget:
                 frac = max(frac, elapsed / time_budget)
             lr = cosine_lr(learning_rate, final_lr_ratio, frac)
-            value = _ks.svi_step(X, rows, row_start, row_end, offsets, first, net.window, net.offset,
-                                 net.mean, net.scale, x, nm, net.layout, M, D, opt.sq, opt.decay,
-                                 opt.eps, lr, opt.steps, Xw, hidden, theta, rho, g_theta, g_rho, Yb, grad,
-                                 cov_mode, 0.0 if i <= net_warmup else 1.0)
+            held = 0.0 if i <= net_warmup else 1.0
+            if threaded is not None:
+                value = threaded(X, x, grad, opt, lr, held)
+            else:
+                sampler.ensure(B)
+                _ks.fill_batch(sampler.q_start, sampler.q_stop, sampler.q_lo, sampler.q_hi,
+                               sampler.cursor, B, rows, row_start, row_end, offsets, first)
+                sampler.advance(B)
+                value = _ks.svi_step(X, rows, row_start, row_end, offsets, first, net.window,
+                                     net.offset, net.mean, net.scale, x, nm, net.layout, M, D,
+                                     opt.sq, opt.decay, opt.eps, lr, opt.steps, Xw, hidden, theta,
+                                     rho, g_theta, g_rho, Yb, grad, cov_mode, held)
             if not np.isfinite(value):
                 raise FloatingPointError(f"non-finite ELBO gradient at iteration {state.iteration + 1}; "
                                          f"parameters left at the previous step")
@@ -274,6 +361,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         if np.isfinite(x).all():
             store(state, x)
         limiter.restore_original_limits()
+        if threaded is not None:
+            threaded.close()
         if bar is not None:
             bar.close()
     return state
