@@ -318,9 +318,11 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     # one BLAS thread: the step's products are small, and on a busy machine
     # multithreaded BLAS waits for its threads far longer than it computes
     limiter = limit_blas_threads(1)
-    n_jobs = min(n_jobs, B)
-    threaded = _ThreadedStep(n_jobs, sampler, net, M, D, x.size, nm, cov_mode) if n_jobs > 1 else None
+    threaded = None
     try:
+        n_jobs = min(n_jobs, B)
+        if n_jobs > 1:
+            threaded = _ThreadedStep(n_jobs, sampler, net, M, D, x.size, nm, cov_mode)
         for i in range(1, max_iter + 1):
             elapsed = time.perf_counter() - t0
             frac = i / max_iter
@@ -357,12 +359,12 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         # the steps taken so far, also when a step fails (iteration and the RMSprop
         # statistics already count them: the state stays consistent and can continue);
         # not a vector a diverging step overflowed (the error says so; writing it would
-        # raise here and hide that error)
+        # raise here and hide that error); the threads first (they only read x)
+        if threaded is not None:
+            threaded.close()
         if np.isfinite(x).all():
             store(state, x)
         limiter.restore_original_limits()
-        if threaded is not None:
-            threaded.close()
         if bar is not None:
             bar.close()
     return state
