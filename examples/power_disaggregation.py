@@ -1,7 +1,7 @@
 """Energy disaggregation of the household power data with a factorial HMM.
 
     pip install "streamfhmm[data,plot]"
-    python examples/power_disaggregation.py [--iters 20000] [--out-dir power_plots] [--no-progress]
+    python examples/power_disaggregation.py [--iters 20000] [--n-jobs 2] [--out-dir power_plots] [--no-progress]
 
 An FHMM (10 chains, window 21, one shared hidden layer of 200 tanh units) is learnt
 by SVI from the whole-house channels only — active power, reactive power, voltage —
@@ -29,6 +29,8 @@ def main(argv=None):
     ap.add_argument("--learning-rate", type=float, default=3e-3)
     ap.add_argument("--net-warmup", type=int, default=None,
                     help="first SVI steps training the networks only (default a tenth of --iters)")
+    ap.add_argument("--n-jobs", type=int, default=1,
+                    help="threads computing each SVI step's gradient (default 1; -1 one per processor)")
     ap.add_argument("--train-rows", type=int, default=None,
                     help="fit on the last so many training minutes (default all 10^6)")
     ap.add_argument("--calibration-days", type=float, default=14)
@@ -48,7 +50,7 @@ def main(argv=None):
     report = disaggregate_report(
         data, train_rows=args.train_rows, calibration_days=args.calibration_days,
         evaluation_days=args.evaluation_days, on_threshold=args.on_threshold,
-        fit_kwargs=dict(max_iter=args.iters, learning_rate=args.learning_rate,
+        fit_kwargs=dict(max_iter=args.iters, learning_rate=args.learning_rate, n_jobs=args.n_jobs,
                         **({} if args.net_warmup is None else {"net_warmup": args.net_warmup})),
         plot_dir=args.out_dir, random_state=args.seed, progress=args.progress,
         before_plots=lambda r: print(r.format(), flush=True))   # the table even if a plot fails
