@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
+from streamfhmm.learn.svi import check_n_jobs, check_svi_settings  # noqa: E402
 from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL,  # noqa: E402
                               format_mse_rows, mse_per_dimension, power_split, protocol_mse,
                               protocol_table, svi_settings)
@@ -199,6 +200,15 @@ def main(argv=None):
         args.bound_rows = 5_000 if args.quick else 100_000
     if args.quick and args.train_rows is None:
         args.train_rows = 50_000
+    # the SVI settings are checked now, not by the fit after the SMF-EM fits
+    kw = svi_settings(**svi_overrides(args))
+    try:
+        check_svi_settings(kw["max_iter"], kw["batch_size"], kw["subchain_length"],
+                           kw["learning_rate"], kw["final_lr_ratio"], kw.get("decay", 0.9),
+                           kw.get("time_budget"))
+        check_n_jobs(kw.get("n_jobs", 1))
+    except ValueError as exc:
+        ap.error(str(exc))
 
     from streamfhmm.datasets import load_household_power
 

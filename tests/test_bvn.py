@@ -365,8 +365,12 @@ def test_copula_cells_relative_accuracy_near_laguerre_boundary():
     Gauss–Laguerre, where the angle integral cancels against Φ(h)Φ(k) (~1e-11
     relative, not the 3e-13 of the rest of the plane)."""
     worst = 0.0
+    # the last two: the cells' own marginals (θ) with an angle integral at the rounded
+    # h = -Φ⁻¹(θ) reached 3.1e-11 and 2.5e-11 there (the rounding of h did not cancel)
     for a, b, c, cell in [(1 - 1e-6, 1 - 1e-6, -0.2495, 0), (1e-6, 1e-6, -0.245, 3),
-                          (1 - 1e-6, 1e-6, 0.24, 1)]:
+                          (1 - 1e-6, 1e-6, 0.24, 1),
+                          (1.0880015309238703e-06, 2.050015274508446e-06, -0.2531990590435634, 3),
+                          (1.000001e-06, 2e-06, -0.2495, 3)]:
         q = _cells(a, b, c)
         ref = float(naive.copula_cells_mp(a, b, c, dps=20)[cell])
         rel = abs(q[cell] - ref) / ref

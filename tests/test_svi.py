@@ -831,6 +831,7 @@ def test_threaded_fit_failure_keeps_its_steps_in_the_state(three_chain_setup, mo
 
 
 @pytest.mark.parametrize("n_jobs,message", [
+    (-1.0, r"n_jobs \(or -1 for every processor\) must be an integer >= 1, got -1.0"),
     (0, r"n_jobs \(or -1 for every processor\) must be an integer >= 1, got 0"),
     (-2, r"n_jobs \(or -1 for every processor\) must be an integer >= 1, got -2"),
     (1.5, r"n_jobs \(or -1 for every processor\) must be an integer >= 1, got 1.5"),
@@ -843,12 +844,33 @@ def test_n_jobs_errors(n_jobs, message):
 
 
 @pytest.mark.parametrize("method", ["smf", "em"])
-def test_n_jobs_is_for_the_local_svi_fit(method):
+@pytest.mark.parametrize("n_jobs", [2, -1])
+def test_n_jobs_is_for_the_local_svi_fit(method, n_jobs, monkeypatch):
+    """Refused for SMF and exact EM whatever the processor count (-1 on a machine with
+    one processor is refused as well, and named as given)."""
+    import os
+    if hasattr(os, "sched_getaffinity"):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
     X = np.random.default_rng(0).normal(size=(30, 2))
     with pytest.raises(ValueError, match=f"n_jobs applies to method='svi' without a client .*"
-                                         f"got n_jobs=2 with method='{method}'"):
+                                         f"got n_jobs={n_jobs} with method='{method}'"):
         FHMM(n_chains=2, window=3, n_hidden=4).fit(X, method=method, max_iter=2, progress=False,
-                                                   n_jobs=2)
+                                                   n_jobs=n_jobs)
+
+
+def test_n_jobs_minus_one_counts_the_processors_the_process_may_use(monkeypatch):
+    import os
+    from streamfhmm.learn.svi import check_n_jobs
+    if hasattr(os, "sched_getaffinity"):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5})
+        monkeypatch.setattr(os, "cpu_count", lambda: 8)
+        assert check_n_jobs(-1) == 3 and check_n_jobs(np.int64(-1)) == 3
+    else:
+        monkeypatch.setattr(os, "cpu_count", lambda: 8)
+        assert check_n_jobs(-1) == 8
+    assert check_n_jobs(np.int64(2)) == 2
+    X = np.random.default_rng(0).normal(size=(30, 2))
     m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=1)
     m.fit(X, max_iter=3, progress=False, n_jobs=-1)
     assert m.fit_method_ == "svi" and np.isfinite(m.W_).all()

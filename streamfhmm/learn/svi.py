@@ -15,6 +15,7 @@ there exactly (:func:`~streamfhmm.kernels.svi.constrain_model_grad`).
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,9 +53,13 @@ def check_svi_settings(max_iter, batch_size, subchain_length, learning_rate, fin
 
 
 def check_n_jobs(n_jobs) -> int:
-    """The number of threads of a local SVI fit: an int ≥ 1, or -1 for every processor
-    (``os.cpu_count()``)."""
-    if n_jobs == -1 and not isinstance(n_jobs, bool):
+    """The number of threads of a local SVI fit: an int ≥ 1, or -1 for one per processor
+    this process may run on (its CPU affinity where the system has one, else
+    ``os.cpu_count()``)."""
+    if (isinstance(n_jobs, numbers.Integral) and not isinstance(n_jobs, (bool, np.bool_))
+            and n_jobs == -1):
+        if hasattr(os, "sched_getaffinity"):
+            return max(1, len(os.sched_getaffinity(0)))
         return os.cpu_count() or 1
     return check_positive_int(n_jobs, "n_jobs (or -1 for every processor)")
 
@@ -302,8 +307,10 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     B = sampler.batch_size
     n_max = sampler.max_rows
     M, D = packer.n_chains, packer.n_features
-    (rows, row_start, row_end, offsets, first, Xw, hidden, theta, rho, g_theta, g_rho,
-     Yb) = _ks.batch_scratch(n_max, B, net.n_inputs, net.n_groups * net.n_hidden, M, D)
+    n_jobs = min(n_jobs, B)
+    if n_jobs == 1:  # the threads have their own
+        (rows, row_start, row_end, offsets, first, Xw, hidden, theta, rho, g_theta, g_rho,
+         Yb) = _ks.batch_scratch(n_max, B, net.n_inputs, net.n_groups * net.n_hidden, M, D)
     x = state.state_vector()
     nm = packer.size
     grad = np.empty_like(x)
@@ -320,7 +327,6 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     limiter = limit_blas_threads(1)
     threaded = None
     try:
-        n_jobs = min(n_jobs, B)
         if n_jobs > 1:
             threaded = _ThreadedStep(n_jobs, sampler, net, M, D, x.size, nm, cov_mode)
         for i in range(1, max_iter + 1):
