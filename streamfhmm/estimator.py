@@ -238,15 +238,14 @@ class FHMM:
         if time_budget is not None:
             time_budget = check_real(time_budget, "time_budget", low_open=True)
         from .learn.svi import check_n_jobs
-        given_n_jobs = n_jobs
-        n_jobs = check_n_jobs(n_jobs)
+        check_n_jobs(n_jobs)  # fit_svi resolves -1; the checks below take it as given
         if method == "svi":
             from .learn.svi import check_svi_settings
             check_svi_settings(max_iter or 1, batch_size, subchain_length, learning_rate,
                                final_lr_ratio, decay, time_budget)
-        if given_n_jobs != 1 and (method != "svi" or client is not None):
+        if n_jobs != 1 and (method != "svi" or client is not None):
             raise ValueError(f"n_jobs applies to method='svi' without a client (the threads of "
-                             f"the local learner), got n_jobs={given_n_jobs!r} with "
+                             f"the local learner), got n_jobs={n_jobs!r} with "
                              f"method={method!r}{' and a client' if client is not None else ''}")
         if client is not None:
             return self._fit_distributed(X, lengths, method, client, max_iter=max_iter,

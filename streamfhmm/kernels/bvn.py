@@ -307,14 +307,9 @@ def bvn_pdf(h, k, rho):
 
 @jit
 def _interval_prob(lo, hi):
-    """P(lo < Z < hi) for a standard normal Z, without cancellation; 0 if hi ≤ lo."""
-    if hi <= lo:
-        return 0.0
-    if hi <= 0.0:
-        return norm_cdf(hi) - norm_cdf(lo)
-    if lo >= 0.0:
-        return norm_cdf(-lo) - norm_cdf(-hi)
-    return 1.0 - norm_cdf(lo) - norm_cdf(-hi)
+    """P(lo < Z < hi) for a standard normal Z, without cancellation; 0 if hi ≤ lo
+    (:func:`_interval_from` on the four tails)."""
+    return _interval_from(lo, hi, norm_cdf(lo), norm_cdf(hi), norm_cdf(-lo), norm_cdf(-hi))
 
 
 @jit

@@ -106,7 +106,8 @@ from ..model import FHMMParams
 from ..network import RecognitionNet
 from .objective import check_covariance_type, covariance_mode
 from .sampler import SubchainSampler, expected_subchains
-from .svi import SVIState, check_svi_settings, cosine_lr, log_step, start_state, store
+from .svi import (SVIState, apply_gradient_sum, check_svi_settings, cosine_lr, log_step,
+                  start_state, store)
 
 __all__ = ["fit_svi_distributed", "write_npy_chunks", "chunk_lengths", "chunk_scaler",
            "head_rows"]
@@ -891,6 +892,10 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
                       setup_timeout, step_timeout,
                       max_recoveries)
     _ks.constrain_model(state.model_vec, state.opt.sq, packer.n_chains, D, cov_mode)
+
+    def project(g):  # the workers' full gradients onto the covariance family
+        _ks.constrain_model_grad(g, packer.n_chains, D, cov_mode)
+
     x = state.state_vector()
     nm = packer.size
     units = np.empty(nm)   # the model's steps in the data's units, as the local kernel's
@@ -927,18 +932,14 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
             if time_budget:
                 frac = max(frac, elapsed / time_budget)
             lr = cosine_lr(learning_rate, final_lr_ratio, frac)
-            grad /= counted
-            _ks.constrain_model_grad(grad, packer.n_chains, D, cov_mode)
-            held = 0.0 if i <= net_warmup else 1.0
-            if not (math.isfinite(value) and _ks.rmsprop_update(x, grad, opt.sq, opt.decay,
-                                                               opt.eps, lr, opt.steps, nm, held,
-                                                               units)):
+            value = apply_gradient_sum(x, grad, value, counted, opt, lr, nm,
+                                       0.0 if i <= net_warmup else 1.0, units, project)
+            if not math.isfinite(value):
                 raise FloatingPointError(f"non-finite ELBO gradient at iteration "
                                          f"{state.iteration + 1}; parameters left at the "
                                          f"previous step")
             opt.steps += 1
             state.iteration += 1
-            value /= counted
             running = value if running is None else 0.98 * running + 0.02 * value
             acc_compute += compute
             acc_wall += time.perf_counter() - ts

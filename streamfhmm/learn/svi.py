@@ -32,7 +32,8 @@ from ..network import RecognitionNet, check_net
 from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
 
-__all__ = ["RMSprop", "SVIState", "check_n_jobs", "check_svi_settings", "fit_svi", "start_state"]
+__all__ = ["RMSprop", "SVIState", "apply_gradient_sum", "check_n_jobs", "check_svi_settings",
+           "fit_svi", "start_state"]
 
 
 def check_svi_settings(max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio,
@@ -64,6 +65,24 @@ def check_n_jobs(n_jobs) -> int:
     return check_positive_int(n_jobs, "n_jobs (or -1 for every processor)")
 
 
+def apply_gradient_sum(x, grad, value, counted, opt, lr, n_model, model_lr_scale, units,
+                       project=None):
+    """The RMSprop step of a learner whose batch was summed in parts (threads, Dask
+    workers): ``∇ = grad / counted`` (``grad`` is divided in place), mapped by
+    ``project(∇)`` in place when given (the Dask workers' sums are not yet on the
+    covariance family), then :func:`~streamfhmm.kernels.svi.rmsprop_update`, as the
+    one-call step (:func:`~streamfhmm.kernels.svi.svi_step`) does. Returns the
+    per-position ELBO ``value / counted``, or NaN when it or the gradient is not finite
+    (then ``x`` and ``opt`` are unchanged)."""
+    grad /= counted
+    if project is not None:
+        project(grad)
+    if not (math.isfinite(value) and _ks.rmsprop_update(x, grad, opt.sq, opt.decay, opt.eps, lr,
+                                                       opt.steps, n_model, model_lr_scale, units)):
+        return math.nan
+    return value / counted
+
+
 class _ThreadedStep:
     """One SVI step with the batch's gradient computed by ``n_jobs`` threads.
 
@@ -71,10 +90,9 @@ class _ThreadedStep:
     differing by at most one); each thread runs the compiled
     :func:`~streamfhmm.kernels.svi.batch_gradient` (which holds no GIL) on its group
     with its own scratch and gradient vector, the calling thread taking the first group.
-    The sums are added in group order, divided by the counted positions and applied by
-    :func:`~streamfhmm.kernels.svi.rmsprop_update`, as the one-thread step
-    (:func:`~streamfhmm.kernels.svi.svi_step`) does: the same step to rounding, and the
-    same run for the same ``n_jobs`` whatever the threads' timing.
+    The sums are added in group order and applied by :func:`apply_gradient_sum`: the
+    one-thread step to rounding, and the same run for the same ``n_jobs`` whatever the
+    threads' timing.
     """
 
     def __init__(self, n_jobs, sampler, net, M, D, size, n_model, cov_mode):
@@ -118,12 +136,8 @@ class _ThreadedStep:
             value += v
             counted += c
             grad += g[3]
-        grad /= counted
-        if not (math.isfinite(value) and _ks.rmsprop_update(x, grad, opt.sq, opt.decay, opt.eps,
-                                                           lr, opt.steps, self.n_model,
-                                                           model_lr_scale, self.units)):
-            return math.nan
-        return value / counted
+        return apply_gradient_sum(x, grad, value, counted, opt, lr, self.n_model,
+                                  model_lr_scale, self.units)
 
     def close(self):
         self.pool.shutdown(wait=True)
