@@ -112,8 +112,9 @@ def _check_real_vector(vec, size: int, name: str, what: str) -> np.ndarray:
     """``vec`` as a float64 array if it is a real (integer or float) array of shape
     ``(size,)``, else ValueError saying ``what`` the size is."""
     a = np.asarray(vec)
-    if a.shape != (size,) or a.dtype == bool or not (np.issubdtype(a.dtype, np.floating)
-                                                    or np.issubdtype(a.dtype, np.integer)):
+    # (bool is neither: np.issubdtype(np.bool_, np.integer) is False)
+    if a.shape != (size,) or not (np.issubdtype(a.dtype, np.floating)
+                                  or np.issubdtype(a.dtype, np.integer)):
         raise ValueError(f"{name} must be a real array of shape ({size},) {what}, got shape "
                          f"{a.shape} and dtype {a.dtype}")
     return a.astype(np.float64, copy=False)

@@ -201,6 +201,13 @@ class _Builder:
                               self.version[:n], self.flags[:n])
 
 
+def _net_mode(mode: str) -> str:
+    """The recognition network a posterior ``mode`` reads: a centred window for
+    ``"smooth"`` (the posterior of t - h once sample t is in), a causal one for
+    ``"filter"``."""
+    return "centred" if mode == "smooth" else "causal"
+
+
 def _publish_to(engine_ref):
     def publish(snap):
         engine = engine_ref()
@@ -397,7 +404,7 @@ class StreamEngine:
             raise ValueError(f"posterior='exact' is limited to n_chains <= {_exact.MAX_EXACT_CHAINS} "
                              f"(2^M joint states per step); this model has {M} chains: use "
                              f"posterior='recognition'")
-        want = "centred" if mode == "smooth" else "causal"
+        want = _net_mode(mode)
         if net is not None:
             check_net(net)
             if posterior == "recognition" and net.mode != want:
@@ -673,7 +680,7 @@ class StreamEngine:
         params, Y_obs, imputed = self._start_params(Y[:n_fit])
         self._imputed_start = imputed
         if self.posterior == "recognition" and self._net is None:
-            want = "centred" if self.mode == "smooth" else "causal"
+            want = _net_mode(self.mode)
             self._net = RecognitionNet(M, D, window=self.model_window, n_hidden=self._cfg["n_hidden"],
                                        share=self._cfg["share_hidden"], mode=want)
             self._net.init(random_state=rng)
@@ -1643,7 +1650,7 @@ class StreamEngine:
                              f"{self._phase!r}")
         net = self._net
         if self.posterior == "recognition":
-            want = "centred" if self.mode == "smooth" else "causal"
+            want = _net_mode(self.mode)
             if net is None and self._phase == "running":
                 raise ValueError("this recognition-posterior checkpoint has no recognition "
                                  "network (net.*)")
