@@ -874,3 +874,45 @@ def test_n_jobs_minus_one_counts_the_processors_the_process_may_use(monkeypatch)
     m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=1)
     m.fit(X, max_iter=3, progress=False, n_jobs=-1)
     assert m.fit_method_ == "svi" and np.isfinite(m.W_).all()
+
+
+def test_progress_bar_counts_time_from_after_the_first_step(correlated_data, monkeypatch):
+    """A slow first step (a first fit compiles the kernels) does not set the bar's rate:
+    its clock restarts after that step, so the ETA is that of the steps after it (tqdm
+    showed about a minute per step, and an ETA of days, for most of a first fit)."""
+    import time
+
+    import tqdm.auto
+
+    from streamfhmm.learn import svi as svi_mod
+    from streamfhmm.learn.svi import fit_svi
+    from streamfhmm.network import RecognitionNet
+    bars = []
+
+    class Recorded(tqdm.auto.tqdm):
+        def close(self):
+            if not self.disable:       # tqdm closes again (disabled) when collected
+                bars.append((self.n, self.total, self.start_t))
+            super().close()
+
+    compiled_step = svi_mod._ks.svi_step
+    calls = []
+
+    def slow_first_step(*args):
+        calls.append(time.time())
+        if len(calls) == 1:
+            time.sleep(1.0)        # as a compilation would
+        return compiled_step(*args)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    monkeypatch.setattr(svi_mod._ks, "svi_step", slow_first_step)
+    X = correlated_data
+    p = init_params(X, 2, random_state=np.random.default_rng(0))
+    net = RecognitionNet(2, 3, window=3, n_hidden=4).init(random_state=0)
+    net.fit_scaler(X)
+    fit_svi(X, np.array([0, len(X)]), p, net, max_iter=40, rng=np.random.default_rng(0),
+            progress=True)
+    assert len(calls) == 40 and len(bars) == 1
+    n, total, start = bars[0]
+    assert (n, total) == (40, 40)
+    assert start >= calls[0] + 1.0      # the bar's clock started after the slow step

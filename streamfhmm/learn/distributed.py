@@ -106,8 +106,8 @@ from ..model import FHMMParams
 from ..network import RecognitionNet
 from .objective import check_covariance_type, covariance_mode
 from .sampler import SubchainSampler, expected_subchains
-from .svi import (SVIState, apply_gradient_sum, check_svi_settings, cosine_lr, log_step,
-                  start_state, store)
+from .svi import (SVIState, advance_bar, apply_gradient_sum, check_svi_settings, cosine_lr,
+                  log_step, start_state, store)
 
 __all__ = ["fit_svi_distributed", "write_npy_chunks", "chunk_lengths", "chunk_scaler",
            "head_rows"]
@@ -952,8 +952,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
                                  "recoveries": pool.recoveries}, x, bar, callback)
                 acc_compute = acc_wall = 0.0
                 acc_n = 0
-            if bar is not None:
-                bar.update(1)
+            advance_bar(bar, i)
             if out_of_time:
                 break
     finally:
