@@ -3,6 +3,7 @@
     python bench/power_codes.py                    # uniform and one re-weighted code (about 6 minutes)
     python bench/power_codes.py --weights 1,1,1,1,1,1 1,1,4,1,1,1
     python bench/power_codes.py --weights 1,1,1,1,1,1 --em-rows 200000   # then maximum likelihood
+    python bench/power_codes.py --weights 1,1,1,1,1,1 --svi-steps 150000  # or the protocol's SVI
 
 An FHMM's reconstruction is ``Wᵀ E[s_t] + b``: with hard states one of 2^10 additive
 codes, with soft marginals a point of their convex hull. This bench fits additive
@@ -22,7 +23,12 @@ first 300,000 test rows (standardised units):
   step on the last 100,000 training rows (2^10 joint states), and its test MSE with
   exact smoothing posteriors;
 * with ``--em-rows N``: that FHMM refined by exact EM (maximum likelihood) on the last
-  N training rows within ``--em-budget`` seconds, the same two figures.
+  N training rows within ``--em-budget`` seconds, the same two figures;
+* with ``--svi-steps N``: that FHMM (Σ made ``--svi-covariance``: spherical takes the mean
+  residual variance) as the start of the protocol's SVI fit (``FHMM(**PAPER_MODEL)``,
+  ``svi_settings(max_iter=N)``, ``init="params"``) on all training rows: the test MSE read
+  by its recognition networks (the protocol's score) and by its exact posterior, and its
+  exact log-likelihood and ELBO per step; about 9 minutes for 150,000 steps.
 
 The paper's proposed row is printed beside each line with how many channels are below it.
 """
@@ -41,7 +47,8 @@ from _common import header  # noqa: E402
 from streamfhmm import FHMM  # noqa: E402
 from streamfhmm.learn.em import _augmented_states  # noqa: E402
 from streamfhmm.learn.smf import init_params  # noqa: E402
-from streamfhmm.power import N_SCORED, PAPER_TABLE2, power_split  # noqa: E402
+from streamfhmm.power import (N_SCORED, PAPER_MODEL, PAPER_TABLE2, likelihood_per_step,  # noqa: E402
+                              power_split, svi_settings)
 
 PAPER = np.array(PAPER_TABLE2["paper proposed"])
 M = 10
@@ -95,6 +102,31 @@ def code_fhmm(W, sw, block):
     return FHMM.from_params(W=W, covariance=np.diag(var), transmat=A, covariance_type="diag"), var
 
 
+def svi_from_code(code, var, split, test, ll_rows, args):
+    """The protocol's SVI fit started from the FHMM ``code`` (its W and transitions; Σ
+    of ``args.svi_covariance`` from the residual variances ``var``), scored."""
+    ctype = args.svi_covariance
+    cov = np.eye(len(var)) * var.mean() if ctype == "spherical" else np.diag(var)
+    arch = {k: v for k, v in PAPER_MODEL.items() if k != "n_chains"}
+    model = FHMM.from_params(W=code.W_, covariance=cov, transmat=code.transmat_, **arch,
+                             random_state=args.seed, covariance_type=ctype)
+    start = likelihood_per_step(model, ll_rows)["loglik"]
+    kw = svi_settings(max_iter=args.svi_steps)
+    for key in ("init", "init_samples"):      # the start is this code, not SMF-EM
+        kw.pop(key)
+    t0 = time.perf_counter()
+    model.fit(split.train, method="svi", init="params", n_jobs=args.n_jobs, progress=False, **kw)
+    seconds = time.perf_counter() - t0
+    print(f"  SVI from its FHMM ({ctype} Σ, exact log-likelihood {start:.3f} per step at the "
+          f"start): {args.svi_steps:,} steps in {seconds:.0f} s")
+    print(line("  read by its recognition networks", ((model.reconstruct(test) - test) ** 2).mean(0)))
+    print(line("  read by its exact posterior",
+               ((model.reconstruct(test, method="exact") - test) ** 2).mean(0)))
+    per = likelihood_per_step(model, ll_rows)
+    print(f"    exact log-likelihood {per['loglik']:.3f}, ELBO {per['elbo']:.3f} per step on the "
+          f"last 100,000 training rows")
+
+
 def line(label, mse, count=True):
     return (f"  {label:<38}" + " ".join(f"{v:6.3f}" for v in mse)
             + (f"   below the paper in {int((mse < PAPER).sum())} of 6" if count else ""))
@@ -110,8 +142,15 @@ def main(argv=None):
     ap.add_argument("--em-rows", type=int, default=0,
                     help="refine each code's FHMM by exact EM on the last so many training rows (default: no)")
     ap.add_argument("--em-budget", type=float, default=240.0, help="exact EM: seconds (default 240)")
+    ap.add_argument("--svi-steps", type=int, default=0,
+                    help="start the protocol's SVI fit from each code's FHMM, so many steps (default: no)")
+    ap.add_argument("--svi-covariance", choices=("spherical", "diag"), default="spherical",
+                    help="covariance family of that SVI fit (default spherical, as the README's row)")
+    ap.add_argument("--n-jobs", type=int, default=1, help="threads of that SVI fit (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.svi_steps < 0 or args.em_rows < 0:
+        ap.error("--svi-steps and --em-rows must be >= 0")
     weights = []
     for spec in args.weights:
         w = np.array([float(v) for v in spec.split(",")])
@@ -146,6 +185,8 @@ def main(argv=None):
         print(line("its FHMM, exact posterior", ((model.reconstruct(test, method="exact") - test) ** 2).mean(0)))
         print(f"  its FHMM: diagonal Σ {np.round(var, 3).tolist()}; exact log-likelihood "
               f"{model.score(ll_rows) / len(ll_rows):.3f} per step on the last 100,000 training rows")
+        if args.svi_steps > 0:
+            svi_from_code(model, var, split, test, ll_rows, args)
         if args.em_rows > 0:
             t0 = time.perf_counter()
             model.fit(split.train[-args.em_rows:], method="em", init="params", tol=1e-7,
