@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from . import exact
-from .io.checkpoint import write_atomically
+from .io.checkpoint import npz_read_error, write_atomically
 from ._validation import (check_lengths, check_observations, check_positive_int,
                           check_random_state, check_real)
 from .learn.objective import (COVARIANCE_TYPES, check_covariance_matches, check_covariance_type,
@@ -560,7 +560,8 @@ class FHMM:
         except FileNotFoundError:
             raise
         except Exception as exc:
-            raise ValueError(f"{path} is not a streamfhmm model file (.npz): {exc}") from None
+            raise ValueError(f"{path} is not a streamfhmm model file (.npz): "
+                             f"{npz_read_error(path, exc)}") from None
         if str(data.get("format", "")) != _FORMAT_TAG:
             raise ValueError(f"{path} is not a streamfhmm model file (no '{_FORMAT_TAG}' tag)")
         damaged = f"{path} is a damaged streamfhmm model file"

@@ -14,7 +14,8 @@ import os
 
 import numpy as np
 
-__all__ = ["FORMAT_TAG", "FORMAT_VERSION", "save_checkpoint", "load_checkpoint", "write_atomically"]
+__all__ = ["FORMAT_TAG", "FORMAT_VERSION", "save_checkpoint", "load_checkpoint", "write_atomically",
+           "npz_read_error"]
 
 FORMAT_TAG = "streamfhmm.StreamEngine.checkpoint"
 FORMAT_VERSION = 1
@@ -23,6 +24,28 @@ FORMAT_VERSION = 1
 def _path(path) -> str:
     path = os.fspath(path)
     return path if path.endswith(".npz") else path + ".npz"
+
+
+#: the first bytes of a zip archive (an .npz file is one; an empty archive starts with PK\x05\x06)
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def npz_read_error(path, exc: Exception) -> str:
+    """What went wrong reading ``path`` with ``np.load``, for an error message.
+
+    A file that is not a zip archive at all (a CSV given as a model, say) is named as
+    such: numpy tries to read it as a pickle and its message suggests loading it with
+    ``allow_pickle`` or ``pickle.load``, which streamfhmm never does. Otherwise
+    ``exc``'s message (a truncated or damaged archive).
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return str(exc)
+    if head not in _ZIP_MAGIC:
+        return f"not a zip archive, as .npz files are (it begins with {head!r})"
+    return str(exc)
 
 
 def write_atomically(path: str, write, mode: str = "wb") -> None:
@@ -116,7 +139,7 @@ def load_checkpoint(path) -> tuple[dict, dict]:
         raise ValueError(f"{path} is a directory, not a streamfhmm checkpoint") from None
     except Exception as exc:  # a truncated or foreign file fails in many ways
         raise ValueError(f"{path} is not a valid streamfhmm checkpoint (unreadable or truncated "
-                         f".npz: {exc})") from None
+                         f".npz: {npz_read_error(path, exc)})") from None
     if not isinstance(data, dict) or str(data.get("format", "")) != FORMAT_TAG:
         raise ValueError(f"{path} is not a streamfhmm checkpoint (no '{FORMAT_TAG}' tag)")
     try:
