@@ -1080,7 +1080,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "and time stamps. Waits for subscribers first (an XPUB handshake; nothing is lost to "
                     "ZeroMQ's slow joiner) and ends with an end-of-stream heartbeat.")
     r.add_argument("data", metavar="DATA", help="CSV file with a header row, .npy array, or 'household'")
-    r.add_argument("--columns", metavar="A,B,...", help="columns to use, by name (CSV) or index (.npy)")
+    r.add_argument("--columns", metavar="A,B,...",
+                   help="columns to use, by name (CSV, household) or index (.npy); default all (household: "
+                        "its 7 columns, while a model fitted on some of them needs just those)")
     r.add_argument("--pub", type=_endpoint, default="tcp://127.0.0.1:5555", metavar="ENDPOINT",
                    help="endpoint to bind (default tcp://127.0.0.1:5555)")
     r.add_argument("--connect", action="store_true", help="connect to --pub instead of binding it")
@@ -1104,7 +1106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .demo import DEFAULT_OUT_DIR, DEFAULT_RATE, DEFAULT_SECONDS, DEFAULT_START, DEFAULT_WARMUP
     d = sub.add_parser(
-        "demo", help="live household-power disaggregation over ZeroMQ (needs the data extra)",
+        "demo", help="live household-power disaggregation over ZeroMQ (needs the demo extra)",
         description="Start 'serve --cold --learn' and 'replay household' as subprocesses on 127.0.0.1, "
                     "subscribe to the posteriors, calibrate a map from the chains to the three sub-meters "
                     "after the warm-up, show the estimates live, then score them against an "

@@ -246,6 +246,15 @@ class _Stream:
         self.lane = None            # the serving lane's output arrays, made at its first use
 
 
+def _engine_steps(engine) -> int:
+    """The learner steps ``engine`` has taken (0 if it cannot say)."""
+    try:
+        n = getattr(engine, "learner_steps", None)   # cheap where the engine has it
+        return int(n if n is not None else engine.metrics().get("learner_steps", 0))
+    except Exception:  # noqa: BLE001 - a status line must never break the service
+        return 0
+
+
 def warm_lane(engine_factory, X, format: str = "binary", timeout: float = 120.0) -> int:
     """Compile (or load from the kernel cache) what a one-stream service runs, the
     serving lane included, before a real service subscribes: ``X`` (n, D) goes through
@@ -489,7 +498,10 @@ class StreamService:
                          "heartbeats_in": 0, "heartbeats_out": 0, "checkpoints": 0,
                          "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0}
         self.started = time.monotonic()
-        self._last_status = (self.started, 0, 0)   # time, samples, learner steps
+        self._last_status = (self.started, 0, 0)   # time, samples, learner steps of this run
+        # learner steps the engines held when this service took them (resumed checkpoints):
+        # not counted in this run's rate
+        self._steps_inherited = 0
         self._last_any_out = self.started
         self._closed = False
         if self.checkpoint_dir is not None:
@@ -864,6 +876,7 @@ class StreamService:
             self._log("engine_factory", "cannot start an engine for topic %r: %s", topic, exc)
             return None
         st = self.streams[topic] = _Stream(topic, engine)
+        self._steps_inherited += _engine_steps(engine)
         if self._block is None:
             self._block = callable(getattr(engine, "push_many", None))
         logger.info("new stream %r", st.name)
@@ -933,23 +946,17 @@ class StreamService:
                 self.counters["heartbeats_out"] += 1
         if self.status_interval > 0 and now - self._last_status[0] >= self.status_interval:
             self._status(self.status_line(now))
-            self._last_status = (now, self.counters["samples"], self._learner_steps())
+            self._last_status = (now, self.counters["samples"],
+                                 self._learner_steps() - self._steps_inherited)
 
     def _learner_steps(self) -> int:
-        """Learner steps of every engine so far."""
-        steps = 0
-        for st in list(self.streams.values()):
-            try:
-                eng = st.engine
-                n = getattr(eng, "learner_steps", None)   # cheap where the engine has it
-                steps += int(n if n is not None else eng.metrics().get("learner_steps", 0))
-            except Exception:  # noqa: BLE001 - a status line must never break the service
-                pass
-        return steps
+        """Learner steps of every engine so far (those of resumed checkpoints included)."""
+        return sum(_engine_steps(st.engine) for st in list(self.streams.values()))
 
     def status_line(self, now: float | None = None, prefix: str = "streamfhmm serve:") -> str:
         """One line: samples and rate, streams, gaps, malformed messages, checkpoints,
-        learner steps and their rate (rates since the previous status line)."""
+        learner steps (a resumed checkpoint's included) and their rate (rates since the
+        previous status line, of this run's steps only)."""
         now = time.monotonic() if now is None else now
         t_prev, n_prev, s_prev = self._last_status
         dt = max(now - t_prev, 1e-9)
@@ -958,12 +965,13 @@ class StreamService:
         m = self.metrics(engines=False)
         bad = ", ".join(f"{k} {v}" for k, v in m["malformed"].items() if v) or "none"
         steps = self._learner_steps()
+        run_steps = steps - self._steps_inherited
         return (f"{prefix} {n:,} samples ({rate:,.0f}/s), {m['posteriors']:,} posteriors, "
                 f"{len(self.streams)} stream(s), gaps {m['gaps']} ({m['gap_samples']} samples), "
                 f"malformed {m['malformed_total']} ({bad}), stale {m['stale']}, "
                 f"rejected {m['engine_rejected']}, checkpoints {m['checkpoints']}, "
                 f"lost on resume {m['lost_on_resume']}, learner steps {steps} "
-                f"({max(steps - s_prev, 0) / dt:,.0f}/s), "
+                f"({max(run_steps - s_prev, 0) / dt:,.0f}/s), "
                 f"subscribers {self.sink.n_subscribers()}")
 
     # -- shutdown ----------------------------------------------------------------------

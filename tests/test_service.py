@@ -360,6 +360,26 @@ def test_status_line_reports_learner_steps_and_their_rate(harness):
     assert "learner steps 350 (35/s)" in line, line
 
 
+class ResumedSteppingEngine(SteppingEngine):
+    """As SteppingEngine, from a checkpoint that held 500 learner steps."""
+
+    def metrics(self):
+        return {"samples": self.t, "learner_steps": 500 + 7 * self.t, "phase": "running"}
+
+
+def test_status_line_rate_leaves_out_a_resumed_checkpoints_steps(harness):
+    """The total counts a resumed engine's earlier steps; the rate only this run's
+    (it divided the checkpoint's steps by this run's first interval)."""
+    h = harness(engine=ResumedSteppingEngine)
+    for s in range(10):
+        h.sample(b"a", s, _values(1, s))
+    h.recv(8)
+    svc = h.service
+    t0 = svc._last_status[0]
+    line = svc.status_line(now=t0 + 2.0)
+    assert "learner steps 570 (35/s)" in line, line
+
+
 def test_max_streams(harness):
     h = harness(max_streams=2)
     for k, topic in enumerate([b"a", b"b", b"c", b"c", b"a"]):
