@@ -272,7 +272,11 @@ def warm_lane(engine_factory, X, format: str = "binary", timeout: float = 120.0)
     pub.bind(name + "-in")
     source = ZmqSource(name + "-in", X.shape[1], hwm=0, context=ctx)
     sink = ZmqSink(name + "-out", format=format, hwm=0, context=ctx)
-    svc = StreamService(source, sink, engine_factory, heartbeat_interval=0, batch_size=64, batch_wait=0)
+    # silent: its stream and its final status line are not the user's (serve -v logged
+    # "new stream 'warm'" and "36 samples" before its own banner)
+    svc = StreamService(source, sink, engine_factory, heartbeat_interval=0, batch_size=64, batch_wait=0,
+                        status=lambda line: None)
+    was_disabled, logger.disabled = logger.disabled, True
     deadline = time.monotonic() + timeout
     try:
         while not source.socket.poll(1):        # the subscription reaches the PUB: a probe
@@ -291,11 +295,14 @@ def warm_lane(engine_factory, X, format: str = "binary", timeout: float = 120.0)
                 if source.socket.poll(10):
                     read += svc.read()
     finally:
-        svc.shutdown()
-        source.close(0)
-        sink.close(0)
-        pub.close(0)
-        ctx.term()
+        try:
+            svc.shutdown()
+        finally:
+            logger.disabled = was_disabled
+            source.close(0)
+            sink.close(0)
+            pub.close(0)
+            ctx.term()
     return svc.lane_samples
 
 

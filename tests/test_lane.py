@@ -291,10 +291,13 @@ def test_a_second_topic_moves_the_service_to_the_general_path(sides):
     assert a.svc.counters == b.svc.counters
 
 
-def test_warm_lane_runs_the_lane_before_any_service_subscribes():
-    """serve compiles the lane at start-up through a throwaway service on inproc sockets."""
+def test_warm_lane_runs_the_lane_before_any_service_subscribes(caplog):
+    """serve compiles the lane at start-up through a throwaway service on inproc sockets,
+    which logs nothing (its stream is not the user's) and leaves the service's logger on."""
+    import logging
     model, net = _model_and_net(11)
     X = np.random.default_rng(11).normal(size=(40, D))
+    caplog.set_level(logging.DEBUG, logger="streamfhmm.service")
     for fmt in ("binary", "json"):
         n = warm_lane(lambda topic: StreamEngine(model, learn=False, net=net), X, fmt, timeout=60)
         assert n == 39, fmt   # all but the sample that opens the stream
@@ -302,3 +305,5 @@ def test_warm_lane_runs_the_lane_before_any_service_subscribes():
     def refuse(topic):
         raise ValueError("no engine for this configuration")
     assert warm_lane(refuse, X, "binary", timeout=60) == 0
+    assert [r for r in caplog.records if r.name == "streamfhmm.service"] == []
+    assert not logging.getLogger("streamfhmm.service").disabled

@@ -72,6 +72,11 @@ DEFAULT_HWM = 100_000
 DEFAULT_LINGER_MS = 2000
 
 
+def _name(topic: bytes) -> str:
+    """A topic as the logs name its stream (as the service does: UTF-8, bad bytes replaced)."""
+    return topic.decode("utf-8", "replace")
+
+
 class RateLimitedLog:
     """Log a message at most once per ``interval`` seconds per kind, counting the rest.
 
@@ -369,7 +374,7 @@ class ZmqSource:
             if len(self.streams) >= self.max_streams and not (samples and self._evict()):
                 self.untracked += n
                 self._log("streams", "skipped a message of a new topic %r: already %d topics "
-                          "(max_streams)", topic[:40], len(self.streams))
+                          "(max_streams)", _name(topic[:40]), len(self.streams))
                 return None
             st = self.streams[topic] = StreamSeq()
             if not samples:
@@ -392,7 +397,7 @@ class ZmqSource:
         gone.heartbeats += st.heartbeats
         self.evicted += 1
         self._log("evict", "gave up the bookkeeping of topic %r (heartbeats only, no sample) for "
-                  "a new topic: already %d topics (max_streams)", topic[:40], len(self.streams) + 1)
+                  "a new topic: already %d topics (max_streams)", _name(topic[:40]), len(self.streams) + 1)
         return True
 
     def _accept(self, topic: bytes, st: StreamSeq, seq: int, n: int) -> int:
@@ -410,7 +415,7 @@ class ZmqSource:
             self._gap(topic, st, last, seq)
         elif seq == 0:
             st.restarts += 1
-            self._log("restart", "stream %r restarted at sequence number 0 (after %d)", topic, last)
+            self._log("restart", "stream %r restarted at sequence number 0 (after %d)", _name(topic), last)
         elif seq + n - 1 <= last and self.resync_after and behind + n >= self.resync_after:
             # the resync_after-th number in order behind the last one: accepted, with those
             # after it in this run, after a discontinuity (the ones before it were stale)
@@ -418,13 +423,13 @@ class ZmqSource:
             st.stale += skip
             st.restarts += 1
             self._log("restart", "stream %r restarted at sequence number %d: %d numbers in "
-                      "order behind the last one, %d (resync_after)", topic, seq + skip,
+                      "order behind the last one, %d (resync_after)", _name(topic), seq + skip,
                       self.resync_after, last)
         else:
             whole = seq + n - 1 <= last
             skip = min(n, last - seq + 1)
             st.stale += skip
-            self._log("stale", "stream %r: skipped sequence number %d, not after %d", topic, seq, last)
+            self._log("stale", "stream %r: skipped sequence number %d, not after %d", _name(topic), seq, last)
             if whole:
                 st.behind = behind + n
                 st.behind_next = seq + n
@@ -439,7 +444,7 @@ class ZmqSource:
         st.gaps += 1
         st.gap_samples += seq - last - 1
         self._log("gap", "stream %r: sequence numbers %d..%d missing (%d samples)",
-                  topic, last + 1, seq - 1, seq - last - 1)
+                  _name(topic), last + 1, seq - 1, seq - last - 1)
 
     def maintain(self) -> int:
         """Reconnect a connection libzmq dropped for good; call it now and then (cheap).
