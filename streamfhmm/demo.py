@@ -735,8 +735,9 @@ def _summary(res: DemoResult, ts, imputed, M, window, rate, on_threshold) -> str
         "summary",
         f"  streamed {res.n_samples:,} samples ({_day(ts[0])} .. {_day(ts[-1])}); received {res.n_received:,} "
         f"posteriors, missing {res.missing}, input gaps {gaps}",
-        f"  throughput {res.rate:,.0f} posteriors/s over {res.seconds:.1f} s (replay paced at {rate:,.0f}/s); "
-        f"wall time {res.wall_seconds:.1f} s",
+        (f"  throughput {res.rate:,.0f} posteriors/s over {res.seconds:.1f} s" if res.seconds > 0 else
+         "  throughput not measured: the posteriors arrived in one read")
+        + f" (replay paced at {rate:,.0f}/s); wall time {res.wall_seconds:.1f} s",
         f"  model: {M} chains, window {window}, learnt online from a cold start (warm-up {res.warmup:,} "
         f"samples, first posterior after {res.first_posterior:.1f} s); last snapshot v{res.version}"
         + (f", {res.learner_steps:,} learner steps" if res.learner_steps is not None else ""),

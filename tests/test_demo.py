@@ -456,3 +456,18 @@ def test_a_slow_start_is_explained_once():
     m = child.wait_line(re.compile(r"input bound at ([^,]+)"), timeout=30.0, on_slow=lambda: said.append(2),
                         slow_after=10.0)
     assert m.group(1) == "tcp://c:3" and said == [1]     # a quick line: nothing said
+
+
+def test_summary_without_a_measured_throughput():
+    """Posteriors that all arrive in one read give no interval to measure a rate over:
+    the summary says so instead of '0 posteriors/s over 0.0 s'."""
+    from streamfhmm.demo import DemoResult, _summary
+    ts = np.datetime64("2008-01-01T00:00") + np.arange(100).astype("timedelta64[m]")
+    metrics = {key: np.array([0.5, 0.6, 0.7]) for key in ("nde", "energy_accuracy", "f1")}
+    res = DemoResult(n_samples=100, n_received=100, seconds=0.0, calibration=slice(10, 40),
+                     evaluation=slice(40, 100), fhmm=metrics, baseline=metrics)
+    text = _summary(res, ts, np.zeros(100, dtype=bool), 4, 9, 4000.0, 5.0)
+    assert "throughput not measured: the posteriors arrived in one read (replay paced at 4,000/s)" in text
+    res.seconds, res.rate = 2.0, 50.0
+    text = _summary(res, ts, np.zeros(100, dtype=bool), 4, 9, 4000.0, 5.0)
+    assert "throughput 50 posteriors/s over 2.0 s (replay paced at 4,000/s)" in text
