@@ -531,3 +531,23 @@ def test_predict_out_through_a_symlink_keeps_the_link(files, tmp_path, capsys):
     assert code == 0
     assert link.is_symlink() and target.read_text().startswith("theta_0,theta_1\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "real.csv"]
+
+
+def test_disaggregate_checks_n_train_against_the_data_before_the_fit(capsys, monkeypatch):
+    """--n-train beyond the data is refused after loading, before the fit, by the
+    option's name (it failed after 'fitting ...' with the Python argument's name)."""
+    import streamfhmm.datasets as ds
+    from streamfhmm.datasets import HouseholdPower
+    T = 5000
+    ts = np.datetime64("2007-01-01T00:00", "s") + np.arange(T).astype("timedelta64[m]")
+    data = HouseholdPower(timestamps=ts, columns=list(ds.HOUSEHOLD_POWER_COLUMNS), values=np.ones((T, 7)),
+                          imputed=np.zeros(T, dtype=bool))
+    monkeypatch.setattr(ds, "load_household_power", lambda *a, **k: data)
+
+    def no_fit(self, *a, **k):
+        raise AssertionError("fitted before --n-train was checked")
+    monkeypatch.setattr(FHMM, "fit", no_fit)
+    code, out, err = _run(["disaggregate", "--n-train", "5000", "--no-plot"], capsys)
+    assert code == 1 and "fitting" not in out
+    assert err == ("streamfhmm disaggregate: error: --n-train must be at most 4,999 (the data has 5,000 "
+                   "minutes, and the test period needs some), got 5,000\n")
