@@ -687,6 +687,9 @@ def test_invalid_arguments():
     assert FHMMAnomalyScorer(n_chains=13)._resolved_posterior() == "recognition"
     assert FHMMAnomalyScorer(n_chains=11, posterior="recognition")._predictive() == "gaussian"
     m = _model(M=2, D=3, seed=29)
+    for cls in (FHMMTransformer, FHMMAnomalyScorer):   # the model passed as the first argument
+        with pytest.raises(ValueError, match=r"got an FHMM: pass a fitted model as model=\.\.\."):
+            cls(m)
     tr = FHMMTransformer(model=m, posterior="exact", learn=False)
     with pytest.raises(ValueError, match="3 features"):
         tr.learn_one({"a": 1.0, "b": 2.0})

@@ -318,6 +318,9 @@ class _StreamAdapter:
 
     # -- construction -------------------------------------------------------------------
     def _check_params(self):
+        if isinstance(self.n_chains, FHMM):   # FHMMTransformer(model): the first argument
+            raise ValueError("n_chains must be an integer, got an FHMM: pass a fitted model as "
+                             "model=... (the first positional argument is n_chains)")
         if self.model is not None:
             if not isinstance(self.model, FHMM):
                 raise ValueError(f"model must be an FHMM or None, got {type(self.model).__name__}")
