@@ -1,6 +1,7 @@
 """Learning speed of the SVI learner at the paper's power configuration.
 
     python bench/learn.py [--steps 3000]
+    python bench/learn.py --model svi.npz    # the breakdown on a fitted household model too
 
 M = 10 chains, D = 6, window 21, one shared hidden layer of 200 tanh units, 10
 subchains per step. Prints, measured in the same run, positions per second of the full
@@ -13,6 +14,15 @@ steps of 10 subchains), the fastest of the thread counts. Target: the paper's ru
 2-core machine, checked at the protocol's subchain length: ``SVI_SETTINGS`` in
 streamfhmm/power.py has ``subchain_length=None``, i.e. subchains as long as the window
 (21), so that length is always timed, whatever ``--lengths`` says.
+
+Then where a one-thread step's time goes at that length, each part timed on its own
+over the same batches: the windows and the recognition networks' forward pass, the ELBO
+and its gradient in θ, ρ and the model (the copula cells and the emission terms), the
+networks' backward pass, and RMSprop. The copula cells cost most where θ sits near its
+clip (a chain surely on or off: more quadrature nodes), as in a fitted model's
+posteriors, so ``--model`` (an FHMM saved by ``bench/power.py --save-model``, fitted on
+the household data's standardised channels) adds the breakdown on its networks and the
+protocol's training rows.
 """
 from __future__ import annotations
 
@@ -26,7 +36,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import header, matmul_peak_flops, table  # noqa: E402
 
-from streamfhmm.learn.svi import fit_svi  # noqa: E402
+from streamfhmm.kernels import recognition as _kr  # noqa: E402
+from streamfhmm.kernels import svi as _ks  # noqa: E402
+from streamfhmm.learn.objective import covariance_mode  # noqa: E402
+from streamfhmm.learn.sampler import SubchainSampler  # noqa: E402
+from streamfhmm.learn.svi import fit_svi, start_state  # noqa: E402
 from streamfhmm._blas import limit_blas_threads  # noqa: E402
 from streamfhmm.model import FHMMParams  # noqa: E402
 from streamfhmm.network import RecognitionNet  # noqa: E402
@@ -38,6 +52,73 @@ PAPER_STEPS = 150_000
 PROTOCOL_LENGTH = SVI_SETTINGS["subchain_length"] or PAPER_MODEL["window"]
 
 
+def breakdown(X, params, net, covariance_type, steps, seed=0) -> dict:
+    """Milliseconds per one-thread step at the protocol's subchain length, by part."""
+    state = start_state(None, params, net, 0.9, covariance_type)
+    net, nm = state.net, state.packer.size
+    x = state.state_vector()
+    sampler = SubchainSampler(np.array([0, len(X)]), PROTOCOL_LENGTH, B, np.random.default_rng(seed))
+    sc = _ks.batch_scratch(sampler.max_rows, B, net.n_inputs, net.n_groups * net.n_hidden, M, X.shape[1])
+    grad, sq = np.empty_like(x), np.zeros_like(x)
+    mode = covariance_mode(covariance_type)
+    batches = []
+    for _ in range(steps):
+        sampler.ensure(B)
+        _ks.fill_batch(sampler.q_start, sampler.q_stop, sampler.q_lo, sampler.q_hi, sampler.cursor, B,
+                       sc.rows, sc.row_start, sc.row_end, sc.offsets, sc.first)
+        sampler.advance(B)
+        batches.append((sc.rows.copy(), sc.row_start.copy(), sc.row_end.copy(), sc.offsets.copy(),
+                        sc.first.copy()))
+
+    def load(b):
+        for dst, src in zip((sc.rows, sc.row_start, sc.row_end, sc.offsets, sc.first), b):
+            dst[:] = src
+        return int(sc.offsets[B])
+
+    def gradient():
+        _ks.batch_gradient(X, sc.rows, sc.row_start, sc.row_end, sc.offsets, sc.first, net.window,
+                           net.offset, net.mean, net.scale, x, nm, net.layout, M, X.shape[1], sc.Xw,
+                           sc.hidden, sc.theta, sc.rho, sc.g_theta, sc.g_rho, sc.Yb, grad, mode)
+
+    def forward(n):
+        _kr.build_windows(X, sc.row_start[:n], sc.row_end[:n], sc.rows[:n], net.window, net.offset,
+                          net.mean, net.scale, sc.Xw[:n])
+        _kr.forward_batch(sc.Xw[:n], x[nm:], net.layout, sc.theta[:n], sc.rho[:n], sc.hidden[:n])
+
+    def backward(n):
+        _kr.backward_batch(sc.Xw[:n], sc.hidden[:n], sc.theta[:n], sc.rho[:n], sc.g_theta[:n],
+                           sc.g_rho[:n], x[nm:], net.layout, grad[nm:])
+
+    def rmsprop():   # on a copy of the parameters: the timed batches all see the same ones
+        _ks.rmsprop_update(x.copy(), grad, sq, 0.9, 1e-8, 0.0, 1, nm)
+
+    load(batches[0])
+    gradient(), forward(int(sc.offsets[B])), backward(int(sc.offsets[B])), rmsprop()  # compile
+    out = {}
+    for name, part in (("whole gradient", lambda n: gradient()), ("windows + forward", forward),
+                       ("backward", backward), ("RMSprop", lambda n: rmsprop())):
+        total = 0.0
+        for b in batches:
+            n = load(b)
+            if name == "backward":
+                gradient()        # its inputs: this batch's hidden units and ∂/∂θ, ∂/∂ρ
+            t = time.perf_counter()
+            part(n)
+            total += time.perf_counter() - t
+        out[name] = 1e3 * total / len(batches)
+    out["ELBO (cells, emission) and model gradient"] = (
+        out["whole gradient"] - out["windows + forward"] - out["backward"])
+    out["step"] = out.pop("whole gradient") + out["RMSprop"]
+    return out
+
+
+def print_breakdown(label, parts):
+    step = parts["step"]
+    print(f"\none-thread step at subchain length {PROTOCOL_LENGTH}, {label}: {step:.2f} ms")
+    for name in ("windows + forward", "ELBO (cells, emission) and model gradient", "backward", "RMSprop"):
+        print(f"  {name:<44}{parts[name]:7.3f} ms  {100 * parts[name] / step:5.1f} %")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3000, help="steps timed per subchain length")
@@ -45,7 +126,23 @@ def main(argv=None):
                     help=f"subchain lengths to time (the protocol's, {PROTOCOL_LENGTH}, is always added)")
     ap.add_argument("--n-jobs", type=int, nargs="+", default=[1, 2],
                     help="thread counts to time (fit_svi's n_jobs; default 1 and 2)")
+    ap.add_argument("--model", metavar="PATH",
+                    help="an FHMM saved by bench/power.py --save-model: the step's breakdown on it too")
+    ap.add_argument("--breakdown-steps", type=int, default=500, help="batches the breakdown times")
     args = ap.parse_args(argv)
+    if args.breakdown_steps < 1 or args.steps < 1:
+        ap.error("--steps and --breakdown-steps must be >= 1")
+    fitted = None
+    if args.model:
+        from streamfhmm import FHMM
+        try:
+            fitted = FHMM.load(args.model)
+        except (OSError, ValueError) as exc:
+            ap.error(f"--model: {exc}")
+        if getattr(fitted, "net_", None) is None or fitted.net_.n_features != D \
+                or fitted.net_.window != WINDOW or np.shape(fitted.W_)[0] != M + 1:
+            ap.error(f"--model: expected an SVI model of the protocol ({M} chains, {D} features, window "
+                     f"{WINDOW}), as bench/power.py --save-model writes")
     lengths = sorted(set(args.lengths) | {PROTOCOL_LENGTH})
     header("SVI learner step: M=10, D=6, window 21, 200 shared hidden units, 10 subchains/step")
     with limit_blas_threads(1):
@@ -87,6 +184,14 @@ def main(argv=None):
     print(f"target: the paper's run (150,000 steps of {B} subchains of length {PROTOCOL_LENGTH} = the window, "
           f"as in streamfhmm.power.SVI_SETTINGS) in <= 120 s: projected {wall:.0f} s with n_jobs={proto['n_jobs']} "
           f"({'met' if wall <= 120 else f'NOT met, {wall / 120:.1f}x over'})")
+    with limit_blas_threads(1):
+        print_breakdown("fresh networks, simulated data", breakdown(X, params, net, "full", args.breakdown_steps))
+        if fitted is not None:
+            from streamfhmm.power import power_split
+            train = np.ascontiguousarray(power_split().train)
+            print_breakdown(f"{args.model}, the household training rows",
+                            breakdown(train, fitted.params_, fitted.net_, fitted.covariance_type,
+                                      args.breakdown_steps))
 
 
 if __name__ == "__main__":
