@@ -89,8 +89,10 @@ def breakdown(X, params, net, covariance_type, steps, seed=0) -> dict:
         _kr.backward_batch(sc.Xw[:n], sc.hidden[:n], sc.theta[:n], sc.rho[:n], sc.g_theta[:n],
                            sc.g_rho[:n], x[nm:], net.layout, grad[nm:])
 
-    def rmsprop():   # on a copy of the parameters: the timed batches all see the same ones
-        _ks.rmsprop_update(x.copy(), grad, sq, 0.9, 1e-8, 0.0, 1, nm)
+    x_rms = x.copy()
+
+    def rmsprop():   # on a copy of the parameters (η = 0): the timed batches all see the same ones
+        _ks.rmsprop_update(x_rms, grad, sq, 0.9, 1e-8, 0.0, 1, nm)
 
     load(batches[0])
     gradient(), forward(int(sc.offsets[B])), backward(int(sc.offsets[B])), rmsprop()  # compile

@@ -894,9 +894,14 @@ def _cmd_disaggregate(args) -> int:
         raise CliError(str(exc)) from None
     print(f"loaded {len(data):,} minutes ({str(data.timestamps[0])[:16]} .. {str(data.timestamps[-1])[:16]}) "
           f"in {time.perf_counter() - t0:.1f} s; seed={args.seed}", flush=True)
-    if args.n_train > len(data) - 1:   # before the fit, in the option's name
-        raise CliError(f"--n-train must be at most {len(data) - 1:,} (the data has {len(data):,} minutes, "
-                       f"and the test period needs some), got {args.n_train:,}")
+    # before the fit, in the options' names: the test period holds the calibration and
+    # evaluation days (disaggregate_report's rule, which would refuse it after the fit)
+    need = sum(int(round(d * 1440)) for d in (args.calibration_days, args.evaluation_days))
+    if not 2 <= args.n_train <= len(data) - need:
+        raise CliError(f"--n-train must be between 2 and {max(len(data) - need, 2):,}: the data has "
+                       f"{len(data):,} minutes and the test period after them needs {need:,} "
+                       f"(--calibration-days {args.calibration_days:g} + --evaluation-days "
+                       f"{args.evaluation_days:g}), got {args.n_train:,}")
     model_kwargs = {k: v for k, v in (("n_chains", args.chains), ("window", args.window),
                                       ("n_hidden", args.hidden)) if v is not None}
     kw = dict(PAPER_MODEL, **model_kwargs)

@@ -255,6 +255,17 @@ def _engine_steps(engine) -> int:
         return 0
 
 
+class _ThreadFilter(logging.Filter):
+    """Drops the records one thread logs."""
+
+    def __init__(self, ident: int):
+        super().__init__()
+        self.ident = ident
+
+    def filter(self, record):
+        return record.thread != self.ident
+
+
 def warm_lane(engine_factory, X, format: str = "binary", timeout: float = 120.0) -> int:
     """Compile (or load from the kernel cache) what a one-stream service runs, the
     serving lane included, before a real service subscribes: ``X`` (n, D) goes through
@@ -273,10 +284,12 @@ def warm_lane(engine_factory, X, format: str = "binary", timeout: float = 120.0)
     source = ZmqSource(name + "-in", X.shape[1], hwm=0, context=ctx)
     sink = ZmqSink(name + "-out", format=format, hwm=0, context=ctx)
     # silent: its stream and its final status line are not the user's (serve -v logged
-    # "new stream 'warm'" and "36 samples" before its own banner)
+    # "new stream 'warm'" and "36 samples" before its own banner); only this thread's
+    # records are dropped, any other service in the process still logs
     svc = StreamService(source, sink, engine_factory, heartbeat_interval=0, batch_size=64, batch_wait=0,
                         status=lambda line: None)
-    was_disabled, logger.disabled = logger.disabled, True
+    quiet = _ThreadFilter(threading.get_ident())
+    logger.addFilter(quiet)
     deadline = time.monotonic() + timeout
     try:
         while not source.socket.poll(1):        # the subscription reaches the PUB: a probe
@@ -298,7 +311,7 @@ def warm_lane(engine_factory, X, format: str = "binary", timeout: float = 120.0)
         try:
             svc.shutdown()
         finally:
-            logger.disabled = was_disabled
+            logger.removeFilter(quiet)
             source.close(0)
             sink.close(0)
             pub.close(0)
@@ -561,6 +574,7 @@ class StreamService:
         st.generation = rec["generation"]
         st.resumed_seq = rec["seq"]
         self.streams[st.topic] = st
+        self._steps_inherited += _engine_steps(engine)   # the checkpoint's, not this run's
         self.source.set_last_seq(st.topic, rec["seq"])
         age = time.time() - rec["time"]
         logger.warning("stream %r resumed from checkpoint %s: last sequence number %d, "
@@ -874,13 +888,14 @@ class StreamService:
         if len(self.streams) >= self.max_streams:
             self.counters["streams_full"] += n
             self._log("streams_full", "skipped %d sample(s) of a new topic %r: already %d streams "
-                      "(max_streams)", n, topic, len(self.streams))
+                      "(max_streams)", n, topic.decode("utf-8", "replace"), len(self.streams))
             return None
         try:
             engine = self.engine_factory(topic)
         except (OSError, ValueError) as exc:
             self.counters["engine_rejected"] += n
-            self._log("engine_factory", "cannot start an engine for topic %r: %s", topic, exc)
+            self._log("engine_factory", "cannot start an engine for topic %r: %s",
+                      topic.decode("utf-8", "replace"), exc)
             return None
         st = self.streams[topic] = _Stream(topic, engine)
         self._steps_inherited += _engine_steps(engine)

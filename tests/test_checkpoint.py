@@ -61,6 +61,9 @@ def test_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="not a valid streamfhmm checkpoint.*not a zip archive") as info:
         load_checkpoint(tmp_path / "junk.npz")
     assert "pickle" not in str(info.value)     # numpy's advice to unpickle is not passed on
+    (tmp_path / "empty.npz").write_bytes(b"")
+    with pytest.raises(ValueError, match="not a valid streamfhmm checkpoint.*the file is empty"):
+        load_checkpoint(tmp_path / "empty.npz")
     np.savez(tmp_path / "foreign.npz", x=np.ones(3))
     with pytest.raises(ValueError, match="not a streamfhmm checkpoint"):
         load_checkpoint(tmp_path / "foreign.npz")

@@ -540,14 +540,21 @@ def test_disaggregate_checks_n_train_against_the_data_before_the_fit(capsys, mon
     from streamfhmm.datasets import HouseholdPower
     T = 5000
     ts = np.datetime64("2007-01-01T00:00", "s") + np.arange(T).astype("timedelta64[m]")
-    data = HouseholdPower(timestamps=ts, columns=list(ds.HOUSEHOLD_POWER_COLUMNS), values=np.ones((T, 7)),
+    values = np.random.default_rng(0).uniform(0.5, 2.0, size=(T, 7))
+    data = HouseholdPower(timestamps=ts, columns=list(ds.HOUSEHOLD_POWER_COLUMNS), values=values,
                           imputed=np.zeros(T, dtype=bool))
     monkeypatch.setattr(ds, "load_household_power", lambda *a, **k: data)
 
     def no_fit(self, *a, **k):
         raise AssertionError("fitted before --n-train was checked")
     monkeypatch.setattr(FHMM, "fit", no_fit)
-    code, out, err = _run(["disaggregate", "--n-train", "5000", "--no-plot"], capsys)
-    assert code == 1 and "fitting" not in out
-    assert err == ("streamfhmm disaggregate: error: --n-train must be at most 4,999 (the data has 5,000 "
-                   "minutes, and the test period needs some), got 5,000\n")
+    for n in (1, 2_121, 5_000):   # below 2; above 5,000 - 2 x 1,440 (the two periods' minutes)
+        code, out, err = _run(["disaggregate", "--n-train", str(n), "--calibration-days", "1",
+                               "--evaluation-days", "1", "--no-plot"], capsys)
+        assert code == 1 and "fitting" not in out
+        assert err == ("streamfhmm disaggregate: error: --n-train must be between 2 and 2,120: the data "
+                       "has 5,000 minutes and the test period after them needs 2,880 (--calibration-days 1 "
+                       f"+ --evaluation-days 1), got {n:,}\n")
+    with pytest.raises(AssertionError, match="fitted before"):   # the largest one reaches the fit
+        _run(["disaggregate", "--n-train", "2120", "--calibration-days", "1", "--evaluation-days", "1",
+              "--no-plot"], capsys)

@@ -380,6 +380,26 @@ def test_status_line_rate_leaves_out_a_resumed_checkpoints_steps(harness):
     assert "learner steps 570 (35/s)" in line, line
 
 
+def test_status_line_rate_after_serve_resumes_a_checkpoint(tmp_path, harness):
+    """serve's resume path (a checkpoint directory): the resumed engine's 175 earlier
+    steps count in the total, not in this run's rate (which read 4,132/s with no learning)."""
+    h = harness(tmp_path, engine=SteppingEngine, checkpoint_every=10)
+    for s in range(25):
+        h.sample(b"a", s, _values(1, s))
+    h.recv(23)
+    h.stop()
+    h.recv(2)                                      # the lag, flushed by the stop
+    h.start()                                      # resumes stream a at t = 25: 175 steps
+    svc = h.service
+    t0 = svc._last_status[0]
+    assert "learner steps 175 (0/s)" in svc.status_line(now=t0 + 2.0)
+    for s in range(25, 35):
+        h.sample(b"a", s, _values(1, s))
+    h.recv(8)
+    line = svc.status_line(now=t0 + 2.0)
+    assert "learner steps 245 (35/s)" in line, line
+
+
 def test_max_streams(harness):
     h = harness(max_streams=2)
     for k, topic in enumerate([b"a", b"b", b"c", b"c", b"a"]):

@@ -43,6 +43,8 @@ def npz_read_error(path, exc: Exception) -> str:
             head = fh.read(4)
     except OSError:
         return str(exc)
+    if not head:
+        return "the file is empty"
     if head not in _ZIP_MAGIC:
         return f"not a zip archive, as .npz files are (it begins with {head!r})"
     return str(exc)
