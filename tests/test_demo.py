@@ -433,7 +433,10 @@ def test_disaggregate_bad_periods_are_one_line_errors(capsys):
                  "--iters", "1"])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1
-    assert err.startswith("streamfhmm disaggregate: error: calibration_days and evaluation_days must"), err
+    # refused before the fit, by the options' names (the library's check came after it)
+    assert err.startswith("streamfhmm disaggregate: error: --n-train must be between 2 and 2,014,779: the "
+                          "data has 2,075,259 minutes and the test period after them needs 60,480 "
+                          "(--calibration-days 14 + --evaluation-days 28)"), err
 
 
 def test_a_slow_start_is_explained_once():
