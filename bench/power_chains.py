@@ -1,6 +1,7 @@
 """Household power: what each chain of a fitted protocol model does.
 
     python bench/power_chains.py svi.npz [svi_seed1.npz ...]   # models saved by bench/power.py --save-model
+    python bench/power_chains.py --starts 0 1 2                 # the protocol SVI fit's starts
 
 For each model (fitted on the protocol's six standardised channels), read on the last
 100,000 training rows with its own posterior (recognition networks, or SMF for a model
@@ -11,6 +12,11 @@ switching probabilities P(0→1), P(1→0); then the bias and, per step, the mod
 log-likelihood and ELBO on those rows. It tells clean codes (each appliance a chain of
 its own, on in few minutes) from entangled ones (chains on half the time with large
 loadings of opposite sign whose combinations code the rare appliances).
+
+``--starts SEED ...`` prints the same for the parameters the protocol's SVI fit starts
+from at those seeds (``FHMM(**PAPER_MODEL, random_state=SEED)``, ``init="smf"``: SMF-EM
+on the last 5,000 training rows from a k-means start on all of them; one step that
+trains the networks only, the model held), read with SMF posteriors.
 """
 from __future__ import annotations
 
@@ -24,14 +30,17 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
-from streamfhmm.power import PAPER_COLUMNS, likelihood_per_step, power_split  # noqa: E402
+from streamfhmm.power import (PAPER_COLUMNS, PAPER_MODEL, likelihood_per_step, power_split,  # noqa: E402
+                              svi_settings)
 
 ROWS = 100_000
 
 
-def chain_table(model, X) -> list:
-    """One dict per chain of ``model`` read on the rows ``X``."""
-    method = None if getattr(model, "net_", None) is not None else "smf"
+def chain_table(model, X, method=None) -> list:
+    """One dict per chain of ``model`` read on the rows ``X`` (``method``: its posterior;
+    default the recognition networks, or SMF for a model without them)."""
+    if method is None and getattr(model, "net_", None) is None:
+        method = "smf"
     theta = model.predict_proba(X, method=method)
     W, A = model.W_, model.transmat_
     rows = []
@@ -45,8 +54,12 @@ def chain_table(model, X) -> list:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("models", nargs="+", metavar="MODEL", help="FHMM files saved by bench/power.py --save-model")
+    ap.add_argument("models", nargs="*", metavar="MODEL", help="FHMM files saved by bench/power.py --save-model")
+    ap.add_argument("--starts", type=int, nargs="+", default=[], metavar="SEED",
+                    help="also the protocol SVI fit's starting parameters at these seeds")
     args = ap.parse_args(argv)
+    if not args.models and not args.starts:
+        ap.error("give MODEL files, --starts SEED ..., or both")
     models = []
     for path in args.models:
         try:
@@ -55,18 +68,24 @@ def main(argv=None):
             ap.error(f"{path}: {exc}")
         if np.shape(m.W_)[1] != len(PAPER_COLUMNS):
             ap.error(f"{path}: expected a model of the protocol's {len(PAPER_COLUMNS)} channels")
-        models.append((path, m))
+        models.append((path, m, None))
     header("household power: the chains of fitted protocol models")
-    X = power_split().train[-ROWS:]
+    train = power_split().train
+    X = train[-ROWS:]
+    for seed in args.starts:
+        m = FHMM(**PAPER_MODEL, random_state=seed, covariance_type="spherical")
+        kw = svi_settings(max_iter=1, net_warmup=1)   # one networks-only step: the model held
+        m.fit(train, progress=False, **kw)
+        models.append((f"the SVI start at seed {seed} ({kw['init']} on {kw['init_samples']:,} rows)", m, "smf"))
     short = ["active", "reactive", "voltage", "sub 1", "sub 2", "sub 3"]
-    for path, m in models:
+    for path, m, method in models:
         per = likelihood_per_step(m, X)
-        elbo = "-" if per["elbo"] is None else f"{per['elbo']:.3f}"
+        elbo = "-" if per["elbo"] is None or method == "smf" else f"{per['elbo']:.3f}"
         print(f"\n{path}: σ² {np.mean(np.diag(m.covariance_)):.3f} (mean); exact log-likelihood "
               f"{per['loglik']:.3f}, ELBO {elbo} per step on the last {ROWS:,} training rows")
         print(f"  {'m':>2} {'on':>6} {'unsure':>7} {'carried':>8}  " + " ".join(f"{c:>8}" for c in short)
               + f"  {'P(0→1)':>7} {'P(1→0)':>7}")
-        for r in chain_table(m, X):
+        for r in chain_table(m, X, method):
             print(f"  {r['chain']:>2} {r['on']:6.3f} {r['uncertain']:7.3f} {r['carried']:8.3f}  "
                   + " ".join(f"{v:8.3f}" for v in r["W"]) + f"  {r['p01']:7.4f} {r['p10']:7.4f}")
         print(f"  {'bias':<26}" + " ".join(f"{v:8.3f}" for v in m.W_[-1]))
