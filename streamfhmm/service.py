@@ -60,7 +60,7 @@ from .io.checkpoint import write_atomically
 from .io.fastwire import STOP_ERROR, STOP_SLOW
 from .io.lane import LANE_STATUS, serve_lane
 from .io.wire import (JSON_NUMBER, TS_TEXT_BYTES, Heartbeat, SampleRun, check_topic, encode_heartbeat, encode_sample,
-                      ts_from_text, ts_text)
+                      topic_name, ts_from_text, ts_text)
 from .io.zmq import RateLimitedLog, ZmqSink, ZmqSource
 from .stream.engine import _CHUNK as _ENGINE_CHUNK
 from .stream.engine import PosteriorBatch
@@ -230,7 +230,7 @@ class _Stream:
 
     def __init__(self, topic: bytes, engine):
         self.topic = topic
-        self.name = topic.decode("utf-8", "replace")
+        self.name = topic_name(topic)
         self.engine = engine
         self.pending = _Pending()   # (t, seq, ts) of samples pushed, posterior not yet published
         self.t_next = 0             # stream position of the next sample
@@ -286,8 +286,7 @@ def warm_lane(engine_factory, X, format: str = "binary", timeout: float = 120.0)
     # silent: its stream and its final status line are not the user's (serve -v logged
     # "new stream 'warm'" and "36 samples" before its own banner); only this thread's
     # records are dropped, any other service in the process still logs
-    svc = StreamService(source, sink, engine_factory, heartbeat_interval=0, batch_size=64, batch_wait=0,
-                        status=lambda line: None)
+    svc = StreamService(source, sink, engine_factory, heartbeat_interval=0, batch_size=64, batch_wait=0)
     quiet = _ThreadFilter(threading.get_ident())
     logger.addFilter(quiet)
     deadline = time.monotonic() + timeout
@@ -888,14 +887,13 @@ class StreamService:
         if len(self.streams) >= self.max_streams:
             self.counters["streams_full"] += n
             self._log("streams_full", "skipped %d sample(s) of a new topic %r: already %d streams "
-                      "(max_streams)", n, topic.decode("utf-8", "replace"), len(self.streams))
+                      "(max_streams)", n, topic_name(topic), len(self.streams))
             return None
         try:
             engine = self.engine_factory(topic)
         except (OSError, ValueError) as exc:
             self.counters["engine_rejected"] += n
-            self._log("engine_factory", "cannot start an engine for topic %r: %s",
-                      topic.decode("utf-8", "replace"), exc)
+            self._log("engine_factory", "cannot start an engine for topic %r: %s", topic_name(topic), exc)
             return None
         st = self.streams[topic] = _Stream(topic, engine)
         self._steps_inherited += _engine_steps(engine)

@@ -78,7 +78,7 @@ import numpy as np
 __all__ = [
     "ERROR_KINDS", "WireError", "Sample", "SampleRun", "Heartbeat", "PosteriorMessage",
     "MAX_TOPIC_BYTES", "MAX_HEADER_BYTES", "max_json_bytes", "max_frame_bytes",
-    "TS_TEXT_BYTES", "ts_text", "ts_from_text", "check_topic",
+    "TS_TEXT_BYTES", "ts_text", "ts_from_text", "check_topic", "topic_name",
     "encode_sample", "encode_heartbeat", "encode_posterior", "encode_posterior_batch",
     "encode_service_heartbeat",
     "decode_input", "decode_output", "subscription_prefixes",
@@ -239,6 +239,11 @@ def _topic_bytes(topic) -> bytes:
     except UnicodeDecodeError:
         raise ValueError(f"topic must be UTF-8, got {topic!r}") from None
     return topic
+
+
+def topic_name(topic: bytes) -> str:
+    """A topic as messages and logs name its stream: UTF-8, bad bytes replaced."""
+    return topic.decode("utf-8", "replace")
 
 
 def check_topic(topic: bytes) -> bytes:

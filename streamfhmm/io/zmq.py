@@ -54,7 +54,7 @@ import zmq
 from . import _libzmq
 from .fastwire import STOP_ERROR, STOP_SLOW, json_message_bytes, recv_samples, send_posteriors
 from .wire import (ERROR_KINDS, TS_TEXT_BYTES, Heartbeat, Sample, SampleRun, WireError, decode_input,
-                   encode_heartbeat, ts_from_text,
+                   encode_heartbeat, topic_name, ts_from_text,
                    encode_posterior, encode_posterior_batch, encode_sample, encode_service_heartbeat,
                    max_frame_bytes, subscription_prefixes)
 
@@ -70,11 +70,6 @@ _SNDMORE = int(zmq.SNDMORE)
 DEFAULT_HWM = 100_000
 #: default LINGER: how long closing a socket waits to deliver queued messages
 DEFAULT_LINGER_MS = 2000
-
-
-def _name(topic: bytes) -> str:
-    """A topic as the logs name its stream (as the service does: UTF-8, bad bytes replaced)."""
-    return topic.decode("utf-8", "replace")
 
 
 class RateLimitedLog:
@@ -374,7 +369,7 @@ class ZmqSource:
             if len(self.streams) >= self.max_streams and not (samples and self._evict()):
                 self.untracked += n
                 self._log("streams", "skipped a message of a new topic %r: already %d topics "
-                          "(max_streams)", _name(topic[:40]), len(self.streams))
+                          "(max_streams)", topic_name(topic[:40]), len(self.streams))
                 return None
             st = self.streams[topic] = StreamSeq()
             if not samples:
@@ -397,7 +392,8 @@ class ZmqSource:
         gone.heartbeats += st.heartbeats
         self.evicted += 1
         self._log("evict", "gave up the bookkeeping of topic %r (heartbeats only, no sample) for "
-                  "a new topic: already %d topics (max_streams)", _name(topic[:40]), len(self.streams) + 1)
+                  "a new topic: already %d topics (max_streams)", topic_name(topic[:40]),
+                  len(self.streams) + 1)
         return True
 
     def _accept(self, topic: bytes, st: StreamSeq, seq: int, n: int) -> int:
@@ -415,7 +411,8 @@ class ZmqSource:
             self._gap(topic, st, last, seq)
         elif seq == 0:
             st.restarts += 1
-            self._log("restart", "stream %r restarted at sequence number 0 (after %d)", _name(topic), last)
+            self._log("restart", "stream %r restarted at sequence number 0 (after %d)",
+                      topic_name(topic), last)
         elif seq + n - 1 <= last and self.resync_after and behind + n >= self.resync_after:
             # the resync_after-th number in order behind the last one: accepted, with those
             # after it in this run, after a discontinuity (the ones before it were stale)
@@ -423,13 +420,14 @@ class ZmqSource:
             st.stale += skip
             st.restarts += 1
             self._log("restart", "stream %r restarted at sequence number %d: %d numbers in "
-                      "order behind the last one, %d (resync_after)", _name(topic), seq + skip,
+                      "order behind the last one, %d (resync_after)", topic_name(topic), seq + skip,
                       self.resync_after, last)
         else:
             whole = seq + n - 1 <= last
             skip = min(n, last - seq + 1)
             st.stale += skip
-            self._log("stale", "stream %r: skipped sequence number %d, not after %d", _name(topic), seq, last)
+            self._log("stale", "stream %r: skipped sequence number %d, not after %d",
+                      topic_name(topic), seq, last)
             if whole:
                 st.behind = behind + n
                 st.behind_next = seq + n
@@ -444,7 +442,7 @@ class ZmqSource:
         st.gaps += 1
         st.gap_samples += seq - last - 1
         self._log("gap", "stream %r: sequence numbers %d..%d missing (%d samples)",
-                  _name(topic), last + 1, seq - 1, seq - last - 1)
+                  topic_name(topic), last + 1, seq - 1, seq - last - 1)
 
     def maintain(self) -> int:
         """Reconnect a connection libzmq dropped for good; call it now and then (cheap).
