@@ -868,7 +868,7 @@ def _fit_kwargs(args) -> dict:
 
 
 def _cmd_disaggregate(args) -> int:
-    from .power import PAPER_MODEL, disaggregate_report
+    from .power import PAPER_MODEL, disaggregate_report, period_minutes
     # the checks that need no data and no fit come first: a bad value must not cost the fit
     if args.net_warmup is not None and args.net_warmup >= args.iters:
         raise CliError(f"--net-warmup {args.net_warmup:,} must be less than --iters {args.iters:,}: the "
@@ -896,7 +896,7 @@ def _cmd_disaggregate(args) -> int:
           f"in {time.perf_counter() - t0:.1f} s; seed={args.seed}", flush=True)
     # before the fit, in the options' names: the test period holds the calibration and
     # evaluation days (disaggregate_report's rule, which would refuse it after the fit)
-    need = sum(int(round(d * 1440)) for d in (args.calibration_days, args.evaluation_days))
+    need = period_minutes(args.calibration_days) + period_minutes(args.evaluation_days)
     if not 2 <= args.n_train <= len(data) - need:
         raise CliError(f"--n-train must be between 2 and {max(len(data) - need, 2):,}: the data has "
                        f"{len(data):,} minutes and the test period after them needs {need:,} "

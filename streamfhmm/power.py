@@ -48,7 +48,8 @@ __all__ = [
     "ProtocolRow", "ProtocolTable", "protocol_table",
     "submeter_features", "fit_submeter_map", "predict_submeters",
     "fit_aggregate_baseline", "predict_aggregate_baseline", "disaggregation_metrics",
-    "DisaggregationReport", "disaggregate_report", "plot_reconstruction", "plot_submeters",
+    "DisaggregationReport", "disaggregate_report", "period_minutes", "plot_reconstruction",
+    "plot_submeters",
 ]
 
 #: the paper's six dimensions, in the order of its Table 2
@@ -856,6 +857,12 @@ def _day(ts) -> str:
     return str(np.datetime64(ts, "m")).replace("T", " ")
 
 
+def period_minutes(days: float) -> int:
+    """The one-minute rows of a period of ``days`` (rounded to the nearest minute): the
+    calibration and evaluation periods of :func:`disaggregate_report`."""
+    return int(round(float(days) * _MINUTES_PER_DAY))
+
+
 def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
                         train_rows: int | None = None, calibration_days: float = 14,
                         evaluation_days: float = 28, fit_kwargs: dict | None = None,
@@ -927,7 +934,7 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
             raise ValueError(f"{name} must be a number of days, got {v!r}")
         v = float(v)
         # (compared as floats first: 1e308 days would overflow int())
-        days.append(int(round(v * _MINUTES_PER_DAY)) if 0 < v * _MINUTES_PER_DAY <= n_test else -1)
+        days.append(period_minutes(v) if 0 < v * _MINUTES_PER_DAY <= n_test else -1)
     n_cal, n_eval = days
     if n_cal < 1 or n_eval < 1 or n_cal + n_eval > n_test:
         raise ValueError(f"calibration_days and evaluation_days must be positive and fit in the "
