@@ -564,16 +564,13 @@ class StreamService:
             raise CheckpointError(f"{rec['file']} holds {n_eng} samples but its record says "
                                   f"{rec['t_next']}: not a consistent checkpoint")
         st = _Stream(rec["topic"], engine)
-        if self._block is None:
-            self._block = callable(getattr(engine, "push_many", None))
         st.t_next = rec["t_next"]
         st.last_seq = rec["seq"]
         for (t, seq, _), text in zip(rec["pending"], rec["pending_text"]):
             st.pending.append_text(t, seq, text)   # (the text the samples arrived with)
         st.generation = rec["generation"]
         st.resumed_seq = rec["seq"]
-        self.streams[st.topic] = st
-        self._steps_inherited += _engine_steps(engine)   # the checkpoint's, not this run's
+        self._add_stream(st)
         self.source.set_last_seq(st.topic, rec["seq"])
         age = time.time() - rec["time"]
         logger.warning("stream %r resumed from checkpoint %s: last sequence number %d, "
@@ -895,12 +892,19 @@ class StreamService:
             self.counters["engine_rejected"] += n
             self._log("engine_factory", "cannot start an engine for topic %r: %s", topic_name(topic), exc)
             return None
-        st = self.streams[topic] = _Stream(topic, engine)
-        self._steps_inherited += _engine_steps(engine)
-        if self._block is None:
-            self._block = callable(getattr(engine, "push_many", None))
+        st = _Stream(topic, engine)
+        self._add_stream(st)
         logger.info("new stream %r", st.name)
         return st
+
+    def _add_stream(self, st: _Stream):
+        """Register a new or resumed stream: its engine decides the block path (the
+        first engine's ``push_many``), and the learner steps it already holds (a resumed
+        checkpoint's) are not this run's."""
+        self.streams[st.topic] = st
+        self._steps_inherited += _engine_steps(st.engine)
+        if self._block is None:
+            self._block = callable(getattr(st.engine, "push_many", None))
 
     def _publish(self, st: _Stream, posts):
         """Publish a list of Posterior (the ``push`` and ``flush`` paths)."""
