@@ -33,6 +33,7 @@ rows [800,000, 1,000,000); the test rows are never touched.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -201,12 +202,13 @@ def main(argv=None):
     if args.quick and args.train_rows is None:
         args.train_rows = 50_000
     # the SVI settings are checked now, not by the fit after the SMF-EM fits
-    kw = svi_settings(**svi_overrides(args))
+    # (with FHMM.fit's defaults for what the settings leave out)
+    fit_defaults = {k: v.default for k, v in inspect.signature(FHMM.fit).parameters.items()}
+    kw = {**fit_defaults, **svi_settings(**svi_overrides(args))}
     try:
         check_svi_settings(kw["max_iter"], kw["batch_size"], kw["subchain_length"],
-                           kw["learning_rate"], kw["final_lr_ratio"], kw.get("decay", 0.9),
-                           kw.get("time_budget"))
-        check_n_jobs(kw.get("n_jobs", 1))
+                           kw["learning_rate"], kw["final_lr_ratio"], kw["decay"], kw["time_budget"])
+        check_n_jobs(kw["n_jobs"])
     except ValueError as exc:
         ap.error(str(exc))
 
