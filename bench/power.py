@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
-from streamfhmm.learn.svi import check_n_jobs, check_svi_settings  # noqa: E402
+from streamfhmm.learn.svi import check_n_jobs, check_restarts, check_svi_settings  # noqa: E402
 from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL,  # noqa: E402
                               format_mse_rows, mse_per_dimension, power_split, protocol_mse,
                               protocol_table, svi_settings)
@@ -62,7 +62,7 @@ TUNE_VARIANTS = {
     "batch 30": dict(batch_size=30),
 }
 _SVI_OPTIONS = ("learning_rate", "final_lr_ratio", "batch_size", "subchain_length", "init",
-                "init_samples", "net_warmup", "n_jobs")
+                "init_samples", "n_init", "n_restarts", "restart_steps", "net_warmup", "n_jobs")
 
 
 def print_table(rows, title):
@@ -90,6 +90,14 @@ def run_protocol(args, split):
     print(f"covariance_type={args.covariance_type}")
     print(f"SVI: {svi.info['iterations']:,} steps of {svi.info['settings']['batch_size']} subchains, "
           f"{svi.info['ms_per_step']:.2f} ms per step; settings {svi.info['settings']}")
+    st = svi.info["settings"]
+    _, restart_steps = check_restarts(st.get("n_restarts", 1), st.get("restart_steps"),
+                                      st["max_iter"], st.get("time_budget"))
+    for key, what in (("init_scores", "SMF starts, log-likelihood per step on training rows"),
+                      ("restart_scores", f"runs after {restart_steps:,} steps, ELBO per step "
+                                         f"on training rows (the best continued)")):
+        if svi.info.get(key):
+            print(f"{what}: " + " ".join(f"{v:.3f}" for v in svi.info[key]))
     if args.save_model:
         table.models[svi.name].save(args.save_model)
         print(f"saved the SVI model to {args.save_model}")
@@ -171,6 +179,11 @@ def main(argv=None):
     ap.add_argument("--subchain-length", type=int)
     ap.add_argument("--init", choices=("smf", "kmeans"))
     ap.add_argument("--init-samples", type=int)
+    ap.add_argument("--n-init", type=int, help="SVI: SMF starts, the one most likely on "
+                    "the training rows kept (FHMM.fit's n_init; default 1)")
+    ap.add_argument("--n-restarts", type=int, help="SVI runs compared by their training ELBO "
+                    "after --restart-steps steps, the best continued (FHMM.fit's n_restarts)")
+    ap.add_argument("--restart-steps", type=int, help="see --n-restarts (default a sixth of --iters)")
     ap.add_argument("--net-warmup", type=int, help="SVI steps training the networks only "
                     "(default a tenth of --iters)")
     ap.add_argument("--n-jobs", type=int, help="SVI: threads computing each step's gradient "
@@ -209,6 +222,7 @@ def main(argv=None):
         check_svi_settings(kw["max_iter"], kw["batch_size"], kw["subchain_length"],
                            kw["learning_rate"], kw["final_lr_ratio"], kw["decay"], kw["time_budget"])
         check_n_jobs(kw["n_jobs"])
+        check_restarts(kw["n_restarts"], kw["restart_steps"], kw["max_iter"], kw["time_budget"])
     except ValueError as exc:
         ap.error(str(exc))
 

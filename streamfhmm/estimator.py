@@ -41,6 +41,37 @@ def _seed_or_none(random_state):
     return None
 
 
+#: a start is scored on X, or on so many random blocks of X beyond
+#: ``_SCORE_BLOCKS * _SCORE_BLOCK`` samples (FHMM.fit's ``n_init``)
+_SCORE_BLOCKS, _SCORE_BLOCK = 20, 1000
+
+
+def _score_blocks(X, rng):
+    """Rows on which ``n_init`` starts are compared: all of ``X`` or ``_SCORE_BLOCKS``
+    contiguous, non-overlapping blocks of ``_SCORE_BLOCK`` rows at random positions;
+    with their lengths."""
+    T = len(X)
+    if T <= _SCORE_BLOCKS * _SCORE_BLOCK:
+        return X, np.array([T])
+    # distinct slots of a grid of blocks, the grid shifted at random
+    n_slots = T // _SCORE_BLOCK
+    shift = int(rng.integers(T - n_slots * _SCORE_BLOCK + 1))
+    first = shift + _SCORE_BLOCK * np.sort(rng.choice(n_slots, _SCORE_BLOCKS, replace=False))
+    return (np.concatenate([X[i:i + _SCORE_BLOCK] for i in first]),
+            np.full(_SCORE_BLOCKS, _SCORE_BLOCK))
+
+
+def _start_score(params, X, lengths, rng) -> float:
+    """Log-likelihood per sample of ``X`` (independent blocks ``lengths``): exact up to
+    12 chains, the SMF bound (one annealed E-step, MATH.md §6) beyond."""
+    if params.n_chains <= 12:
+        return exact.log_likelihood(params, X, lengths) / len(X)
+    from .learn.smf import fit_smf
+    _, history = fit_smf(X, lengths, params=params, max_iter=0, random_state=rng,
+                         progress=False)
+    return history[0]["bound"] / len(X)
+
+
 class FHMM:
     """Factorial hidden Markov model with binary chains and Gaussian noise.
 
@@ -161,8 +192,10 @@ class FHMM:
             time_budget: float | None = None, batch_size: int = 10,
             subchain_length: int | None = None, learning_rate: float = 1e-2,
             final_lr_ratio: float = 0.01, decay: float = 0.9, tol: float = 1e-6,
-            init: str = "auto", init_samples: int = 5000, net_warmup: int = 0,
-            progress: bool = True, client=None, n_jobs: int = 1) -> "FHMM":
+            init: str = "auto", init_samples: int = 5000, n_init: int = 1,
+            n_restarts: int = 1, restart_steps: int | None = None,
+            net_warmup: int = 0, progress: bool = True, client=None,
+            n_jobs: int = 1) -> "FHMM":
         """Learn the model (and, for SVI, the recognition networks) from data.
 
         Parameters
@@ -202,6 +235,27 @@ class FHMM:
             start; ``"auto"`` is ``"params"`` for a model that has parameters and
             ``"smf"`` otherwise. ``"kmeans"`` and ``"smf"`` start afresh, so a fitted
             model may refit data with another number of features.
+        n_init : int
+            ``init="smf"`` (or ``"auto"`` resolving to it): so many starts, each a fresh
+            k-means start followed by the short SMF-EM run on the same ``init_samples``
+            samples; the fit continues from the one most likely on the whole of X
+            (exact log-likelihood, or the SMF bound beyond 12 chains, on X or, beyond
+            20,000 samples, on 20 random blocks of 1,000; with a client, on the
+            ``init_samples`` rows the starts are fitted on). Not the SMF bound on the
+            slice itself: on the household power data a few days reward codes that fit
+            them and not the rest. Each start's score (per sample) is left in the
+            fitted attribute ``init_scores_`` (empty for one start). Default 1.
+        n_restarts, restart_steps : int
+            SVI: so many runs (each from its own start, drawn as ``init`` says, and its
+            own networks) take the first ``restart_steps`` steps (default a sixth of
+            ``max_iter``) of the same learning-rate schedule; the run whose recognition
+            ELBO is highest on the training data (X, or beyond 20,000 samples 20
+            random blocks of 1,000, which may straddle sequences) goes on to
+            ``max_iter`` steps. The code a run gives the chains is set early, and its
+            ELBO then already ranks it much as at the end (README, household power).
+            The first run is the one ``n_restarts=1`` takes; the runs' ELBOs per
+            sample are left in ``restart_scores_`` (empty for one run). Needs
+            ``max_iter`` steps, not a ``time_budget``; not with a client. Default 1.
         net_warmup : int
             SVI: the first ``net_warmup`` steps train the recognition networks only, the
             model held at its start (its RMSprop statistics are still gathered). Joint
@@ -233,6 +287,10 @@ class FHMM:
         # before any initialisation (an SMF start may take seconds)
         net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
         init_samples = check_positive_int(init_samples, "init_samples")
+        n_init = check_positive_int(n_init, "n_init")
+        if n_init > 1 and init in ("kmeans", "params"):
+            raise ValueError(f"n_init applies to init='smf' or 'auto' (SMF starts kept by their "
+                             f"likelihood), got n_init={n_init} with init={init!r}")
         if max_iter is not None:
             max_iter = check_positive_int(max_iter, "max_iter")
         if time_budget is not None:
@@ -243,6 +301,11 @@ class FHMM:
             from .learn.svi import check_svi_settings
             check_svi_settings(max_iter or 1, batch_size, subchain_length, learning_rate,
                                final_lr_ratio, decay, time_budget)
+        from .learn.svi import check_restarts
+        n_restarts, restart_steps = check_restarts(n_restarts, restart_steps, max_iter, time_budget)
+        if n_restarts > 1 and (method != "svi" or client is not None):
+            raise ValueError(f"n_restarts applies to method='svi' without a client, got "
+                             f"method={method!r}{' and a client' if client is not None else ''}")
         if n_jobs != 1 and (method != "svi" or client is not None):
             raise ValueError(f"n_jobs applies to method='svi' without a client (the threads of "
                              f"the local learner), got n_jobs={n_jobs!r} with "
@@ -253,7 +316,7 @@ class FHMM:
                                          subchain_length=subchain_length,
                                          learning_rate=learning_rate, final_lr_ratio=final_lr_ratio,
                                          decay=decay, init=init, init_samples=init_samples,
-                                         net_warmup=net_warmup, progress=progress)
+                                         n_init=n_init, net_warmup=net_warmup, progress=progress)
         if method not in ("svi", "smf", "em"):
             raise ValueError(f"method must be 'svi', 'smf' or 'em', got {method!r}")
         if method != "svi" and net_warmup:
@@ -269,7 +332,7 @@ class FHMM:
         rng = check_random_state(self.random_state)
         bounds = exact.bounds_from_lengths(lengths)
         t0 = time.perf_counter()
-        params = self._initial_params(X, lengths, init, init_samples, rng, progress, time_budget)
+        params = self._initial_params(X, init, init_samples, n_init, rng, time_budget)
         if method == "em":
             from .learn.em import fit_exact_em
             budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
@@ -292,26 +355,66 @@ class FHMM:
             self.fit_method_ = "smf"
             return self
         from .learn.svi import fit_svi
-        from .network import RecognitionNet
-        net = RecognitionNet(self.n_chains, X.shape[1], window=self.window, n_hidden=self.n_hidden,
-                             share=self.share_hidden, mode="centred")
-        net.init(random_state=rng)
-        net.fit_scaler(X)
+        self.restart_scores_ = np.empty(0)
+        net = self._new_net(X, rng)
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
-        state = fit_svi(X, bounds, params, net, max_iter=20_000 if max_iter is None else max_iter,
-                        batch_size=batch_size,
-                        subchain_length=subchain_length, learning_rate=learning_rate,
-                        final_lr_ratio=final_lr_ratio, decay=decay, time_budget=budget, rng=rng,
-                        progress=progress, covariance_type=self.covariance_type, net_warmup=net_warmup,
-                        n_jobs=n_jobs)
+        total = 20_000 if max_iter is None else max_iter
+        svi = dict(batch_size=batch_size, subchain_length=subchain_length,
+                   learning_rate=learning_rate, final_lr_ratio=final_lr_ratio, decay=decay,
+                   rng=rng, progress=progress, covariance_type=self.covariance_type,
+                   n_jobs=n_jobs)
+        if n_restarts == 1:
+            state = fit_svi(X, bounds, params, net, max_iter=total, time_budget=budget,
+                            net_warmup=net_warmup, **svi)
+        else:
+            state = self._restarts(X, bounds, params, net, total, n_restarts, restart_steps,
+                                   net_warmup, svi, (init, init_samples, n_init))
         self._set_params(state.params, state.net)
         self.history_ = state.history
         self.fit_method_ = "svi"
         return self
 
+    def _new_net(self, X, rng):
+        from .network import RecognitionNet
+        net = RecognitionNet(self.n_chains, X.shape[1], window=self.window, n_hidden=self.n_hidden,
+                             share=self.share_hidden, mode="centred")
+        net.init(random_state=rng)
+        net.fit_scaler(X)
+        return net
+
+    def _restarts(self, X, bounds, params, net, total, n_restarts, restart_steps, net_warmup,
+                  svi, start):
+        """``n_restarts`` SVI runs for ``restart_steps`` steps of one ``total``-step
+        schedule; the one with the highest recognition ELBO on the scoring rows goes on."""
+        from .learn.objective import Workspace, sequence_elbo
+        from .learn.svi import fit_svi
+        steps = restart_steps  # check_restarts resolved and checked it
+        log_every = max(1, min(total // 100, 500))
+        rows, row_lengths = _score_blocks(X, svi["rng"])
+        row_bounds = exact.bounds_from_lengths(row_lengths)
+        runs, scores, init_scores = [], [], []
+        for k in range(n_restarts):
+            if k > 0:
+                params = self._initial_params(X, *start, svi["rng"])
+                net = self._new_net(X, svi["rng"])
+            init_scores.append(self.init_scores_)
+            state = fit_svi(X, bounds, params, net, max_iter=steps, schedule_length=total,
+                            net_warmup=net_warmup, log_every=log_every, **svi)
+            value, _ = sequence_elbo(state.model_vec, state.net.weights, rows, row_bounds,
+                                     Workspace(state.packer, state.net))
+            runs.append(state)
+            scores.append(float(value) / len(rows))
+        best = int(np.nanargmax(scores)) if np.isfinite(scores).any() else 0
+        self.restart_scores_ = np.array(scores)
+        self.init_scores_ = init_scores[best]
+        state = runs[best]
+        return fit_svi(X, bounds, state.params, state.net, state=state, max_iter=total - steps,
+                       schedule_start=steps, schedule_length=total,
+                       net_warmup=max(0, net_warmup - steps), log_every=log_every, **svi)
+
     def _fit_distributed(self, X, lengths, method, client, *, max_iter, time_budget, batch_size,
                          subchain_length, learning_rate, final_lr_ratio, decay, init,
-                         init_samples, net_warmup, progress) -> "FHMM":
+                         init_samples, n_init, net_warmup, progress) -> "FHMM":
         from .learn.distributed import chunk_lengths, chunk_scaler, fit_svi_distributed, head_rows
         from .network import RecognitionNet
         if method != "svi":
@@ -331,7 +434,7 @@ class FHMM:
         t0 = time.perf_counter()
         head = head_rows(chunks, init_samples)
         self._check_n_features(head.shape[1], init)
-        params = self._initial_params(head, None, init, init_samples, rng, progress, time_budget)
+        params = self._initial_params(head, init, init_samples, n_init, rng, time_budget)
         net = RecognitionNet(self.n_chains, params.n_features, window=self.window,
                              n_hidden=self.n_hidden, share=self.share_hidden, mode="centred")
         net.init(random_state=rng)
@@ -357,9 +460,10 @@ class FHMM:
             raise ValueError(f"X must have {params.n_features} features (columns) like the "
                              f"model's parameters, got {n_features}")
 
-    def _initial_params(self, X, lengths, init, init_samples, rng, progress,
+    def _initial_params(self, X, init, init_samples, n_init, rng,
                         time_budget=None) -> FHMMParams:
         from .learn.smf import fit_smf, init_params
+        self.init_scores_ = np.empty(0)
         have = getattr(self, "params_", None)
         if init == "auto":
             init = "params" if have is not None else "smf"
@@ -368,23 +472,38 @@ class FHMM:
                 raise ValueError("init='params' needs a model with parameters (from_params or a previous fit)")
             if have.n_chains != self.n_chains:
                 raise ValueError(f"n_chains={self.n_chains} differs from the parameters' {have.n_chains} chains")
+            if n_init > 1:
+                raise ValueError(f"n_init applies to a fresh start; this model continues from its "
+                                 f"parameters (init='auto'), got n_init={n_init}: pass init='smf'")
             # parameters from another covariance_type start from their projection
             return constrain_params(have, self.covariance_type)
         finite = ~np.isnan(X).any(axis=1)
         Xc = X[finite] if not finite.all() else X
         if len(Xc) < self.n_chains + 2:
             raise ValueError(f"X has too few complete rows ({len(Xc)}) to initialise {self.n_chains} chains")
-        params = init_params(Xc, self.n_chains, random_state=rng,
-                             covariance_type=self.covariance_type)
-        if init == "smf":
-            # a short SMF-EM run on a contiguous slice (the sequence's last samples)
-            sl = Xc[-min(len(Xc), init_samples):]
-            # at most 30 s, and at most a fifth of the caller's budget
-            budget = 30.0 if time_budget is None else min(30.0, 0.2 * time_budget)
-            params, _ = fit_smf(sl, params=params, max_iter=30, tol=1e-5, time_budget=budget,
-                                random_state=rng, progress=False,
+        if init == "kmeans":
+            return init_params(Xc, self.n_chains, random_state=rng,
+                               covariance_type=self.covariance_type)
+        # short SMF-EM runs on a contiguous slice (the sequence's last samples), each
+        # at most 30 s and together at most a fifth of the caller's budget
+        sl = Xc[-min(len(Xc), init_samples):]
+        budget = 30.0 if time_budget is None else min(30.0, 0.2 * time_budget / n_init)
+        if n_init > 1:
+            rows, row_lengths = _score_blocks(Xc, rng)
+        best, scores = None, []
+        for _ in range(n_init):
+            start = init_params(Xc, self.n_chains, random_state=rng,
                                 covariance_type=self.covariance_type)
-        return params
+            params, _ = fit_smf(sl, params=start, max_iter=30, tol=1e-5,
+                                time_budget=budget, random_state=rng, progress=False,
+                                covariance_type=self.covariance_type)
+            if n_init == 1:
+                return params
+            scores.append(_start_score(params, rows, row_lengths, rng))
+            if best is None or scores[-1] > max(scores[:-1]):
+                best = params
+        self.init_scores_ = np.array(scores)
+        return best
 
     # -- fitted attributes ---------------------------------------------------------
     def _require_params(self) -> FHMMParams:

@@ -513,7 +513,9 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
     seconds = time.perf_counter() - t0
     its = model.history_[-1]["iteration"] if model.history_ else 0
     add(f"ours proposed (SVI{tag})", model, seconds, None,
-        {"iterations": its, "ms_per_step": 1e3 * seconds / max(its, 1), "settings": kw})
+        {"iterations": its, "ms_per_step": 1e3 * seconds / max(its, 1), "settings": kw,
+         "init_scores": model.init_scores_.tolist(),
+         "restart_scores": model.restart_scores_.tolist()})
     return ProtocolTable(rows=rows, n_scored=int(min(n_scored, split.test.shape[0])), models=models,
                          n_bound_rows=int(min(max(n_bound_rows, 0), len(train))),
                          n_test=int(n_test) if score_all else 0)

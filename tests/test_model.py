@@ -277,6 +277,17 @@ def test_lengths_that_overflow_int64_are_refused():
     (dict(time_budget=-1.0), r"time_budget must be a finite number in \(0, inf\)"),
     (dict(time_budget=float("nan")), "time_budget must be a finite number"),
     (dict(init_samples=0), "init_samples must be an integer >= 1, got 0"),
+    (dict(n_init=0), "n_init must be an integer >= 1, got 0"),
+    (dict(n_init=2, init="kmeans"), "n_init applies to init='smf' or 'auto'"),
+    (dict(n_restarts=0), "n_restarts must be an integer >= 1, got 0"),
+    (dict(n_restarts=2, time_budget=5.0), "n_restarts needs a schedule of max_iter steps"),
+    (dict(n_restarts=2, max_iter=60, restart_steps=60),
+     r"restart_steps must be an integer in \[1, max_iter\) = \[1, 60\), got 60"),
+    (dict(n_restarts=2, max_iter=5), r"restart_steps must be an integer in \[1, max_iter\) = "
+                                     r"\[1, 5\), got 0"),
+    (dict(n_restarts=2, restart_steps=0), "restart_steps must be an integer >= 1, got 0"),
+    (dict(n_restarts=2, method="smf"), "n_restarts applies to method='svi' without a client"),
+    (dict(n_restarts=2, client=object()), "without a client, got method='svi' and a client"),
     (dict(method="smf", max_iter=0), "max_iter must be an integer >= 1, got 0"),
     (dict(method="em", time_budget="x"), "time_budget must be a finite number"),
 ])
@@ -448,3 +459,62 @@ def test_masked_entries_are_missing_values():
     Xi = np.round(X * 10).astype(int)
     np.testing.assert_array_equal(fitted.predict_proba(np.ma.masked_array(Xi, mask=mask)),
                                   fitted.predict_proba(np.where(mask, np.nan, Xi)))
+
+
+def test_n_init_keeps_the_start_most_likely_on_the_data():
+    """``n_init`` starts: the first is the one-start fit's, each is scored by its exact
+    log-likelihood on X, and the most likely is kept."""
+    from streamfhmm._validation import check_random_state
+    from streamfhmm.estimator import _start_score
+    seed = 3
+    print(f"seed={seed}")
+    truth = FHMMParams.random(3, 2, random_state=seed)
+    X, _ = truth.sample(600, random_state=seed)
+    m = FHMM(n_chains=3, random_state=seed)
+    one = m._initial_params(X, "smf", 200, 1, check_random_state(seed))
+    assert m.init_scores_.shape == (0,)
+    kept = m._initial_params(X, "smf", 200, 4, check_random_state(seed))
+    scores = m.init_scores_
+    assert scores.shape == (4,) and np.isfinite(scores).all()
+    assert _start_score(one, X, np.array([600]), None) == pytest.approx(scores[0], rel=1e-12)
+    assert _start_score(kept, X, np.array([600]), None) == pytest.approx(scores.max(), rel=1e-12)
+    assert len(np.unique(np.round(scores, 9))) > 1, "the starts should differ"
+    fitted = FHMM(n_chains=3, random_state=seed).fit(X, method="smf", n_init=4, init_samples=200, max_iter=2,
+                                                     progress=False)
+    np.testing.assert_array_equal(fitted.init_scores_, scores)
+
+
+def test_n_init_refuses_a_model_that_continues_from_its_parameters():
+    X = np.random.default_rng(0).normal(size=(80, 2))
+    m = FHMM(n_chains=2, random_state=0).fit(X, method="smf", max_iter=2, progress=False)
+    with pytest.raises(ValueError, match="n_init applies to a fresh start.*pass init='smf'"):
+        m.fit(X, method="smf", n_init=3, max_iter=2, progress=False)
+    m.fit(X, method="smf", init="smf", n_init=3, max_iter=2, progress=False)
+    assert m.init_scores_.shape == (3,)
+
+
+def test_start_scores_on_random_blocks_of_long_data():
+    """Beyond 20,000 samples a start is scored on 20 contiguous blocks of 1,000."""
+    from streamfhmm.estimator import _score_blocks
+    X = np.arange(50_000, dtype=float)[:, None] * [1.0, -1.0]
+    rows, lengths = _score_blocks(X, np.random.default_rng(0))
+    assert rows.shape == (20_000, 2) and lengths.tolist() == [1000] * 20
+    blocks = rows[:, 0].reshape(20, 1000)
+    assert (np.diff(blocks, axis=1) == 1).all()          # each block contiguous in X
+    assert (np.diff(blocks[:, 0]) >= 1000).all()           # in order, not overlapping
+    short = X[:20_000]
+    rows, lengths = _score_blocks(short, np.random.default_rng(0))
+    assert rows is short and lengths.tolist() == [20_000]
+
+
+def test_start_score_beyond_12_chains_is_the_smf_bound_below_the_likelihood():
+    from streamfhmm.estimator import _start_score
+    from streamfhmm import exact
+    seed = 5
+    print(f"seed={seed}")
+    p = FHMMParams.random(13, 2, random_state=seed)
+    X, _ = p.sample(60, random_state=seed)
+    bound = _start_score(p, X, np.array([60]), np.random.default_rng(seed))
+    ll = exact.log_likelihood(p, X) / 60
+    assert np.isfinite(bound) and bound <= ll + 1e-9
+    assert bound > ll - 5.0

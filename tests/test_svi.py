@@ -918,3 +918,63 @@ def test_progress_bar_counts_time_from_after_the_first_step(correlated_data, mon
     n, total, start = bars[0]
     assert (n, total) == (40, 40)
     assert start >= calls[0] + 1.0      # the bar's clock started after the slow step
+
+
+def test_a_run_split_into_calls_follows_one_schedule(correlated_data):
+    """fit_svi's schedule_start/schedule_length: 300 + 700 steps log the learning rates
+    of one 1,000-step run, and the split run has taken every step."""
+    from streamfhmm.learn.svi import fit_svi
+    from streamfhmm.network import RecognitionNet
+    X = correlated_data
+    p = init_params(X, 2, random_state=np.random.default_rng(0))
+    net = RecognitionNet(2, 3, window=3, n_hidden=4).init(random_state=0)
+    net.fit_scaler(X)
+    bounds = np.array([0, len(X)])
+    kw = dict(rng=np.random.default_rng(0), progress=False, log_every=10, learning_rate=1e-2,
+              final_lr_ratio=0.01)
+    whole = fit_svi(X, bounds, p, net, max_iter=1000, **kw)
+    part = fit_svi(X, bounds, p, net, max_iter=300, schedule_length=1000, **kw)
+    assert part.history[-1]["lr"] == pytest.approx(cosine_lr(1e-2, 0.01, 0.3), rel=1e-12)
+    part = fit_svi(X, bounds, None, None, state=part, max_iter=700, schedule_start=300,
+                   schedule_length=1000, **kw)
+    assert part.iteration == whole.iteration == part.opt.steps == 1000
+    assert [h["iteration"] for h in part.history] == [h["iteration"] for h in whole.history]
+    np.testing.assert_allclose([h["lr"] for h in part.history], [h["lr"] for h in whole.history],
+                               rtol=1e-12)
+    assert part.history[-1]["lr"] == pytest.approx(1e-4, rel=1e-12)
+    with pytest.raises(ValueError, match="schedule_start \\+ max_iter must be at most "
+                                         "schedule_length, got 300 \\+ 800 > 1,000"):
+        fit_svi(X, bounds, p, net, max_iter=800, schedule_start=300, schedule_length=1000, **kw)
+
+
+def test_restarts_continue_the_run_with_the_highest_elbo(two_chain_data, monkeypatch):
+    """Three runs of 100 steps of a 400-step schedule, each from its own start; the one
+    whose ELBO on the data is highest (recomputed here) is the state continued for the
+    remaining 300 steps, on the same schedule."""
+    import streamfhmm.learn.svi as svi
+    from streamfhmm.learn.objective import Workspace, sequence_elbo
+    _, X = two_chain_data
+    calls, real = [], svi.fit_svi
+
+    def recording(*args, **kw):
+        continued = kw.get("state")
+        out = real(*args, **kw)
+        value, _ = sequence_elbo(out.model_vec, out.net.weights, X, np.array([0, len(X)]),
+                                 Workspace(out.packer, out.net))
+        calls.append(dict(kw, out=out, continued=continued, elbo=value / len(X),
+                          start=None if continued else args[2]))
+        return out
+    monkeypatch.setattr(svi, "fit_svi", recording)
+    m = FHMM(n_chains=2, window=5, n_hidden=8, random_state=4)
+    m.fit(X, max_iter=400, n_restarts=3, restart_steps=100, init="smf", progress=False)
+    runs, last = calls[:3], calls[3]
+    assert len(calls) == 4
+    assert all(c["max_iter"] == 100 and c["schedule_length"] == 400 and c["continued"] is None
+               for c in runs)
+    assert not np.array_equal(runs[0]["start"].W, runs[1]["start"].W), "each run its own start"
+    np.testing.assert_allclose(m.restart_scores_, [c["elbo"] for c in runs], rtol=1e-10)
+    best = int(np.argmax(m.restart_scores_))
+    assert last["continued"] is runs[best]["out"]
+    assert (last["max_iter"], last["schedule_start"], last["schedule_length"]) == (300, 100, 400)
+    assert m.history_[-1]["iteration"] == 400
+    np.testing.assert_array_equal(m.W_, last["out"].params.W)

@@ -32,8 +32,8 @@ from ..network import RecognitionNet, check_net
 from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
 
-__all__ = ["RMSprop", "SVIState", "apply_gradient_sum", "check_n_jobs", "check_svi_settings",
-           "fit_svi", "start_state"]
+__all__ = ["RMSprop", "SVIState", "apply_gradient_sum", "check_n_jobs", "check_restarts",
+           "check_svi_settings", "fit_svi", "start_state"]
 
 
 def check_svi_settings(max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio,
@@ -51,6 +51,27 @@ def check_svi_settings(max_iter, batch_size, subchain_length, learning_rate, fin
             check_real(final_lr_ratio, "final_lr_ratio", 0.0, 1.0),
             check_real(decay, "decay", 0.0, 1.0, high_open=True),
             None if time_budget is None else check_real(time_budget, "time_budget"))
+
+
+def check_restarts(n_restarts, restart_steps, max_iter, time_budget) -> tuple:
+    """``FHMM.fit``'s ``n_restarts`` (an int ≥ 1) and ``restart_steps``, resolved (None:
+    a sixth of ``max_iter``, itself None for the default 20,000) and checked to lie in
+    [1, max_iter) when there are restarts, which need ``max_iter`` steps, not a
+    ``time_budget``."""
+    n_restarts = check_positive_int(n_restarts, "n_restarts")
+    if restart_steps is not None:
+        restart_steps = check_positive_int(restart_steps, "restart_steps")
+    if n_restarts == 1:
+        return n_restarts, restart_steps
+    if time_budget is not None:
+        raise ValueError("n_restarts needs a schedule of max_iter steps, not a time_budget: "
+                         "the runs are compared after the same steps")
+    total = 20_000 if max_iter is None else max_iter
+    steps = total // 6 if restart_steps is None else restart_steps
+    if not 1 <= steps < total:
+        raise ValueError(f"restart_steps must be an integer in [1, max_iter) = [1, {total:,}), "
+                         f"got {steps:,}")
+    return n_restarts, steps
 
 
 def check_n_jobs(n_jobs) -> int:
@@ -275,7 +296,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             time_budget: float | None = None, rng: np.random.Generator,
             progress: bool = True, log_every: int | None = None, state: SVIState | None = None,
             callback=None, covariance_type: str | None = None, net_warmup: int = 0,
-            n_jobs: int = 1) -> SVIState:
+            n_jobs: int = 1, schedule_start: int = 0,
+            schedule_length: int | None = None) -> SVIState:
     """Run SVI from ``params`` and ``net`` (or continue ``state``).
 
     Parameters
@@ -309,6 +331,11 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         Threads computing each step's gradient (-1: one per processor; at most
         ``batch_size``), see :meth:`streamfhmm.FHMM.fit`. 1 (the default) runs the
         whole step as one compiled call.
+    schedule_start, schedule_length : int
+        This call's steps are steps ``schedule_start + 1 …`` of a cosine schedule
+        ``schedule_length`` steps long (default: this call's ``max_iter`` steps from 0):
+        a run split into calls, e.g. restarts continued by the best
+        (:meth:`streamfhmm.FHMM.fit`'s ``n_restarts``), follows one schedule.
 
     Returns
     -------
@@ -320,6 +347,12 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     (max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay,
      time_budget) = check_svi_settings(max_iter, batch_size, subchain_length, learning_rate,
                                        final_lr_ratio, decay, time_budget)
+    schedule_start = check_positive_int(schedule_start, "schedule_start", minimum=0)
+    schedule_length = (schedule_start + max_iter if schedule_length is None
+                       else check_positive_int(schedule_length, "schedule_length"))
+    if schedule_start + max_iter > schedule_length:
+        raise ValueError(f"schedule_start + max_iter must be at most schedule_length, got "
+                         f"{schedule_start:,} + {max_iter:,} > {schedule_length:,}")
     continued = state is not None
     state = start_state(state, params, net, decay, covariance_type)
     X = check_observations(X, n_features=state.packer.n_features, allow_nan=True)
@@ -359,7 +392,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             threaded = _ThreadedStep(n_jobs, sampler, net, M, D, x.size, nm, cov_mode)
         for i in range(1, max_iter + 1):
             elapsed = time.perf_counter() - t0
-            frac = i / max_iter
+            frac = (schedule_start + i) / schedule_length
             if time_budget:
                 frac = max(frac, elapsed / time_budget)
             lr = cosine_lr(learning_rate, final_lr_ratio, frac)
