@@ -1,7 +1,7 @@
 """Household power: the paper's Table 2 beside ours.
 
-    python bench/power.py            # the whole protocol (about 20 minutes on 2 cores; the SVI fit about 8,
-                                     # 5.5 with --n-jobs 2)
+    python bench/power.py            # the whole protocol (about 25 minutes on 2 cores; the SVI fit
+                                     # about 12, three runs for its first sixth)
     python bench/power.py --quick    # CI-sized: small slices, few iterations (1-2 minutes)
     python bench/power.py --tune     # the learner settings compared on training data only
     python bench/power.py --quick --covariance-type diag   # our models with a diagonal Σ
@@ -13,8 +13,10 @@ Protocol (paper §4.2, :mod:`streamfhmm.power`): six standardised dimensions, th
 SMF-EM trained on the last 5,000 training rows, our SMF-EM on the whole training set
 (within ``--smf-budget`` seconds), and our SVI (FHMM(n_chains=10, window=21,
 n_hidden=200, share_hidden="all"), ``--iters`` steps of ``--batch-size`` subchains,
-the first tenth (``--net-warmup``) training the networks only), each with its fit's
-wall time. SMF models are scored with SMF posteriors on the test
+the first tenth (``--net-warmup``) training the networks only; ``--n-restarts`` runs
+(default 3) from their own starts compared by their training ELBO after
+``--restart-steps`` (default a sixth of the steps), the best continued), each with its
+fit's wall time. SMF models are scored with SMF posteriors on the test
 rows, the SVI model with its recognition networks. A second table leaves out the
 test rows the data file filled by copying the previous day; a third scores all
 1,075,259 test rows, the paper's whole test set (not with --quick). ``--covariance-type`` (full, diag,
@@ -182,7 +184,8 @@ def main(argv=None):
     ap.add_argument("--n-init", type=int, help="SVI: SMF starts, the one most likely on "
                     "the training rows kept (FHMM.fit's n_init; default 1)")
     ap.add_argument("--n-restarts", type=int, help="SVI runs compared by their training ELBO "
-                    "after --restart-steps steps, the best continued (FHMM.fit's n_restarts)")
+                    "after --restart-steps steps, the best continued (FHMM.fit's n_restarts; "
+                    "default 3, 1 with --svi-budget)")
     ap.add_argument("--restart-steps", type=int, help="see --n-restarts (default a sixth of --iters)")
     ap.add_argument("--net-warmup", type=int, help="SVI steps training the networks only "
                     "(default a tenth of --iters)")

@@ -1,7 +1,7 @@
 """Household power: what each chain of a fitted protocol model does.
 
     python bench/power_chains.py svi.npz [svi_seed1.npz ...]   # models saved by bench/power.py --save-model
-    python bench/power_chains.py --starts 0 1 2                 # the protocol SVI fit's starts
+    python bench/power_chains.py --starts 0 1 2                 # the SVI fit's first starts
 
 For each model (fitted on the protocol's six standardised channels), read on the last
 100,000 training rows with its own posterior (recognition networks, or SMF for a model
@@ -9,14 +9,15 @@ without them), one line per chain: the fraction of minutes it is on (mean θ), t
 fraction with θ between 0.05 and 0.95 (uncertain), its loadings W[m] per channel
 (standardised units), the reconstruction variance it carries (Var θ · ‖W[m]‖²), and its
 switching probabilities P(0→1), P(1→0); then the bias and, per step, the model's exact
-log-likelihood and ELBO on those rows. It tells clean codes (each appliance a chain of
+log-likelihood and ELBO on those rows, and for a fitted model its running training ELBO
+over steps 20,000-25,000 and over its last 10,000 steps. It tells clean codes (each appliance a chain of
 its own, on in few minutes) from entangled ones (chains on half the time with large
 loadings of opposite sign whose combinations code the rare appliances).
 
-``--starts SEED ...`` prints the same for the parameters the protocol's SVI fit starts
-from at those seeds (``FHMM(**PAPER_MODEL, random_state=SEED)``, ``init="smf"``: SMF-EM
-on the last 5,000 training rows from a k-means start on all of them; one step that
-trains the networks only, the model held), read with SMF posteriors.
+``--starts SEED ...`` prints the same for the parameters the first of the protocol SVI
+fit's runs starts from at those seeds (``FHMM(**PAPER_MODEL, random_state=SEED)``,
+``init="smf"``: SMF-EM on the last 5,000 training rows from a k-means start on all of
+them; one step that trains the networks only, the model held), read with SMF posteriors.
 """
 from __future__ import annotations
 
@@ -52,6 +53,23 @@ def chain_table(model, X, method=None) -> list:
     return rows
 
 
+def running_elbo(history, spans=((20_000, 25_000),), last=10_000) -> dict:
+    """Mean of an SVI fit's logged running ELBO over each span of steps that the fit
+    reached, and over its last ``last`` steps: how early a run's rank among runs is set
+    (``FHMM.fit``'s ``n_restarts`` compares runs after a sixth of their steps)."""
+    it = np.array([h["iteration"] for h in history if "elbo" in h])
+    value = np.array([h["elbo"] for h in history if "elbo" in h])
+    if not len(it):
+        return {}
+    end = int(it[-1])
+    out = {}
+    for a, b in (*spans, (max(0, end - last), end)):
+        sel = (it > a) & (it <= b)
+        if b <= end and sel.any():
+            out[(a, b)] = float(value[sel].mean())
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="*", metavar="MODEL", help="FHMM files saved by bench/power.py --save-model")
@@ -74,7 +92,8 @@ def main(argv=None):
     X = train[-ROWS:]
     for seed in args.starts:
         m = FHMM(**PAPER_MODEL, random_state=seed, covariance_type="spherical")
-        kw = svi_settings(max_iter=1, net_warmup=1)   # one networks-only step: the model held
+        # one run, one networks-only step: the model held at the first run's start
+        kw = svi_settings(max_iter=1, net_warmup=1, n_restarts=1)
         m.fit(train, progress=False, **kw)
         models.append((f"the SVI start at seed {seed} ({kw['init']} on {kw['init_samples']:,} rows)", m, "smf"))
     short = ["active", "reactive", "voltage", "sub 1", "sub 2", "sub 3"]
@@ -83,6 +102,10 @@ def main(argv=None):
         elbo = "-" if per["elbo"] is None or method == "smf" else f"{per['elbo']:.3f}"
         print(f"\n{path}: σ² {np.mean(np.diag(m.covariance_)):.3f} (mean); exact log-likelihood "
               f"{per['loglik']:.3f}, ELBO {elbo} per step on the last {ROWS:,} training rows")
+        fit_elbo = running_elbo(m.history_) if method is None else None
+        if fit_elbo:
+            print("  the fit's running ELBO per step (its history): " + "; ".join(
+                f"steps {a:,}-{b:,}: {v:.3f}" for (a, b), v in fit_elbo.items()))
         print(f"  {'m':>2} {'on':>6} {'unsure':>7} {'carried':>8}  " + " ".join(f"{c:>8}" for c in short)
               + f"  {'P(0→1)':>7} {'P(1→0)':>7}")
         for r in chain_table(m, X, method):

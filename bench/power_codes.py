@@ -112,7 +112,7 @@ def svi_from_code(code, var, split, test, ll_rows, args):
                              random_state=args.seed, covariance_type=ctype)
     start = likelihood_per_step(model, ll_rows)["loglik"]
     kw = svi_settings(max_iter=args.svi_steps)
-    for key in ("init", "init_samples"):      # the start is this code, not SMF-EM
+    for key in ("init", "init_samples", "n_restarts"):  # one run from this code, not SMF-EM
         kw.pop(key)
     t0 = time.perf_counter()
     model.fit(split.train, method="svi", init="params", n_jobs=args.n_jobs, progress=False, **kw)

@@ -466,7 +466,8 @@ def _cmd_fit(args) -> int:
     t0 = time.perf_counter()
     model.fit(X, method=args.method, max_iter=args.max_iter, time_budget=args.time_budget,
               batch_size=args.batch_size, learning_rate=args.learning_rate, progress=_progress(args),
-              net_warmup=args.net_warmup or 0, n_jobs=args.n_jobs)
+              net_warmup=args.net_warmup or 0, n_jobs=args.n_jobs, n_init=args.n_init,
+              n_restarts=args.n_restarts)
     dt = time.perf_counter() - t0
     model.save(args.out)
     print(f"fitted {model!r} ({args.method}) on {X.shape[0]:,} samples x {X.shape[1]} features "
@@ -975,6 +976,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="svi: first steps training the recognition networks only, the model held (default 0)")
     f.add_argument("--n-jobs", type=_n_jobs, default=1, metavar="N",
                    help="svi: threads computing each step's gradient (-1: one per processor; default 1)")
+    f.add_argument("--n-init", type=_positive_int, default=1, metavar="K",
+                   help="K starts (k-means, then a short SMF-EM run), the one most likely on the "
+                        "data kept (default 1)")
+    f.add_argument("--n-restarts", type=_positive_int, default=1, metavar="K",
+                   help="svi: K runs from their own starts take the first sixth of the steps; the "
+                        "one with the highest ELBO on the data goes on (default 1; needs --max-iter "
+                        "or its default, not --time-budget)")
     f.add_argument("--seed", type=_nonneg_int, default=None, help="random seed, an integer >= 0")
     _progress_args(f)
     f.set_defaults(func=_cmd_fit)

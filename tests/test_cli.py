@@ -148,10 +148,12 @@ def test_fit_with_columns(files, capsys):
 
 
 @pytest.mark.parametrize("option,value,kwargs", [("--net-warmup", "30", {"net_warmup": 30}),
-                                                  ("--n-jobs", "2", {"n_jobs": 2})])
+                                                  ("--n-jobs", "2", {"n_jobs": 2}),
+                                                  ("--n-init", "3", {"n_init": 3}),
+                                                  ("--n-restarts", "2", {"n_restarts": 2})])
 def test_fit_options_reach_fhmm_fit(files, capsys, option, value, kwargs):
-    """--net-warmup and --n-jobs reach FHMM.fit: the same model as the library's fit
-    with them (and --net-warmup another than without it)."""
+    """--net-warmup, --n-jobs, --n-init and --n-restarts reach FHMM.fit: the same model
+    as the library's fit with them (and, but for --n-jobs, another than without them)."""
     out_path = str(files["dir"] / "option.npz")
     args = dict(n_chains=2, window=3, n_hidden=4, random_state=3)
     code, _, _ = _run(["fit", files["csv"], "--chains", "2", "--window", "3", "--hidden", "4",
@@ -161,9 +163,9 @@ def test_fit_options_reach_fhmm_fit(files, capsys, option, value, kwargs):
     ref = FHMM(**args).fit(files["X"], max_iter=40, learning_rate=1e-2, progress=False, **kwargs)
     got = FHMM.load(out_path)
     np.testing.assert_array_equal(got.W_, ref.W_)
-    if "net_warmup" in kwargs:
-        joint = FHMM(**args).fit(files["X"], max_iter=40, learning_rate=1e-2, progress=False)
-        assert not np.array_equal(got.W_, joint.W_)
+    if "n_jobs" not in kwargs:
+        default = FHMM(**args).fit(files["X"], max_iter=40, learning_rate=1e-2, progress=False)
+        assert not np.array_equal(got.W_, default.W_)
 
 
 def test_fit_exact_em(files, capsys):

@@ -224,6 +224,9 @@ def test_svi_settings_net_warmup():
     # a fit limited by time only: net_warmup must be given (it was a TypeError even then)
     kw = svi_settings(max_iter=None, time_budget=5.0, net_warmup=0)
     assert kw["max_iter"] is None and kw["net_warmup"] == 0
+    # ... and one run: restarts are compared after the same steps, not the same seconds
+    assert svi_settings()["n_restarts"] == 3 and kw["n_restarts"] == 1
+    assert svi_settings(time_budget=5.0, n_restarts=2)["n_restarts"] == 2
     for bad in (None, 1.5e5, "100", True, -10):
         with pytest.raises(ValueError, match=re.escape(
                 "max_iter (net_warmup, when not given, is a fraction of it) must be an integer >= 1, got")):
