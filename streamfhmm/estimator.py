@@ -398,8 +398,10 @@ class FHMM:
                 params = self._initial_params(X, *start, svi["rng"])
                 net = self._new_net(X, svi["rng"])
             init_scores.append(self.init_scores_)
+            label = f"svi run {k + 1}/{n_restarts}" if svi["progress"] else False
             state = fit_svi(X, bounds, params, net, max_iter=steps, schedule_length=total,
-                            net_warmup=net_warmup, log_every=log_every, **svi)
+                            net_warmup=net_warmup, log_every=log_every,
+                            **dict(svi, progress=label))
             value, _ = sequence_elbo(state.model_vec, state.net.weights, rows, row_bounds,
                                      Workspace(state.packer, state.net))
             runs.append(state)
@@ -408,9 +410,11 @@ class FHMM:
         self.restart_scores_ = np.array(scores)
         self.init_scores_ = init_scores[best]
         state = runs[best]
+        label = f"svi run {best + 1}/{n_restarts} continued" if svi["progress"] else False
         return fit_svi(X, bounds, state.params, state.net, state=state, max_iter=total - steps,
                        schedule_start=steps, schedule_length=total,
-                       net_warmup=max(0, net_warmup - steps), log_every=log_every, **svi)
+                       net_warmup=max(0, net_warmup - steps), log_every=log_every,
+                       **dict(svi, progress=label))
 
     def _fit_distributed(self, X, lengths, method, client, *, max_iter, time_budget, batch_size,
                          subchain_length, learning_rate, final_lr_ratio, decay, init,

@@ -978,3 +978,22 @@ def test_restarts_continue_the_run_with_the_highest_elbo(two_chain_data, monkeyp
     assert (last["max_iter"], last["schedule_start"], last["schedule_length"]) == (300, 100, 400)
     assert m.history_[-1]["iteration"] == 400
     np.testing.assert_array_equal(m.W_, last["out"].params.W)
+
+
+def test_restart_progress_bars_name_their_run(two_chain_data, monkeypatch):
+    import tqdm.auto
+    _, X = two_chain_data
+    labels = []
+
+    class Recorded(tqdm.auto.tqdm):
+        def __init__(self, *args, **kw):
+            labels.append(kw.get("desc"))
+            super().__init__(*args, **{**kw, "disable": True})
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=0)
+    m.fit(X, max_iter=12, n_restarts=2, init="kmeans", progress=True)
+    best = int(np.argmax(m.restart_scores_)) + 1
+    assert labels == ["svi run 1/2", "svi run 2/2", f"svi run {best}/2 continued"]
+    labels.clear()
+    m.fit(X, max_iter=12, init="kmeans", progress=True)
+    assert labels == ["svi"]

@@ -294,7 +294,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             batch_size: int = 10, subchain_length: int | None = None,
             learning_rate: float = 1e-2, final_lr_ratio: float = 0.01, decay: float = 0.9,
             time_budget: float | None = None, rng: np.random.Generator,
-            progress: bool = True, log_every: int | None = None, state: SVIState | None = None,
+            progress: bool | str = True, log_every: int | None = None, state: SVIState | None = None,
             callback=None, covariance_type: str | None = None, net_warmup: int = 0,
             n_jobs: int = 1, schedule_start: int = 0,
             schedule_length: int | None = None) -> SVIState:
@@ -314,8 +314,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay, time_budget
         See :meth:`streamfhmm.FHMM.fit`.
     rng : numpy.random.Generator
-    progress : bool
-        Show a progress bar.
+    progress : bool or str
+        Show a progress bar (a str: labelled so; default label "svi").
     log_every : int, optional
         Append to ``history`` every so many steps (default: 100 entries per run).
     callback : callable, optional
@@ -379,7 +379,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=max_iter, desc="svi", unit="it", leave=False, mininterval=0.5)
+        bar = tqdm(total=max_iter, desc=progress if isinstance(progress, str) else "svi",
+                   unit="it", leave=False, mininterval=0.5)
     t0 = time.perf_counter()
     running = None
     opt = state.opt
