@@ -860,11 +860,13 @@ def _cmd_demo(args) -> int:
 
 
 def _fit_kwargs(args) -> dict:
-    """SVI steps, learning rate, threads and (when given) the networks' warm-up of
-    ``disaggregate``."""
+    """SVI steps, learning rate, threads and (when given) the networks' warm-up and the
+    runs of ``disaggregate``."""
     kw = dict(max_iter=args.iters, learning_rate=args.learning_rate, n_jobs=args.n_jobs)
     if args.net_warmup is not None:
         kw["net_warmup"] = args.net_warmup
+    if args.n_restarts > 1:
+        kw["n_restarts"] = args.n_restarts
     return kw
 
 
@@ -874,6 +876,11 @@ def _cmd_disaggregate(args) -> int:
     if args.net_warmup is not None and args.net_warmup >= args.iters:
         raise CliError(f"--net-warmup {args.net_warmup:,} must be less than --iters {args.iters:,}: the "
                        "model would never be trained, only its networks")
+    from .learn.svi import check_restarts
+    try:
+        check_restarts(args.n_restarts, None, args.iters, None)
+    except ValueError as exc:
+        raise CliError(f"--n-restarts {args.n_restarts} with --iters {args.iters:,}: {exc}") from None
     if args.train_rows is not None and args.train_rows > args.n_train:
         raise CliError(f"--train-rows {args.train_rows:,} is more than the {args.n_train:,} training minutes "
                        "(--n-train)")
@@ -1167,6 +1174,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="first SVI steps training the recognition networks only (default a tenth of --iters)")
     dg.add_argument("--n-jobs", type=_n_jobs, default=1, metavar="N",
                     help="threads computing each SVI step's gradient (-1: one per processor; default 1)")
+    dg.add_argument("--n-restarts", type=_positive_int, default=1, metavar="K",
+                    help="K SVI runs from their own starts take the first sixth of --iters; the one "
+                         "with the highest training ELBO goes on (default 1)")
     dg.add_argument("--n-train", type=_positive_int, default=1_000_000,
                     help="minutes before the calibration period (default 1000000, the paper's split)")
     dg.add_argument("--train-rows", type=_positive_int, help="fit on the last so many of them (default all)")

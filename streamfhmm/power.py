@@ -845,8 +845,11 @@ class DisaggregationReport:
             warm = kw.get("net_warmup", 0)
             warm = (f"the first {warm:,} train the recognition networks only" if warm
                     else "no networks-only warm-up")
-            lines.append(f"FHMM fit by SVI: {kw['max_iter']:,} steps ({warm}), learning rate "
-                         f"{kw['learning_rate']:g}, {self.fit_seconds:,.0f} s")
+            runs = kw.get("n_restarts", 1)
+            runs = (f"; {runs} runs compared after a sixth of the steps, the best continued"
+                    if runs > 1 else "")
+            lines.append(f"FHMM fit by SVI: {kw['max_iter']:,} steps ({warm}{runs}), learning "
+                         f"rate {kw['learning_rate']:g}, {self.fit_seconds:,.0f} s")
         lines += [f"calibration {_day(self.calibration[0])} .. {_day(self.calibration[1])} "
                  f"({self.n_calibration:,} minutes); evaluation {_day(self.evaluation[0])} .. "
                  f"{_day(self.evaluation[1])} ({self.n_evaluation:,} minutes)",

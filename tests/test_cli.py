@@ -402,13 +402,26 @@ def test_replay_household(capsys):
 
 
 def test_disaggregate_fit_options_reach_the_fit():
-    """--iters, --learning-rate, --net-warmup and --n-jobs are the fit's keywords."""
+    """--iters, --learning-rate, --net-warmup, --n-jobs and --n-restarts are the fit's keywords."""
     from streamfhmm.cli import _fit_kwargs, build_parser
     args = build_parser().parse_args(["disaggregate", "--iters", "300", "--learning-rate", "0.01",
-                                      "--net-warmup", "30", "--n-jobs", "2"])
-    assert _fit_kwargs(args) == dict(max_iter=300, learning_rate=0.01, n_jobs=2, net_warmup=30)
+                                      "--net-warmup", "30", "--n-jobs", "2", "--n-restarts", "3"])
+    assert _fit_kwargs(args) == dict(max_iter=300, learning_rate=0.01, n_jobs=2, net_warmup=30,
+                                     n_restarts=3)
     default = _fit_kwargs(build_parser().parse_args(["disaggregate"]))
     assert default == dict(max_iter=20_000, learning_rate=3e-3, n_jobs=1)
+
+
+def test_disaggregate_checks_restarts_before_loading(capsys, monkeypatch):
+    import streamfhmm.datasets as ds
+
+    def no_load(*a, **k):
+        raise AssertionError("the data was loaded before --n-restarts was checked")
+    monkeypatch.setattr(ds, "load_household_power", no_load)
+    code, out, err = _run(["disaggregate", "--iters", "5", "--n-restarts", "2", "--no-plot"], capsys)
+    assert code == 1 and out == ""
+    assert err == ("streamfhmm disaggregate: error: --n-restarts 2 with --iters 5: restart_steps "
+                   "must be an integer in [1, max_iter) = [1, 5), got 0\n")
 
 
 def test_disaggregate_unwritable_out_dir_before_loading(tmp_path, capsys, monkeypatch):

@@ -442,6 +442,12 @@ def test_disaggregate_report_synthetic(tmp_path):
                                 fit_kwargs=dict(max_iter=20), random_state=seed)
     assert short.fit_settings == {"max_iter": 20, "learning_rate": 3e-3, "net_warmup": 2}
     assert "20 steps (the first 2 train the recognition networks only)" in short.format()
+    runs = disaggregate_report(data, n_train=2 * 1440, calibration_days=1, evaluation_days=1.5,
+                               model_kwargs=dict(n_chains=3, window=3, n_hidden=12, share_hidden="chain"),
+                               fit_kwargs=dict(max_iter=24, n_restarts=2), random_state=seed)
+    assert runs.fit_settings["n_restarts"] == 2
+    assert ("24 steps (the first 2 train the recognition networks only; 2 runs compared after a "
+            "sixth of the steps, the best continued)") in runs.format()
 
 
 def test_plot_error_without_matplotlib(monkeypatch, tmp_path):
