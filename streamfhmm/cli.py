@@ -445,12 +445,28 @@ def _check_out_file(path, option, directory_hint="") -> None:
     _check_writable_dir(os.path.dirname(path), f"{option} {path}")
 
 
+def _check_restarts_option(n_restarts, steps_option, steps, time_budget=None) -> None:
+    """``--n-restarts`` against the SVI steps (``steps_option``, None: FHMM.fit's 20,000)
+    and ``--time-budget``, before any data is loaded."""
+    if n_restarts == 1:
+        return
+    if time_budget is not None:
+        raise CliError(f"--n-restarts needs {steps_option} steps, not --time-budget: the runs are "
+                       "compared after the same steps")
+    if (20_000 if steps is None else steps) < 6:
+        raise CliError(f"{steps_option} {steps} is too few steps for --n-restarts: the runs are "
+                       "compared after a sixth of them (at least 6)")
+
+
 def _cmd_fit(args) -> int:
     from . import FHMM
     out = args.out if args.out.endswith(".npz") else args.out + ".npz"   # what np.savez writes
     if os.path.isdir(args.out) or os.path.isdir(out):
         raise CliError(f"--out {args.out} is a directory; give a file name such as model.npz")
     _check_out_file(out, "--out", "; give a file name such as model.npz")
+    if args.n_restarts > 1 and args.method != "svi":
+        raise CliError(f"--n-restarts applies to --method svi, got --method {args.method}")
+    _check_restarts_option(args.n_restarts, "--max-iter", args.max_iter, args.time_budget)
     if args.net_warmup and args.method == "svi":
         steps = 20_000 if args.max_iter is None else args.max_iter   # FHMM.fit's default
         if args.net_warmup >= steps:
@@ -876,11 +892,7 @@ def _cmd_disaggregate(args) -> int:
     if args.net_warmup is not None and args.net_warmup >= args.iters:
         raise CliError(f"--net-warmup {args.net_warmup:,} must be less than --iters {args.iters:,}: the "
                        "model would never be trained, only its networks")
-    from .learn.svi import check_restarts
-    try:
-        check_restarts(args.n_restarts, None, args.iters, None)
-    except ValueError as exc:
-        raise CliError(f"--n-restarts {args.n_restarts} with --iters {args.iters:,}: {exc}") from None
+    _check_restarts_option(args.n_restarts, "--iters", args.iters)
     if args.train_rows is not None and args.train_rows > args.n_train:
         raise CliError(f"--train-rows {args.train_rows:,} is more than the {args.n_train:,} training minutes "
                        "(--n-train)")

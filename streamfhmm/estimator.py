@@ -238,13 +238,15 @@ class FHMM:
         n_init : int
             ``init="smf"`` (or ``"auto"`` resolving to it): so many starts, each a fresh
             k-means start followed by the short SMF-EM run on the same ``init_samples``
-            samples; the fit continues from the one most likely on the whole of X
-            (exact log-likelihood, or the SMF bound beyond 12 chains, on X or, beyond
-            20,000 samples, on 20 random blocks of 1,000; with a client, on the
-            ``init_samples`` rows the starts are fitted on). Not the SMF bound on the
-            slice itself: on the household power data a few days reward codes that fit
-            them and not the rest. Each start's score (per sample) is left in the
-            fitted attribute ``init_scores_`` (empty for one start). Default 1.
+            samples; the fit continues from the one most likely on X (exact
+            log-likelihood, or the SMF bound beyond 12 chains, on X or, beyond 20,000
+            samples, on 20 random blocks of 1,000 drawn before the starts, so that the
+            first start is then not ``n_init=1``'s; with a client, on the
+            ``init_samples`` rows the starts are fitted on; the complete rows, as one
+            sequence). Not the SMF bound on the slice itself: on the household power
+            data a few days reward codes that fit them and not the rest. Each start's
+            score (per sample) is left in the fitted attribute ``init_scores_`` (empty
+            for one start). Default 1.
         n_restarts, restart_steps : int
             SVI: so many runs (each from its own start, drawn as ``init`` says, and its
             own networks) take the first ``restart_steps`` steps (default a sixth of
@@ -253,9 +255,13 @@ class FHMM:
             random blocks of 1,000, which may straddle sequences) goes on to
             ``max_iter`` steps. The code a run gives the chains is set early, and its
             ELBO then already ranks it much as at the end (README, household power).
-            The first run is the one ``n_restarts=1`` takes; the runs' ELBOs per
+            The first run starts from ``n_restarts=1``'s start and networks (beyond
+            20,000 samples its subchains differ: the scoring blocks are drawn first).
+            With ``net_warmup >= restart_steps`` the runs are compared with their
+            models still at their starts, their networks trained. The runs' ELBOs per
             sample are left in ``restart_scores_`` (empty for one run). Needs
-            ``max_iter`` steps, not a ``time_budget``; not with a client. Default 1.
+            ``max_iter`` steps (at least 6 without ``restart_steps``), not a
+            ``time_budget``; not with a client. Default 1.
         net_warmup : int
             SVI: the first ``net_warmup`` steps train the recognition networks only, the
             model held at its start (its RMSprop statistics are still gathered). Joint
@@ -301,11 +307,14 @@ class FHMM:
             from .learn.svi import check_svi_settings
             check_svi_settings(max_iter or 1, batch_size, subchain_length, learning_rate,
                                final_lr_ratio, decay, time_budget)
-        from .learn.svi import check_restarts
-        n_restarts, restart_steps = check_restarts(n_restarts, restart_steps, max_iter, time_budget)
+        n_restarts = check_positive_int(n_restarts, "n_restarts")
         if n_restarts > 1 and (method != "svi" or client is not None):
             raise ValueError(f"n_restarts applies to method='svi' without a client, got "
                              f"method={method!r}{' and a client' if client is not None else ''}")
+        from .learn.svi import check_restarts
+        n_restarts, restart_steps = check_restarts(n_restarts, restart_steps, max_iter, time_budget)
+        # scores of an earlier fit must not describe this one
+        self.init_scores_, self.restart_scores_ = np.empty(0), np.empty(0)
         if n_jobs != 1 and (method != "svi" or client is not None):
             raise ValueError(f"n_jobs applies to method='svi' without a client (the threads of "
                              f"the local learner), got n_jobs={n_jobs!r} with "
@@ -355,7 +364,6 @@ class FHMM:
             self.fit_method_ = "smf"
             return self
         from .learn.svi import fit_svi
-        self.restart_scores_ = np.empty(0)
         net = self._new_net(X, rng)
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
         total = 20_000 if max_iter is None else max_iter
@@ -494,7 +502,7 @@ class FHMM:
         budget = 30.0 if time_budget is None else min(30.0, 0.2 * time_budget / n_init)
         if n_init > 1:
             rows, row_lengths = _score_blocks(Xc, rng)
-        best, scores = None, []
+        starts, scores = [], []
         for _ in range(n_init):
             start = init_params(Xc, self.n_chains, random_state=rng,
                                 covariance_type=self.covariance_type)
@@ -504,10 +512,9 @@ class FHMM:
             if n_init == 1:
                 return params
             scores.append(_start_score(params, rows, row_lengths, rng))
-            if best is None or scores[-1] > max(scores[:-1]):
-                best = params
+            starts.append(params)
         self.init_scores_ = np.array(scores)
-        return best
+        return starts[int(np.nanargmax(scores))] if np.isfinite(scores).any() else starts[0]
 
     # -- fitted attributes ---------------------------------------------------------
     def _require_params(self) -> FHMMParams:

@@ -509,12 +509,16 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
         model.fit(X, method="smf", time_budget=budget, progress=progress)
         return model, time.perf_counter() - t0, {"em_iterations": len(model.history_) - 1}
 
+    # the SVI settings' restarts before the SMF-EM fits (which may take minutes)
+    from .learn.svi import check_restarts
+    kw = svi_settings(**(svi_kwargs or {}))
+    check_restarts(kw.get("n_restarts", 1), kw.get("restart_steps"), kw.get("max_iter"),
+                   kw.get("time_budget"))
     m, sec, info = smf(train[-5000:], None)
     add(f"ours SMF-EM (last 5,000{tag})", m, sec, "smf", info)
     if smf_full:
         m, sec, info = smf(train, smf_budget)
         add(f"ours SMF-EM (all {len(train):,}{tag})", m, sec, "smf", info)
-    kw = svi_settings(**(svi_kwargs or {}))
     model = FHMM(**PAPER_MODEL, random_state=random_state, covariance_type=ctype)
     t0 = time.perf_counter()
     model.fit(train, method="svi", progress=progress, **kw)
@@ -846,8 +850,9 @@ class DisaggregationReport:
             warm = (f"the first {warm:,} train the recognition networks only" if warm
                     else "no networks-only warm-up")
             runs = kw.get("n_restarts", 1)
-            runs = (f"; {runs} runs compared after a sixth of the steps, the best continued"
-                    if runs > 1 else "")
+            after = (f"{kw['restart_steps']:,} steps" if kw.get("restart_steps")
+                     else "a sixth of the steps")
+            runs = f"; {runs} runs compared after {after}, the best continued" if runs > 1 else ""
             lines.append(f"FHMM fit by SVI: {kw['max_iter']:,} steps ({warm}{runs}), learning "
                          f"rate {kw['learning_rate']:g}, {self.fit_seconds:,.0f} s")
         lines += [f"calibration {_day(self.calibration[0])} .. {_day(self.calibration[1])} "

@@ -420,8 +420,8 @@ def test_disaggregate_checks_restarts_before_loading(capsys, monkeypatch):
     monkeypatch.setattr(ds, "load_household_power", no_load)
     code, out, err = _run(["disaggregate", "--iters", "5", "--n-restarts", "2", "--no-plot"], capsys)
     assert code == 1 and out == ""
-    assert err == ("streamfhmm disaggregate: error: --n-restarts 2 with --iters 5: restart_steps "
-                   "must be an integer in [1, max_iter) = [1, 5), got 0\n")
+    assert err == ("streamfhmm disaggregate: error: --iters 5 is too few steps for --n-restarts: "
+                   "the runs are compared after a sixth of them (at least 6)\n")
 
 
 def test_disaggregate_unwritable_out_dir_before_loading(tmp_path, capsys, monkeypatch):
@@ -435,6 +435,21 @@ def test_disaggregate_unwritable_out_dir_before_loading(tmp_path, capsys, monkey
     code, out, err = _run(["disaggregate", "--out-dir", blocker + "/plots"], capsys)
     assert code == 1 and out == ""
     assert err == f"streamfhmm disaggregate: error: --out-dir {blocker}/plots: cannot create it: Not a directory\n"
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--n-restarts", "2", "--method", "smf"], "--n-restarts applies to --method svi, got --method smf"),
+    (["--n-restarts", "2", "--time-budget", "5"], "--n-restarts needs --max-iter steps, not --time-budget"),
+    (["--n-restarts", "2", "--max-iter", "5"], "--max-iter 5 is too few steps for --n-restarts"),
+])
+def test_fit_checks_restarts_before_loading(files, capsys, monkeypatch, options, message):
+    import streamfhmm.cli as cli
+
+    def no_load(*a, **k):
+        raise AssertionError("the data was loaded before --n-restarts was checked")
+    monkeypatch.setattr(cli, "load_data", no_load)
+    code, out, err = _run(["fit", files["csv"], "--out", str(files["dir"] / "r.npz")] + options, capsys)
+    assert code == 1 and out == "" and err.startswith(f"streamfhmm fit: error: {message}"), err
 
 
 def test_fit_checks_out_before_learning(files, tmp_path, capsys, monkeypatch):

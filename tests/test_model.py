@@ -283,8 +283,10 @@ def test_lengths_that_overflow_int64_are_refused():
     (dict(n_restarts=2, time_budget=5.0), "n_restarts needs a schedule of max_iter steps"),
     (dict(n_restarts=2, max_iter=60, restart_steps=60),
      r"restart_steps must be an integer in \[1, max_iter\) = \[1, 60\), got 60"),
-    (dict(n_restarts=2, max_iter=5), r"restart_steps must be an integer in \[1, max_iter\) = "
-                                     r"\[1, 5\), got 0"),
+    (dict(n_restarts=2, max_iter=5), "max_iter=5 is too few steps for n_restarts: the runs are "
+                                     "compared after a sixth of them"),
+    (dict(restart_steps=10), "restart_steps applies with n_restarts > 1"),
+    (dict(n_restarts=2, method="em", max_iter=5), "n_restarts applies to method='svi'"),
     (dict(n_restarts=2, restart_steps=0), "restart_steps must be an integer >= 1, got 0"),
     (dict(n_restarts=2, method="smf"), "n_restarts applies to method='svi' without a client"),
     (dict(n_restarts=2, client=object()), "without a client, got method='svi' and a client"),
@@ -482,6 +484,15 @@ def test_n_init_keeps_the_start_most_likely_on_the_data():
     fitted = FHMM(n_chains=3, random_state=seed).fit(X, method="smf", n_init=4, init_samples=200, max_iter=2,
                                                      progress=False)
     np.testing.assert_array_equal(fitted.init_scores_, scores)
+
+
+def test_scores_of_an_earlier_fit_do_not_describe_the_next():
+    X = np.random.default_rng(0).normal(size=(80, 2))
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=0)
+    m.fit(X, max_iter=12, n_restarts=2, init="smf", n_init=2, progress=False)
+    assert m.restart_scores_.shape == (2,) and m.init_scores_.shape == (2,)
+    m.fit(X, method="smf", init="smf", max_iter=2, progress=False)
+    assert m.restart_scores_.shape == (0,) and m.init_scores_.shape == (0,)
 
 
 def test_n_init_refuses_a_model_that_continues_from_its_parameters():

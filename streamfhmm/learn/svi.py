@@ -62,16 +62,23 @@ def check_restarts(n_restarts, restart_steps, max_iter, time_budget) -> tuple:
     if restart_steps is not None:
         restart_steps = check_positive_int(restart_steps, "restart_steps")
     if n_restarts == 1:
-        return n_restarts, restart_steps
+        if restart_steps is not None:
+            raise ValueError(f"restart_steps applies with n_restarts > 1 (the steps after which "
+                             f"runs are compared), got restart_steps={restart_steps} with one run")
+        return n_restarts, None
     if time_budget is not None:
         raise ValueError("n_restarts needs a schedule of max_iter steps, not a time_budget: "
                          "the runs are compared after the same steps")
     total = 20_000 if max_iter is None else max_iter
-    steps = total // 6 if restart_steps is None else restart_steps
-    if not 1 <= steps < total:
+    if restart_steps is None:
+        if total < 6:
+            raise ValueError(f"max_iter={total} is too few steps for n_restarts: the runs are "
+                             f"compared after a sixth of them (at least 6 steps)")
+        return n_restarts, total // 6
+    if restart_steps >= total:
         raise ValueError(f"restart_steps must be an integer in [1, max_iter) = [1, {total:,}), "
-                         f"got {steps:,}")
-    return n_restarts, steps
+                         f"got {restart_steps:,}")
+    return n_restarts, restart_steps
 
 
 def check_n_jobs(n_jobs) -> int:
