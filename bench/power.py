@@ -92,14 +92,11 @@ def run_protocol(args, split):
     print(f"covariance_type={args.covariance_type}")
     print(f"SVI: {svi.info['iterations']:,} steps of {svi.info['settings']['batch_size']} subchains, "
           f"{svi.info['ms_per_step']:.2f} ms per step; settings {svi.info['settings']}")
-    st = svi.info["settings"]
     if svi.info.get("init_scores"):
         print("SMF starts, log-likelihood per step on training rows: "
               + " ".join(f"{v:.3f}" for v in svi.info["init_scores"]))
     if svi.info.get("restart_scores"):
-        _, restart_steps = check_restarts(st["n_restarts"], st.get("restart_steps"),
-                                          st["max_iter"], st.get("time_budget"))
-        print(f"runs after {restart_steps:,} steps, ELBO per step on training rows (the best "
+        print(f"runs after {svi.info['restart_steps']:,} steps, ELBO per step on training rows (the best "
               f"continued): " + " ".join(f"{v:.3f}" for v in svi.info["restart_scores"]))
     if args.save_model:
         table.models[svi.name].save(args.save_model)

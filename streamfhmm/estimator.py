@@ -72,6 +72,12 @@ def _start_score(params, X, lengths, rng) -> float:
     return history[0]["bound"] / len(X)
 
 
+def _best(scores) -> int:
+    """Index of the highest of ``scores`` (NaN: not a candidate; the first when none is
+    finite)."""
+    return int(np.nanargmax(scores)) if np.isfinite(scores).any() else 0
+
+
 class FHMM:
     """Factorial hidden Markov model with binary chains and Gaussian noise.
 
@@ -364,7 +370,8 @@ class FHMM:
             self.fit_method_ = "smf"
             return self
         from .learn.svi import fit_svi
-        net = self._new_net(X, rng)
+        net = self._new_net(X.shape[1], rng)
+        net.fit_scaler(X)
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
         total = 20_000 if max_iter is None else max_iter
         svi = dict(batch_size=batch_size, subchain_length=subchain_length,
@@ -382,13 +389,13 @@ class FHMM:
         self.fit_method_ = "svi"
         return self
 
-    def _new_net(self, X, rng):
+    def _new_net(self, n_features, rng):
+        """Recognition networks of this model's architecture, initialised from ``rng``
+        (their input scaler is the caller's to set)."""
         from .network import RecognitionNet
-        net = RecognitionNet(self.n_chains, X.shape[1], window=self.window, n_hidden=self.n_hidden,
+        net = RecognitionNet(self.n_chains, n_features, window=self.window, n_hidden=self.n_hidden,
                              share=self.share_hidden, mode="centred")
-        net.init(random_state=rng)
-        net.fit_scaler(X)
-        return net
+        return net.init(random_state=rng)
 
     def _restarts(self, X, bounds, params, net, total, n_restarts, restart_steps, net_warmup,
                   svi, start):
@@ -396,7 +403,6 @@ class FHMM:
         schedule; the one with the highest recognition ELBO on the scoring rows goes on."""
         from .learn.objective import Workspace, sequence_elbo
         from .learn.svi import fit_svi
-        steps = restart_steps  # check_restarts resolved and checked it
         log_every = max(1, min(total // 100, 500))
         rows, row_lengths = _score_blocks(X, svi["rng"])
         row_bounds = exact.bounds_from_lengths(row_lengths)
@@ -404,31 +410,31 @@ class FHMM:
         for k in range(n_restarts):
             if k > 0:
                 params = self._initial_params(X, *start, svi["rng"])
-                net = self._new_net(X, svi["rng"])
+                net = self._new_net(X.shape[1], svi["rng"])
+                net.fit_scaler(X)
             init_scores.append(self.init_scores_)
             label = f"svi run {k + 1}/{n_restarts}" if svi["progress"] else False
-            state = fit_svi(X, bounds, params, net, max_iter=steps, schedule_length=total,
+            state = fit_svi(X, bounds, params, net, max_iter=restart_steps, schedule_length=total,
                             net_warmup=net_warmup, log_every=log_every,
                             **dict(svi, progress=label))
             value, _ = sequence_elbo(state.model_vec, state.net.weights, rows, row_bounds,
                                      Workspace(state.packer, state.net))
             runs.append(state)
             scores.append(float(value) / len(rows))
-        best = int(np.nanargmax(scores)) if np.isfinite(scores).any() else 0
+        best = _best(scores)
         self.restart_scores_ = np.array(scores)
         self.init_scores_ = init_scores[best]
         state = runs[best]
         label = f"svi run {best + 1}/{n_restarts} continued" if svi["progress"] else False
-        return fit_svi(X, bounds, state.params, state.net, state=state, max_iter=total - steps,
-                       schedule_start=steps, schedule_length=total,
-                       net_warmup=max(0, net_warmup - steps), log_every=log_every,
+        return fit_svi(X, bounds, state.params, state.net, state=state, max_iter=total - restart_steps,
+                       schedule_start=restart_steps, schedule_length=total,
+                       net_warmup=max(0, net_warmup - restart_steps), log_every=log_every,
                        **dict(svi, progress=label))
 
     def _fit_distributed(self, X, lengths, method, client, *, max_iter, time_budget, batch_size,
                          subchain_length, learning_rate, final_lr_ratio, decay, init,
                          init_samples, n_init, net_warmup, progress) -> "FHMM":
         from .learn.distributed import chunk_lengths, chunk_scaler, fit_svi_distributed, head_rows
-        from .network import RecognitionNet
         if method != "svi":
             raise ValueError(f"a Dask client trains with method='svi' only, got method={method!r}")
         if init not in ("auto", "smf", "kmeans", "params"):
@@ -447,9 +453,7 @@ class FHMM:
         head = head_rows(chunks, init_samples)
         self._check_n_features(head.shape[1], init)
         params = self._initial_params(head, init, init_samples, n_init, rng, time_budget)
-        net = RecognitionNet(self.n_chains, params.n_features, window=self.window,
-                             n_hidden=self.n_hidden, share=self.share_hidden, mode="centred")
-        net.init(random_state=rng)
+        net = self._new_net(params.n_features, rng)
         net.set_scaler(*chunk_scaler(chunks, client))
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
         state = fit_svi_distributed(chunks, params, net, client,
@@ -514,7 +518,7 @@ class FHMM:
             scores.append(_start_score(params, rows, row_lengths, rng))
             starts.append(params)
         self.init_scores_ = np.array(scores)
-        return starts[int(np.nanargmax(scores))] if np.isfinite(scores).any() else starts[0]
+        return starts[_best(scores)]
 
     # -- fitted attributes ---------------------------------------------------------
     def _require_params(self) -> FHMMParams:

@@ -512,8 +512,8 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
     # the SVI settings' restarts before the SMF-EM fits (which may take minutes)
     from .learn.svi import check_restarts
     kw = svi_settings(**(svi_kwargs or {}))
-    check_restarts(kw.get("n_restarts", 1), kw.get("restart_steps"), kw.get("max_iter"),
-                   kw.get("time_budget"))
+    _, restart_steps = check_restarts(kw.get("n_restarts", 1), kw.get("restart_steps"),
+                                      kw.get("max_iter"), kw.get("time_budget"))
     m, sec, info = smf(train[-5000:], None)
     add(f"ours SMF-EM (last 5,000{tag})", m, sec, "smf", info)
     if smf_full:
@@ -527,7 +527,7 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
     add(f"ours proposed (SVI{tag})", model, seconds, None,
         {"iterations": its, "ms_per_step": 1e3 * seconds / max(its, 1), "settings": kw,
          "init_scores": model.init_scores_.tolist(),
-         "restart_scores": model.restart_scores_.tolist()})
+         "restart_scores": model.restart_scores_.tolist(), "restart_steps": restart_steps})
     return ProtocolTable(rows=rows, n_scored=int(min(n_scored, split.test.shape[0])), models=models,
                          n_bound_rows=int(min(max(n_bound_rows, 0), len(train))),
                          n_test=int(n_test) if score_all else 0)

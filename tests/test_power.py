@@ -475,6 +475,8 @@ def test_protocol_table_small():
     svi = table.models["ours proposed (SVI)"]
     assert svi.history_[-1]["iteration"] == 30
     assert table.rows[-1].info["settings"]["net_warmup"] == 3  # NET_WARMUP_FRACTION of max_iter
+    assert table.rows[-1].info["restart_steps"] == 5           # three runs, a sixth of max_iter
+    assert len(table.rows[-1].info["restart_scores"]) == 3
     assert table.n_bound_rows == 300
     for r in table.rows[2:]:
         assert r.info["per_step"] == likelihood_per_step(table.models[r.name], split.train[-300:])
