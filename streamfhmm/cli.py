@@ -453,7 +453,8 @@ def _check_restarts_option(n_restarts, steps_option, steps, time_budget=None) ->
     if time_budget is not None:
         raise CliError(f"--n-restarts needs {steps_option} steps, not --time-budget: the runs are "
                        "compared after the same steps")
-    if (20_000 if steps is None else steps) < 6:
+    from .learn.svi import DEFAULT_MAX_ITER
+    if (DEFAULT_MAX_ITER if steps is None else steps) < 6:
         raise CliError(f"{steps_option} {steps} is too few steps for --n-restarts: the runs are "
                        "compared after a sixth of them (at least 6)")
 
@@ -468,7 +469,8 @@ def _cmd_fit(args) -> int:
         raise CliError(f"--n-restarts applies to --method svi, got --method {args.method}")
     _check_restarts_option(args.n_restarts, "--max-iter", args.max_iter, args.time_budget)
     if args.net_warmup and args.method == "svi":
-        steps = 20_000 if args.max_iter is None else args.max_iter   # FHMM.fit's default
+        from .learn.svi import DEFAULT_MAX_ITER
+        steps = DEFAULT_MAX_ITER if args.max_iter is None else args.max_iter
         if args.net_warmup >= steps:
             raise CliError(f"--net-warmup {args.net_warmup:,} must be less than the {steps:,} SVI steps "
                            f"(--max-iter{'' if args.max_iter else ', default 20,000'}): the model would "

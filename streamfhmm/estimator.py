@@ -369,11 +369,11 @@ class FHMM:
             self.history_ = history
             self.fit_method_ = "smf"
             return self
-        from .learn.svi import fit_svi
+        from .learn.svi import DEFAULT_MAX_ITER, fit_svi
         net = self._new_net(X.shape[1], rng)
         net.fit_scaler(X)
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
-        total = 20_000 if max_iter is None else max_iter
+        total = DEFAULT_MAX_ITER if max_iter is None else max_iter
         svi = dict(batch_size=batch_size, subchain_length=subchain_length,
                    learning_rate=learning_rate, final_lr_ratio=final_lr_ratio, decay=decay,
                    rng=rng, progress=progress, covariance_type=self.covariance_type,
@@ -435,6 +435,7 @@ class FHMM:
                          subchain_length, learning_rate, final_lr_ratio, decay, init,
                          init_samples, n_init, net_warmup, progress) -> "FHMM":
         from .learn.distributed import chunk_lengths, chunk_scaler, fit_svi_distributed, head_rows
+        from .learn.svi import DEFAULT_MAX_ITER
         if method != "svi":
             raise ValueError(f"a Dask client trains with method='svi' only, got method={method!r}")
         if init not in ("auto", "smf", "kmeans", "params"):
@@ -457,7 +458,7 @@ class FHMM:
         net.set_scaler(*chunk_scaler(chunks, client))
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
         state = fit_svi_distributed(chunks, params, net, client,
-                                    max_iter=20_000 if max_iter is None else max_iter,
+                                    max_iter=DEFAULT_MAX_ITER if max_iter is None else max_iter,
                                     batch_size=batch_size, subchain_length=subchain_length,
                                     learning_rate=learning_rate, final_lr_ratio=final_lr_ratio,
                                     decay=decay, time_budget=budget, random_state=rng,

@@ -32,8 +32,11 @@ from ..network import RecognitionNet, check_net
 from .objective import ModelPacker, check_covariance_type, constrain_params, covariance_mode
 from .sampler import SubchainSampler
 
-__all__ = ["RMSprop", "SVIState", "apply_gradient_sum", "check_n_jobs", "check_restarts",
-           "check_svi_settings", "fit_svi", "start_state"]
+__all__ = ["DEFAULT_MAX_ITER", "RMSprop", "SVIState", "apply_gradient_sum", "check_n_jobs",
+           "check_restarts", "check_svi_settings", "fit_svi", "start_state"]
+
+#: SVI steps of ``FHMM.fit`` when ``max_iter`` is None
+DEFAULT_MAX_ITER = 20_000
 
 
 def check_svi_settings(max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio,
@@ -69,7 +72,7 @@ def check_restarts(n_restarts, restart_steps, max_iter, time_budget) -> tuple:
     if time_budget is not None:
         raise ValueError("n_restarts needs a schedule of max_iter steps, not a time_budget: "
                          "the runs are compared after the same steps")
-    total = 20_000 if max_iter is None else max_iter
+    total = DEFAULT_MAX_ITER if max_iter is None else max_iter
     if restart_steps is None:
         if total < 6:
             raise ValueError(f"max_iter={total} is too few steps for n_restarts: the runs are "
