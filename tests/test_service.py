@@ -652,14 +652,20 @@ def test_checkpoint_directory_deleted_while_running_is_made_again(tmp_path, harn
     for seq in range(10):
         h.sample(b"s", seq, _values(0, seq))
     h.recv(8)
-    # the checkpoint after the 10th sample written (removing the directory while it is
-    # being written raced with it), the service idle: then the directory goes
+    # the checkpoint after the 10th sample finished -- its record written and the older
+    # generation's file removed (removing the directory while either happens raced with
+    # the service) -- the service idle: then the directory goes
     record = tmp_path / "ckpt" / "stream-73.json"
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60:
-        if record.exists() and read_stream_record(str(record))["seq"] == 9:
+        if (record.exists() and read_stream_record(str(record))["seq"] == 9
+                and sorted(p.name for p in record.parent.glob("*")) == ["stream-73.2.npz",
+                                                                        "stream-73.json"]):
             break
         time.sleep(0.01)
+    else:
+        raise AssertionError(f"no finished checkpoint after the 10th sample in 60 s: "
+                             f"{sorted(p.name for p in record.parent.glob('*'))}")
     shutil.rmtree(tmp_path / "ckpt")
     for seq in range(10, 20):
         h.sample(b"s", seq, _values(0, seq))
