@@ -10,7 +10,12 @@ fraction with θ between 0.05 and 0.95 (uncertain), its loadings W[m] per channe
 (standardised units), the reconstruction variance it carries (Var θ · ‖W[m]‖²), and its
 switching probabilities P(0→1), P(1→0); then the bias and, per step, the model's exact
 log-likelihood and ELBO on those rows, and for a fitted model its running training ELBO
-over steps 20,000-25,000 and over its last 10,000 steps. It tells clean codes (each appliance a chain of
+over steps 20,000-25,000 and over its last 10,000 steps. Then per channel the range its
+reconstruction ``Wᵀ E[ŝ_t]`` can reach (:func:`streamfhmm.power.reconstruction_range`),
+the share of those training rows and of the protocol's scored test rows outside it, the
+least MSE any posterior could give there (:func:`streamfhmm.power.range_floor_mse`), the
+model's MSE on those training rows and on the test rows (the protocol's), and its mean
+residual on the test rows. It tells clean codes (each appliance a chain of
 its own, on in few minutes) from entangled ones (chains on half the time with large
 loadings of opposite sign whose combinations code the rare appliances).
 
@@ -31,7 +36,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
-from streamfhmm.power import (PAPER_COLUMNS, PAPER_MODEL, likelihood_per_step, power_split,  # noqa: E402
+from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL, likelihood_per_step,  # noqa: E402
+                              mse_per_dimension, power_split, protocol_mse, range_floor_mse, reconstruction_range,
                               svi_settings)
 
 ROWS = 100_000
@@ -88,8 +94,10 @@ def main(argv=None):
             ap.error(f"{path}: expected a model of the protocol's {len(PAPER_COLUMNS)} channels")
         models.append((path, m, None))
     header("household power: the chains of fitted protocol models")
-    train = power_split().train
+    split = power_split()
+    train = split.train
     X = train[-ROWS:]
+    scored = split.test[:N_SCORED]
     for seed in args.starts:
         m = FHMM(**PAPER_MODEL, random_state=seed, covariance_type="spherical")
         # one run, one networks-only step: the model held at the first run's start
@@ -112,6 +120,24 @@ def main(argv=None):
             print(f"  {r['chain']:>2} {r['on']:6.3f} {r['uncertain']:7.3f} {r['carried']:8.3f}  "
                   + " ".join(f"{v:8.3f}" for v in r["W"]) + f"  {r['p01']:7.4f} {r['p10']:7.4f}")
         print(f"  {'bias':<26}" + " ".join(f"{v:8.3f}" for v in m.W_[-1]))
+        # what no posterior can reconstruct: values outside the range Wᵀs reaches
+        low, high = reconstruction_range(m)
+        print(f"  {'reaches from':<26}" + " ".join(f"{v:8.3f}" for v in low))
+        print(f"  {'reaches to':<26}" + " ".join(f"{v:8.3f}" for v in high))
+        print(f"  (train rows: the last {ROWS:,} training rows; test rows: the first {N_SCORED:,} "
+              f"test rows, scored as the protocol does)")
+        for what, rows in (("train rows", X), ("test rows", scored)):
+            out = ((rows < low) | (rows > high)).mean(axis=0)
+            print(f"  {'outside, ' + what:<26}" + " ".join(f"{v:8.3f}" for v in out))
+            print(f"  {'MSE floor, ' + what:<26}"
+                  + " ".join(f"{v:8.4f}" for v in range_floor_mse(rows, low, high)))
+        print(f"  {'MSE, train rows':<26}"
+              + " ".join(f"{v:8.4f}" for v in mse_per_dimension(X, m.reconstruct(X, method=method))))
+        print(f"  {'MSE, test rows':<26}"
+              + " ".join(f"{v:8.4f}" for v in protocol_mse(m, split, method=method)))
+        residual = m.reconstruct(scored, method=method) - scored
+        print(f"  {'mean residual, test rows':<26}"
+              + " ".join(f"{v:8.4f}" for v in np.nanmean(residual, axis=0)))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ __all__ = [
     "PAPER_COLUMNS", "AGGREGATE_COLUMNS", "SUBMETER_COLUMNS", "N_TRAIN", "N_SCORED",
     "PAPER_TABLE2", "PAPER_MODEL", "SVI_SETTINGS", "NET_WARMUP_FRACTION", "svi_settings",
     "PowerSplit", "power_split", "mse_per_dimension", "protocol_mse", "likelihood_per_step",
+    "reconstruction_range", "range_floor_mse",
     "ProtocolRow", "ProtocolTable", "protocol_table",
     "submeter_features", "fit_submeter_map", "predict_submeters",
     "fit_aggregate_baseline", "predict_aggregate_baseline", "disaggregation_metrics",
@@ -202,6 +203,66 @@ def mse_per_dimension(X, R, mask=None) -> np.ndarray:
         raise ValueError("a column has no scored values")
     with np.errstate(over="ignore"):
         return (np.where(ok, R - X, 0.0) ** 2).sum(axis=0) / n
+
+
+def reconstruction_range(model) -> tuple:
+    """The interval each channel of ``model.reconstruct`` can reach.
+
+    A reconstruction ``Wᵀ E[ŝ_t] = b + Σ_m θ_tm W[m]`` with every ``θ_tm`` in [0, 1]
+    lies, channel by channel, in ``[b + Σ_m min(W[m], 0), b + Σ_m max(W[m], 0)]``
+    (both ends reached by a binary state), whatever the posterior.
+
+    Parameters
+    ----------
+    model : FHMM
+        Fitted.
+
+    Returns
+    -------
+    low, high : ndarray, shape (D,)
+    """
+    try:
+        W = model.W_        # (an FHMM without parameters raises a ValueError that says so)
+    except AttributeError:
+        raise ValueError(f"model must be an FHMM, got {type(model).__name__}") from None
+    W = np.asarray(W, dtype=np.float64)
+    if W.ndim != 2 or W.shape[0] < 2:
+        raise ValueError(f"model.W_ must have shape (n_chains + 1, D), got {W.shape}")
+    loads, bias = W[:-1], W[-1]
+    return bias + np.minimum(loads, 0.0).sum(axis=0), bias + np.maximum(loads, 0.0).sum(axis=0)
+
+
+def range_floor_mse(X, low, high, mask=None) -> np.ndarray:
+    """Least MSE per column of any reconstruction confined to ``[low, high]``.
+
+    ``mean_t dist(x_td, [low_d, high_d])²``, the error of ``clip(X, low, high)``: with
+    :func:`reconstruction_range` it bounds a model's :func:`protocol_mse` from below,
+    channel by channel, for every posterior.
+
+    Parameters
+    ----------
+    X : array_like, shape (T, D)
+    low, high : array_like, shape (D,)
+        ``low <= high``.
+    mask : array_like of bool, shape (T,), optional
+        Rows to leave out (as :func:`mse_per_dimension`).
+
+    Returns
+    -------
+    ndarray, shape (D,)
+    """
+    X = _check_2d(X, "X")
+    D = X.shape[1]
+    lo = np.asarray(low, dtype=np.float64)
+    hi = np.asarray(high, dtype=np.float64)
+    for name, v in (("low", lo), ("high", hi)):
+        if v.shape != (D,):
+            raise ValueError(f"{name} must have shape ({D},), got {v.shape}")
+        if not np.isfinite(v).all():
+            raise ValueError(f"{name} must be finite, got {v}")
+    if (lo > hi).any():
+        raise ValueError(f"low must not exceed high, got low {lo} and high {hi}")
+    return mse_per_dimension(X, np.clip(X, lo, hi), mask)
 
 
 def _check_mask(mask, n_rows: int) -> np.ndarray:

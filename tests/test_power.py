@@ -14,8 +14,8 @@ from streamfhmm.power import (AGGREGATE_COLUMNS, PAPER_COLUMNS, SUBMETER_COLUMNS
                               disaggregate_report, disaggregation_metrics, fit_aggregate_baseline,
                               fit_submeter_map, likelihood_per_step, mse_per_dimension,
                               plot_submeters, power_split, predict_aggregate_baseline,
-                              predict_submeters, protocol_mse, protocol_table, submeter_features,
-                              svi_settings)
+                              predict_submeters, protocol_mse, protocol_table, range_floor_mse,
+                              reconstruction_range, submeter_features, svi_settings)
 
 from . import naive
 
@@ -194,6 +194,56 @@ def test_protocol_mse_matches_manual():
     clean = ((R[50:] - X[150:200]) ** 2).mean(axis=0)
     np.testing.assert_allclose(protocol_mse(model, split, n_scored=100, method="exact",
                                             exclude_imputed=True), clean, rtol=1e-12)
+
+
+def test_reconstruction_range_is_the_codes_extremes():
+    """Against enumeration: each channel's ends are the least and greatest reconstruction
+    over the 2^M binary states, and posterior means (any θ in [0, 1]^M) stay inside."""
+    import itertools
+    seed = 31
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    M, D = 5, 3
+    model = FHMM.from_params(W=rng.standard_normal((M + 1, D)), covariance=0.3 * np.eye(D),
+                             transmat=np.array([[[0.9, 0.1], [0.2, 0.8]]] * M))
+    codes = np.array(list(itertools.product((0.0, 1.0), repeat=M)))
+    R = codes @ model.W_[:-1] + model.W_[-1]
+    low, high = reconstruction_range(model)
+    np.testing.assert_allclose(low, R.min(axis=0), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(high, R.max(axis=0), rtol=0, atol=1e-12)
+    X, _ = model.sample(200, random_state=seed)
+    X[:20] *= 10.0                    # rows far outside the range
+    R = model.reconstruct(X, method="exact")
+    assert (R >= low - 1e-12).all() and (R <= high + 1e-12).all()
+    floor = range_floor_mse(X, low, high)
+    assert (floor > 0).all()
+    assert (floor <= mse_per_dimension(X, R)).all()
+
+
+def test_range_floor_mse_known_values():
+    X = np.array([[0.0, 5.0], [3.0, -1.0], [-2.0, np.nan], [1.0, 0.0]])
+    # column 0 in [-1, 2]: distances 0, 1, 1, 0; column 1 in [0, 4]: 1, 1, (missing), 0
+    np.testing.assert_allclose(range_floor_mse(X, [-1.0, 0.0], [2.0, 4.0]), [0.5, 2.0 / 3.0])
+    np.testing.assert_allclose(range_floor_mse(X, [-1.0, 0.0], [2.0, 4.0],
+                                               mask=[False, True, False, False]), [1 / 3, 0.5])
+    assert (range_floor_mse(X, [-5.0, -5.0], [5.0, 5.0]) == 0).all()
+
+
+@pytest.mark.parametrize("low, high, message", [
+    ([0.0], [1.0, 1.0], "low must have shape (2,), got (1,)"),
+    ([0.0, 0.0], [1.0, np.inf], "high must be finite"),
+    ([0.0, 2.0], [1.0, 1.0], "low must not exceed high"),
+])
+def test_range_floor_mse_refuses_bad_input(low, high, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        range_floor_mse(np.zeros((3, 2)), low, high)
+
+
+def test_reconstruction_range_needs_a_fitted_model():
+    with pytest.raises(ValueError, match="this FHMM has no parameters yet"):
+        reconstruction_range(FHMM(n_chains=2))
+    with pytest.raises(ValueError, match="model must be an FHMM, got dict"):
+        reconstruction_range({"W": np.ones((3, 2))})
 
 
 @pytest.mark.parametrize("kwargs, message", [
