@@ -46,19 +46,45 @@ def _seed_or_none(random_state):
 _SCORE_BLOCKS, _SCORE_BLOCK = 20, 1000
 
 
-def _score_blocks(X, rng):
-    """Rows on which ``n_init`` starts are compared: all of ``X`` or ``_SCORE_BLOCKS``
-    contiguous, non-overlapping blocks of ``_SCORE_BLOCK`` rows at random positions;
-    with their lengths."""
+def _score_blocks(X, rng, bounds=None):
+    """Rows on which ``n_init`` starts and ``n_restarts`` runs are compared, with their
+    lengths: all of ``X`` (its sequences), or ``_SCORE_BLOCKS`` contiguous,
+    non-overlapping blocks of ``_SCORE_BLOCK`` rows at random positions, each within one
+    sequence (``bounds``: ``[0, ..., T]``, default one sequence); all of ``X`` too when
+    its sequences hold fewer such blocks."""
     T = len(X)
+    bounds = np.array([0, T]) if bounds is None else np.asarray(bounds)
     if T <= _SCORE_BLOCKS * _SCORE_BLOCK:
-        return X, np.array([T])
-    # distinct slots of a grid of blocks, the grid shifted at random
-    n_slots = T // _SCORE_BLOCK
-    shift = int(rng.integers(T - n_slots * _SCORE_BLOCK + 1))
-    first = shift + _SCORE_BLOCK * np.sort(rng.choice(n_slots, _SCORE_BLOCKS, replace=False))
+        return X, np.diff(bounds)
+    # distinct slots of a grid of blocks in each sequence, each grid shifted at random
+    slots = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        n_slots = (b - a) // _SCORE_BLOCK
+        if n_slots:
+            shift = int(rng.integers(b - a - n_slots * _SCORE_BLOCK + 1))
+            slots.append(a + shift + _SCORE_BLOCK * np.arange(n_slots))
+    slots = np.concatenate(slots) if slots else np.empty(0, dtype=np.int64)
+    if len(slots) < _SCORE_BLOCKS:
+        return X, np.diff(bounds)
+    first = slots[np.sort(rng.choice(len(slots), _SCORE_BLOCKS, replace=False))]
     return (np.concatenate([X[i:i + _SCORE_BLOCK] for i in first]),
             np.full(_SCORE_BLOCKS, _SCORE_BLOCK))
+
+
+def _complete_rows(X, bounds):
+    """``X``'s rows without a missing value, and the bounds of their runs: a sequence
+    boundary or a left-out row ends a run (``bounds`` as in :func:`_score_blocks`)."""
+    finite = ~np.isnan(X).any(axis=1)
+    if finite.all():
+        return X, np.asarray(bounds)
+    # a run starts at a kept row whose predecessor was left out or is in another sequence
+    starts = np.zeros(len(X), dtype=bool)
+    starts[np.asarray(bounds)[:-1]] = True
+    starts[1:] |= ~finite[:-1]
+    starts &= finite
+    kept = np.flatnonzero(finite)
+    first = np.flatnonzero(starts[kept])          # positions in the kept rows
+    return X[finite], np.append(first, len(kept)).astype(np.int64)
 
 
 def _start_score(params, X, lengths, rng) -> float:
@@ -237,8 +263,9 @@ class FHMM:
         init : {"auto", "smf", "kmeans", "params"}
             Starting parameters: ``"params"`` continues from the current ones;
             ``"kmeans"`` a k-means start (:func:`streamfhmm.learn.smf.init_params`);
-            ``"smf"`` a short SMF-EM run on at most ``init_samples`` samples from that
-            start; ``"auto"`` is ``"params"`` for a model that has parameters and
+            ``"smf"`` a short SMF-EM run on the last ``init_samples`` complete samples
+            from that start (X's sequences, and the gaps incomplete rows leave, kept as
+            sequence breaks); ``"auto"`` is ``"params"`` for a model that has parameters and
             ``"smf"`` otherwise. ``"kmeans"`` and ``"smf"`` start afresh, so a fitted
             model may refit data with another number of features.
         n_init : int
@@ -246,10 +273,10 @@ class FHMM:
             k-means start followed by the short SMF-EM run on the same ``init_samples``
             samples; the fit continues from the one most likely on X (exact
             log-likelihood, or the SMF bound beyond 12 chains, on X or, beyond 20,000
-            samples, on 20 random blocks of 1,000 drawn before the starts, so that the
-            first start is then not ``n_init=1``'s; with a client, on the
-            ``init_samples`` rows the starts are fitted on; the complete rows, as one
-            sequence). Not the SMF bound on the slice itself: on the household power
+            samples, on 20 random blocks of 1,000 complete rows, each inside one
+            sequence and drawn before the starts, so that the first start is then not
+            ``n_init=1``'s; with a client, on the first ``init_samples`` rows of the
+            chunks, which the starts are fitted on). Not the SMF bound on the slice itself: on the household power
             data a few days reward codes that fit them and not the rest. Each start's
             score (per sample) is left in the fitted attribute ``init_scores_`` (empty
             for one start). Default 1.
@@ -258,7 +285,7 @@ class FHMM:
             own networks) take the first ``restart_steps`` steps (default a sixth of
             ``max_iter``) of the same learning-rate schedule; the run whose recognition
             ELBO is highest on the training data (X, or beyond 20,000 samples 20
-            random blocks of 1,000, which may straddle sequences) goes on to
+            random blocks of 1,000, each inside one sequence) goes on to
             ``max_iter`` steps. The code a run gives the chains is set early, and its
             ELBO then already ranks it much as at the end (README, household power).
             The first run starts from ``n_restarts=1``'s start and networks (beyond
@@ -347,7 +374,7 @@ class FHMM:
         rng = check_random_state(self.random_state)
         bounds = exact.bounds_from_lengths(lengths)
         t0 = time.perf_counter()
-        params = self._initial_params(X, init, init_samples, n_init, rng, time_budget)
+        params = self._initial_params(X, init, init_samples, n_init, rng, time_budget, bounds)
         if method == "em":
             from .learn.em import fit_exact_em
             budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
@@ -404,12 +431,12 @@ class FHMM:
         from .learn.objective import Workspace, sequence_elbo
         from .learn.svi import fit_svi
         log_every = max(1, min(total // 100, 500))
-        rows, row_lengths = _score_blocks(X, svi["rng"])
+        rows, row_lengths = _score_blocks(X, svi["rng"], bounds)
         row_bounds = exact.bounds_from_lengths(row_lengths)
         runs, scores, init_scores = [], [], []
         for k in range(n_restarts):
             if k > 0:
-                params = self._initial_params(X, *start, svi["rng"])
+                params = self._initial_params(X, *start, svi["rng"], bounds=bounds)
                 net = self._new_net(X.shape[1], svi["rng"])
                 net.fit_scaler(X)
             init_scores.append(self.init_scores_)
@@ -444,7 +471,7 @@ class FHMM:
             if lengths is not None:
                 raise ValueError("lengths must be None when X is a list of chunks (each chunk is a sequence)")
             chunks = list(X)
-            chunk_lengths(chunks)  # validates shapes and files (headers only)
+            lengths = chunk_lengths(chunks)  # validates shapes and files (headers only)
         else:
             X = check_observations(X, allow_nan=True)
             lengths = check_lengths(lengths, X.shape[0])
@@ -453,7 +480,9 @@ class FHMM:
         t0 = time.perf_counter()
         head = head_rows(chunks, init_samples)
         self._check_n_features(head.shape[1], init)
-        params = self._initial_params(head, init, init_samples, n_init, rng, time_budget)
+        head_bounds = np.unique(np.clip(exact.bounds_from_lengths(lengths), 0, len(head)))
+        params = self._initial_params(head, init, init_samples, n_init, rng, time_budget,
+                                      head_bounds)
         net = self._new_net(params.n_features, rng)
         net.set_scaler(*chunk_scaler(chunks, client))
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
@@ -478,7 +507,8 @@ class FHMM:
                              f"model's parameters, got {n_features}")
 
     def _initial_params(self, X, init, init_samples, n_init, rng,
-                        time_budget=None) -> FHMMParams:
+                        time_budget=None, bounds=None) -> FHMMParams:
+        """The parameters a fit starts from (``bounds``: X's sequences, default one)."""
         from .learn.smf import fit_smf, init_params
         self.init_scores_ = np.empty(0)
         have = getattr(self, "params_", None)
@@ -494,24 +524,25 @@ class FHMM:
                                  f"parameters (init='auto'), got n_init={n_init}: pass init='smf'")
             # parameters from another covariance_type start from their projection
             return constrain_params(have, self.covariance_type)
-        finite = ~np.isnan(X).any(axis=1)
-        Xc = X[finite] if not finite.all() else X
+        Xc, runs = _complete_rows(X, np.array([0, len(X)]) if bounds is None else bounds)
         if len(Xc) < self.n_chains + 2:
             raise ValueError(f"X has too few complete rows ({len(Xc)}) to initialise {self.n_chains} chains")
         if init == "kmeans":
             return init_params(Xc, self.n_chains, random_state=rng,
                                covariance_type=self.covariance_type)
-        # short SMF-EM runs on a contiguous slice (the sequence's last samples), each
-        # at most 30 s and together at most a fifth of the caller's budget
-        sl = Xc[-min(len(Xc), init_samples):]
+        # short SMF-EM runs on the last samples (their runs of complete rows as
+        # sequences), each at most 30 s and together at most a fifth of the caller's budget
+        first = len(Xc) - min(len(Xc), init_samples)
+        sl = Xc[first:]
+        sl_lengths = np.diff(np.unique(np.clip(runs, first, len(Xc)))) if len(sl) else None
         budget = 30.0 if time_budget is None else min(30.0, 0.2 * time_budget / n_init)
         if n_init > 1:
-            rows, row_lengths = _score_blocks(Xc, rng)
+            rows, row_lengths = _score_blocks(Xc, rng, runs)
         starts, scores = [], []
         for _ in range(n_init):
             start = init_params(Xc, self.n_chains, random_state=rng,
                                 covariance_type=self.covariance_type)
-            params, _ = fit_smf(sl, params=start, max_iter=30, tol=1e-5,
+            params, _ = fit_smf(sl, sl_lengths, params=start, max_iter=30, tol=1e-5,
                                 time_budget=budget, random_state=rng, progress=False,
                                 covariance_type=self.covariance_type)
             if n_init == 1:

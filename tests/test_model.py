@@ -518,6 +518,63 @@ def test_start_scores_on_random_blocks_of_long_data():
     assert rows is short and lengths.tolist() == [20_000]
 
 
+def test_score_blocks_stay_within_sequences():
+    """With several sequences each block lies inside one of them (a block across a
+    boundary was scored as if the sequences were one)."""
+    from streamfhmm.estimator import _score_blocks
+    lengths = np.array([2_500, 30_500, 1_999, 15_000, 999])
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    X = np.arange(bounds[-1], dtype=float)[:, None]
+    seq_of = np.repeat(np.arange(len(lengths)), lengths)
+    for seed in range(20):
+        rows, block_lengths = _score_blocks(X, np.random.default_rng(seed), bounds)
+        assert block_lengths.tolist() == [1000] * 20
+        idx = rows[:, 0].astype(int).reshape(20, 1000)
+        assert (np.diff(idx, axis=1) == 1).all()
+        assert (seq_of[idx[:, 0]] == seq_of[idx[:, -1]]).all(), f"seed={seed}"
+        assert (np.diff(idx[:, 0]) >= 1000).all()
+        assert not np.isin(seq_of[idx[:, 0]], [4]).any()      # 999 rows hold no block
+    # sequences that hold fewer than 20 blocks between them: all of X, its sequences
+    few = np.arange(14) * 1_999                 # 13 sequences of 1,999: one block each
+    rows, block_lengths = _score_blocks(X[:few[-1]], np.random.default_rng(0), few)
+    assert len(rows) == few[-1] > 20_000 and block_lengths.tolist() == [1_999] * 13
+
+
+def test_complete_rows_split_runs_at_gaps_and_boundaries():
+    from streamfhmm.estimator import _complete_rows
+    X = np.arange(12, dtype=float)[:, None] * [1.0, 1.0]
+    X[[3, 4, 9], 1] = np.nan
+    Xc, runs = _complete_rows(X, np.array([0, 6, 12]))
+    assert Xc[:, 0].tolist() == [0, 1, 2, 5, 6, 7, 8, 10, 11]
+    # runs: 0-2 | 5 (gap before; sequence ends after) | 6-8 (new sequence) | 10-11 (gap)
+    assert runs.tolist() == [0, 3, 4, 7, 9]
+    full = np.ones((5, 2))
+    Xc, runs = _complete_rows(full, np.array([0, 2, 5]))
+    assert Xc is full and runs.tolist() == [0, 2, 5]
+
+
+def test_smf_start_sees_sequences_and_gaps(monkeypatch):
+    """The SMF start's slice of the last samples keeps X's sequences and the gaps left by
+    incomplete rows as sequence breaks."""
+    import streamfhmm.learn.smf as smf_mod
+    seen = []
+    real = smf_mod.fit_smf
+
+    def spy(X, lengths=None, **kw):
+        seen.append((len(X), None if lengths is None else np.asarray(lengths).tolist()))
+        return real(X, lengths, **kw)
+    monkeypatch.setattr(smf_mod, "fit_smf", spy)
+    seed = 3
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((400, 2))
+    X[350, 1] = np.nan                      # an incomplete row
+    m = FHMM(n_chains=2, random_state=seed)
+    m.fit(X, lengths=[300, 100], max_iter=2, init="smf", init_samples=150, progress=False)
+    # the last 150 complete rows: 249-299 (first sequence) | 300-349 | 351-399 (the gap)
+    assert seen[0] == (150, [51, 50, 49])
+
+
 def test_start_score_beyond_12_chains_is_the_smf_bound_below_the_likelihood():
     from streamfhmm.estimator import _start_score
     from streamfhmm import exact
