@@ -463,7 +463,8 @@ def test_learner_toggle_and_metrics():
         m1 = eng.metrics()
         assert m1["learner_steps"] > 0 and m1["snapshot_version"] > 0 and m1["learning"]
         eng.learning = False
-        time.sleep(0.05)
+        with eng._learner.lock:     # the round that was running, if any, has ended
+            pass
         s = eng.metrics()["learner_steps"]
         for x in X[3000:3500]:
             eng.push(x)
@@ -510,7 +511,8 @@ def test_learn_samples_holds_the_model_fixed(path, tmp_path):
             assert eng.learning and eng.learner_steps > 0
             eng.push_many(X[1000:1700])   # reaches the limit inside the block
         assert not eng.learning and not eng.metrics()["learning"]
-        time.sleep(0.2)   # the learner finishes the round it was in
+        with eng._learner.lock:   # the round it was in has ended (and published)
+            pass
         steps, version = eng.learner_steps, eng.version
         later = eng.push_many(X[1700:2500])
         time.sleep(0.2)
