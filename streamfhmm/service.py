@@ -434,7 +434,9 @@ class StreamService:
         Directory of stream checkpoints (created if missing, and made again if it is
         deleted while the service runs); streams found there are resumed.
     checkpoint_every : int, optional
-        Checkpoint a stream after this many of its samples (None: only at shutdown).
+        Checkpoint a stream after this many of its samples (None: only at shutdown): at
+        the end of the read batch (``batch_size``) in which they are reached, after its
+        posteriors are published.
     heartbeat_interval : float
         Seconds of idleness after which a stream (and the service) sends a heartbeat;
         0 disables heartbeats.

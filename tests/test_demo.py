@@ -445,15 +445,19 @@ def test_a_slow_start_is_explained_once():
     child = _Child.__new__(_Child)       # a running child whose stderr lines are fed below
     child.name, child.queue = "slow", queue.Queue()
     child.proc = type("Running", (), {"poll": lambda self: None, "returncode": None})()
-    said = []
+    said, slow_said = [], threading.Event()
 
-    def feed():
-        time.sleep(0.5)
+    def feed():   # the line comes only after wait_line has said the start is slow
+        slow_said.wait(30.0)
         child.queue.put("input bound at tcp://a:1, output bound at tcp://b:2 (")
+
+    def on_slow():
+        said.append(1)
+        slow_said.set()
 
     threading.Thread(target=feed, daemon=True).start()
     m = child.wait_line(re.compile(r"input bound at (\S+), output bound at (\S+) \("), timeout=30.0,
-                        on_slow=lambda: said.append(1), slow_after=0.1)
+                        on_slow=on_slow, slow_after=0.1)
     assert m.group(1) == "tcp://a:1" and said == [1]
     child.queue.put("input bound at tcp://c:3, output bound at tcp://d:4 (")
     m = child.wait_line(re.compile(r"input bound at ([^,]+)"), timeout=30.0, on_slow=lambda: said.append(2),

@@ -293,7 +293,8 @@ def _signal_worker(pid, sig):
 
 def test_silent_worker_is_timed_out(problem, process_client):
     """A worker that stops answering (SIGSTOP: alive, connected, silent) costs one
-    ``step_timeout``, then its shard moves to the other worker."""
+    ``step_timeout``, then its shard moves to the other worker. (5 s: on a loaded machine
+    a healthy worker can miss 3 s, and counted as a second recovery.)"""
     X, chunks, params, net = problem
     process_client.wait_for_workers(2, timeout=60)
     pids = process_client.run(os.getpid)
@@ -308,14 +309,14 @@ def test_silent_worker_is_timed_out(problem, process_client):
     try:
         state = fit_svi_distributed(chunks, params, net, process_client, max_iter=200,
                                     log_every=40, random_state=SEED, progress=False,
-                                    callback=stop_once, step_timeout=3.0)
+                                    callback=stop_once, step_timeout=5.0)
     finally:
         _signal_worker(pids[address], signal.SIGCONT)
     after = time.perf_counter() - stopped[0]
     print(f"stopped {address}; the fit ended {after:.1f} s later; history {state.history[-1]}")
     assert state.iteration == 200
     assert state.history[-1]["recoveries"] == 1
-    assert 3.0 <= after < 30
+    assert 5.0 <= after < 40
 
 
 def test_killed_worker_is_survived(problem, process_client, tmp_path):

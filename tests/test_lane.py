@@ -157,6 +157,14 @@ def sides(tmp_path):
         ctx.term()
 
 
+def _counters(side) -> dict:
+    """The service's counters but ``checkpoints``: a checkpoint falls after the read batch
+    that crosses ``checkpoint_every``, and where reads split the input depends on how far
+    the socket's I/O thread has delivered it, so the two sides may write one more or fewer
+    (their records are checked against their own output instead)."""
+    return {k: v for k, v in side.svc.counters.items() if k != "checkpoints"}
+
+
 def _run(pub, sides, frames):
     for f in frames:
         pub.send_multipart(f)
@@ -241,7 +249,7 @@ def test_lane_publishes_what_the_general_path_publishes(sides, seed, batch, fmt,
     assert a.sink.dropped == b.sink.dropped == 0
     assert len(a.messages) == len(b.messages) > 2000
     _same_output(a.messages, b.messages)
-    assert a.svc.counters == b.svc.counters
+    assert _counters(a) == _counters(b)
     assert a.source.errors == b.source.errors and sum(a.source.errors.values()) > 0
     assert a.source.streams == b.source.streams
     assert a.source.streams[b"s"].gaps > 0 and a.svc.counters["ends"] > 0
@@ -271,7 +279,7 @@ def test_the_lane_takes_an_unbroken_stream(sides, batch, fmt):
     X = np.random.default_rng(6).normal(size=(2000, D))
     _run(pub, (a, b), [encode_sample(b"s", i, 1e9 + i / 8, x) for i, x in enumerate(X)])
     _same_output(a.messages, b.messages)
-    assert a.svc.counters == b.svc.counters and a.svc.counters["samples"] == 2000
+    assert _counters(a) == _counters(b) and a.svc.counters["samples"] == 2000
     # all but the first read's samples (the stream is opened by the general path)
     assert a.svc.lane_samples >= 2000 - batch and b.svc.lane_samples == 0
 
@@ -288,7 +296,7 @@ def test_a_second_topic_moves_the_service_to_the_general_path(sides):
     _run(pub, (a, b), _traffic(rng, 800, topics=(b"s", b"t")))
     assert a.svc.lane_samples == before
     _same_output(a.messages, b.messages)
-    assert a.svc.counters == b.svc.counters
+    assert _counters(a) == _counters(b)
 
 
 def test_warm_lane_runs_the_lane_before_any_service_subscribes(caplog):
