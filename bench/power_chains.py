@@ -110,6 +110,12 @@ def main(argv=None):
         elbo = "-" if per["elbo"] is None or method == "smf" else f"{per['elbo']:.3f}"
         print(f"\n{path}: σ² {np.mean(np.diag(m.covariance_)):.3f} (mean); exact log-likelihood "
               f"{per['loglik']:.3f}, ELBO {elbo} per step on the last {ROWS:,} training rows")
+        for name, what in (("init_scores_", "its starts' log-likelihood"),
+                           ("restart_scores_", "its runs' ELBO")):
+            scores = getattr(m, name, None)
+            if scores is not None and len(scores):
+                print(f"  {what} per step when compared (the fit kept the highest): "
+                      + " ".join(f"{v:.3f}" for v in scores))
         fit_elbo = running_elbo(m.history_) if method is None else None
         if fit_elbo:
             print("  the fit's running ELBO per step (its history): " + "; ".join(

@@ -98,6 +98,19 @@ def _start_score(params, X, lengths, rng) -> float:
     return history[0]["bound"] / len(X)
 
 
+#: fitted attributes that model files keep beside the parameters (files written before
+#: them load without them)
+_SCORE_ATTRIBUTES = ("init_scores_", "restart_scores_")
+
+
+def _check_scores(value, name: str) -> np.ndarray:
+    """A model file's 1-D float array of scores (NaN: a start or run that failed)."""
+    a = np.asarray(value)
+    if a.ndim != 1 or a.dtype.kind != "f":
+        raise ValueError(f"{name} must be a 1-D float array, got dtype {a.dtype} and shape {a.shape}")
+    return a.astype(np.float64)
+
+
 def _best(scores) -> int:
     """Index of the highest of ``scores`` (NaN: not a candidate; the first when none is
     finite)."""
@@ -686,7 +699,9 @@ class FHMM:
     def save(self, path) -> None:
         """Write the model to a versioned ``.npz`` file (no pickle).
 
-        The file is written to a temporary name and moved into place, so a crash never
+        It holds the hyper-parameters, the parameters, the recognition networks, the
+        fit's ``history_`` and, when the fit left them, ``init_scores_`` and
+        ``restart_scores_``. The file is written to a temporary name and moved into place, so a crash never
         leaves a half-written model behind.
         """
         params = self._require_params()
@@ -701,6 +716,10 @@ class FHMM:
             "startprob": params.startprob,
             "history": np.array(json.dumps(getattr(self, "history_", []))),
         }
+        for name in _SCORE_ATTRIBUTES:   # a fit's starts' and runs' scores, if it had them
+            scores = getattr(self, name, None)
+            if scores is not None:
+                arrays[name[:-1]] = np.asarray(scores, dtype=np.float64)
         net = getattr(self, "net_", None)
         if net is not None:
             arrays.update({f"net.{k}": v for k, v in net.to_arrays().items()})
@@ -747,6 +766,8 @@ class FHMM:
             net_arrays = {k[4:]: v for k, v in data.items() if k.startswith("net.")}
             net = RecognitionNet.from_arrays(net_arrays) if net_arrays else None
             history = json.loads(str(data["history"]))
+            scores = {name: _check_scores(data[name[:-1]], name[:-1])
+                      for name in _SCORE_ATTRIBUTES if name[:-1] in data}
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{damaged}: {exc}") from None
         if net is not None and (net.n_chains, net.n_features) != (params.n_chains, params.n_features):
@@ -770,6 +791,8 @@ class FHMM:
             raise ValueError(f"{damaged}: {exc}") from None
         model._set_params(params, net)
         model.history_ = history
+        for name, value in scores.items():
+            setattr(model, name, value)
         if fit_method:
             model.fit_method_ = fit_method
         return model

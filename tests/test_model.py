@@ -341,6 +341,25 @@ def test_save_load_keeps_the_seed_and_finds_the_npz(tmp_path):
     assert FHMM.load(tmp_path / "g.npz").random_state is None  # a Generator is not stored
 
 
+def test_save_load_keeps_the_fits_start_and_run_scores(tmp_path):
+    """n_init's and n_restarts' scores travel with the model file; a file without them
+    (a model never fitted with them, or written before they were kept) loads without."""
+    seed = 12
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(2, 2, random_state=seed, noise=0.4).sample(600, random_state=seed)
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed)
+    m.fit(X, max_iter=12, n_restarts=2, init="smf", n_init=2, progress=False)
+    assert m.init_scores_.shape == (2,) and m.restart_scores_.shape == (2,)
+    m.restart_scores_ = np.array([m.restart_scores_[0], np.nan])    # a run that failed
+    m.save(tmp_path / "m.npz")
+    back = FHMM.load(tmp_path / "m.npz")
+    np.testing.assert_array_equal(back.init_scores_, m.init_scores_)
+    np.testing.assert_array_equal(back.restart_scores_, m.restart_scores_)
+    FHMM.from_params(W=W2, covariance=S2, transmat=A2).save(tmp_path / "p.npz")
+    plain = FHMM.load(tmp_path / "p.npz")
+    assert not hasattr(plain, "init_scores_") and not hasattr(plain, "restart_scores_")
+
+
 def _rewrite(tmp_path, name, change):
     import json
     FHMM.from_params(W=W2, covariance=S2, transmat=A2).save(tmp_path / "good.npz")
@@ -359,6 +378,10 @@ def _rewrite(tmp_path, name, change):
     (lambda d, h: h.update(foo=1), r"unknown hyper-parameters \['foo'\]"),
     (lambda d, h: h.pop("n_chains"), "n_chains None but the parameters have 2 chains"),
     (lambda d, h: h.update(window=4), "window must be odd"),
+    (lambda d, h: d.update(init_scores=np.array(["a"])),
+     r"init_scores must be a 1-D float array, got dtype <U1 and shape \(1,\)"),
+    (lambda d, h: d.update(restart_scores=np.zeros((2, 2))),
+     r"restart_scores must be a 1-D float array, got dtype float64 and shape \(2, 2\)"),
 ])
 def test_load_refuses_damaged_files(tmp_path, change, message):
     path = _rewrite(tmp_path, "bad.npz", change)
