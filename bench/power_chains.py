@@ -12,7 +12,7 @@ switching probabilities P(0→1), P(1→0); then the bias and, per step, the mod
 log-likelihood and ELBO on those rows, and for a fitted model its running training ELBO
 over steps 20,000-25,000 and over its last 10,000 steps. Then per channel the range its
 reconstruction ``Wᵀ E[ŝ_t]`` can reach (:func:`streamfhmm.power.reconstruction_range`),
-the share of those training rows and of the protocol's scored test rows outside it, the
+the share of those training rows and of the protocol's scored test rows above and below it, the
 least MSE any posterior could give there (:func:`streamfhmm.power.range_floor_mse`), the
 model's MSE on those training rows and on the test rows (the protocol's), and its mean
 residual on the test rows. It tells clean codes (each appliance a chain of
@@ -133,8 +133,8 @@ def main(argv=None):
         print(f"  (train rows: the last {ROWS:,} training rows; test rows: the first {N_SCORED:,} "
               f"test rows, scored as the protocol does)")
         for what, rows in (("train rows", X), ("test rows", scored)):
-            out = ((rows < low) | (rows > high)).mean(axis=0)
-            print(f"  {'outside, ' + what:<26}" + " ".join(f"{v:8.3f}" for v in out))
+            print(f"  {'above, ' + what:<26}" + " ".join(f"{v:8.3f}" for v in (rows > high).mean(axis=0)))
+            print(f"  {'below, ' + what:<26}" + " ".join(f"{v:8.3f}" for v in (rows < low).mean(axis=0)))
             print(f"  {'MSE floor, ' + what:<26}"
                   + " ".join(f"{v:8.4f}" for v in range_floor_mse(rows, low, high)))
         print(f"  {'MSE, train rows':<26}"

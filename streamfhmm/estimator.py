@@ -48,10 +48,12 @@ _SCORE_BLOCKS, _SCORE_BLOCK = 20, 1000
 
 def _score_blocks(X, rng, bounds=None):
     """Rows on which ``n_init`` starts and ``n_restarts`` runs are compared, with their
-    lengths: all of ``X`` (its sequences), or ``_SCORE_BLOCKS`` contiguous,
-    non-overlapping blocks of ``_SCORE_BLOCK`` rows at random positions, each within one
-    sequence (``bounds``: ``[0, ..., T]``, default one sequence); all of ``X`` too when
-    its sequences hold fewer such blocks."""
+    lengths: all of ``X`` (its sequences) up to ``_SCORE_BLOCKS * _SCORE_BLOCK`` rows,
+    beyond that ``_SCORE_BLOCKS`` contiguous, non-overlapping blocks of ``_SCORE_BLOCK``
+    rows at random positions, each within one sequence (``bounds``: ``[0, ..., T]``,
+    default one sequence). When the sequences hold fewer such blocks, blocks and whole
+    shorter sequences drawn at random until they hold as many rows (all of ``X`` if
+    even these fall short, which needs ``T < 2 * _SCORE_BLOCKS * _SCORE_BLOCK``)."""
     T = len(X)
     bounds = np.array([0, T]) if bounds is None else np.asarray(bounds)
     if T <= _SCORE_BLOCKS * _SCORE_BLOCK:
@@ -64,11 +66,23 @@ def _score_blocks(X, rng, bounds=None):
             shift = int(rng.integers(b - a - n_slots * _SCORE_BLOCK + 1))
             slots.append(a + shift + _SCORE_BLOCK * np.arange(n_slots))
     slots = np.concatenate(slots) if slots else np.empty(0, dtype=np.int64)
-    if len(slots) < _SCORE_BLOCKS:
-        return X, np.diff(bounds)
-    first = slots[np.sort(rng.choice(len(slots), _SCORE_BLOCKS, replace=False))]
-    return (np.concatenate([X[i:i + _SCORE_BLOCK] for i in first]),
-            np.full(_SCORE_BLOCKS, _SCORE_BLOCK))
+    if len(slots) >= _SCORE_BLOCKS:
+        first = slots[np.sort(rng.choice(len(slots), _SCORE_BLOCKS, replace=False))]
+        return (np.concatenate([X[i:i + _SCORE_BLOCK] for i in first]),
+                np.full(_SCORE_BLOCKS, _SCORE_BLOCK))
+    # short sequences: the blocks and the sequences shorter than a block, in random
+    # order until they hold as many rows as the blocks would
+    lengths = np.diff(bounds)
+    short = lengths < _SCORE_BLOCK
+    pieces = np.concatenate([np.stack([slots, np.full(len(slots), _SCORE_BLOCK)], axis=1),
+                             np.stack([bounds[:-1][short], lengths[short]], axis=1)])
+    order = rng.permutation(len(pieces))
+    enough = np.cumsum(pieces[order, 1]) >= _SCORE_BLOCKS * _SCORE_BLOCK
+    if not enough.any():
+        return X, lengths
+    chosen = pieces[order[:int(np.argmax(enough)) + 1]]
+    chosen = chosen[np.argsort(chosen[:, 0])]              # in X's order
+    return (np.concatenate([X[a:a + n] for a, n in chosen]), chosen[:, 1].copy())
 
 
 def _complete_rows(X, bounds):
@@ -105,7 +119,10 @@ _SCORE_ATTRIBUTES = ("init_scores_", "restart_scores_")
 
 def _check_scores(value, name: str) -> np.ndarray:
     """A model file's 1-D float array of scores (NaN: a start or run that failed)."""
-    a = np.asarray(value)
+    try:
+        a = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a 1-D float array: {exc}") from None
     if a.ndim != 1 or a.dtype.kind != "f":
         raise ValueError(f"{name} must be a 1-D float array, got dtype {a.dtype} and shape {a.shape}")
     return a.astype(np.float64)
@@ -287,7 +304,8 @@ class FHMM:
             samples; the fit continues from the one most likely on X (exact
             log-likelihood, or the SMF bound beyond 12 chains, on X or, beyond 20,000
             samples, on 20 random blocks of 1,000 complete rows, each inside one
-            sequence and drawn before the starts, so that the first start is then not
+            run of complete rows of one sequence (or, where these runs are shorter, as
+            many rows in whole runs) and drawn before the starts, so that the first start is then not
             ``n_init=1``'s; with a client, on the first ``init_samples`` rows of the
             chunks, which the starts are fitted on). Not the SMF bound on the slice itself: on the household power
             data a few days reward codes that fit them and not the rest. Each start's
@@ -547,7 +565,7 @@ class FHMM:
         # sequences), each at most 30 s and together at most a fifth of the caller's budget
         first = len(Xc) - min(len(Xc), init_samples)
         sl = Xc[first:]
-        sl_lengths = np.diff(np.unique(np.clip(runs, first, len(Xc)))) if len(sl) else None
+        sl_lengths = np.diff(np.unique(np.clip(runs, first, len(Xc))))
         budget = 30.0 if time_budget is None else min(30.0, 0.2 * time_budget / n_init)
         if n_init > 1:
             rows, row_lengths = _score_blocks(Xc, rng, runs)
@@ -718,8 +736,8 @@ class FHMM:
         }
         for name in _SCORE_ATTRIBUTES:   # a fit's starts' and runs' scores, if it had them
             scores = getattr(self, name, None)
-            if scores is not None:
-                arrays[name[:-1]] = np.asarray(scores, dtype=np.float64)
+            if scores is not None:      # (checked as load checks them: no unreadable file)
+                arrays[name[:-1]] = _check_scores(scores, name)
         net = getattr(self, "net_", None)
         if net is not None:
             arrays.update({f"net.{k}": v for k, v in net.to_arrays().items()})
@@ -733,7 +751,8 @@ class FHMM:
         """Read a model written by :meth:`save`; never unpickles anything.
 
         Files of format version 1 (written before ``covariance_type`` existed) load as
-        ``covariance_type="full"``.
+        ``covariance_type="full"``. ``init_scores_`` and ``restart_scores_`` are set when
+        the file holds them (files written before they were kept do not).
         """
         from .network import RecognitionNet
         path = os.fspath(path)

@@ -358,6 +358,11 @@ def test_save_load_keeps_the_fits_start_and_run_scores(tmp_path):
     FHMM.from_params(W=W2, covariance=S2, transmat=A2).save(tmp_path / "p.npz")
     plain = FHMM.load(tmp_path / "p.npz")
     assert not hasattr(plain, "init_scores_") and not hasattr(plain, "restart_scores_")
+    plain.init_scores_ = np.zeros((2, 2))        # what load would refuse, save refuses
+    with pytest.raises(ValueError, match=r"init_scores_ must be a 1-D float array, got dtype "
+                                         r"float64 and shape \(2, 2\)"):
+        plain.save(tmp_path / "q.npz")
+    assert not (tmp_path / "q.npz").exists()
 
 
 def _rewrite(tmp_path, name, change):
@@ -557,8 +562,32 @@ def test_score_blocks_stay_within_sequences():
         assert (seq_of[idx[:, 0]] == seq_of[idx[:, -1]]).all(), f"seed={seed}"
         assert (np.diff(idx[:, 0]) >= 1000).all()
         assert not np.isin(seq_of[idx[:, 0]], [4]).any()      # 999 rows hold no block
-    # sequences that hold fewer than 20 blocks between them: all of X, its sequences
-    few = np.arange(14) * 1_999                 # 13 sequences of 1,999: one block each
+    # sequences that hold fewer than 20 blocks: blocks and whole short sequences, drawn
+    # until they hold 20,000 rows (all of X cost 50 times that at 10^6 rows)
+    many = np.arange(1_001) * 999                # 1,000 sequences of 999: no block
+    Y = np.arange(many[-1], dtype=float)[:, None]
+    for seed in range(5):
+        rows, block_lengths = _score_blocks(Y, np.random.default_rng(seed), many)
+        assert 20_000 <= len(rows) < 21_000 and (block_lengths == 999).all(), f"seed={seed}"
+        idx = rows[:, 0].astype(int)
+        starts = idx[np.concatenate([[0], np.cumsum(block_lengths)[:-1]])]
+        assert np.isin(starts, many[:-1]).all()                      # whole sequences
+        assert (np.diff(starts) > 0).all()                           # in X's order
+    # 5 + 7 + 7 blocks and sequences of 500, 900 and 999 rows
+    mixed = np.array([0, 5_500, 6_000, 6_900, 14_000, 14_999, 22_000])
+    seq_of = np.repeat(np.arange(len(mixed) - 1), np.diff(mixed))
+    Z = np.arange(mixed[-1], dtype=float)[:, None]
+    for seed in range(10):
+        rows, block_lengths = _score_blocks(Z, np.random.default_rng(seed), mixed)
+        assert 20_000 <= len(rows) < 21_000, f"seed={seed}"
+        edges = np.concatenate([[0], np.cumsum(block_lengths)])
+        for a, b in zip(edges[:-1], edges[1:]):
+            piece = rows[a:b, 0].astype(int)
+            assert (np.diff(piece) == 1).all() and seq_of[piece[0]] == seq_of[piece[-1]]
+            whole = piece[0] in mixed and piece[-1] + 1 in mixed
+            assert b - a == 1000 or (whole and b - a < 1000), (seed, piece[0], b - a)
+    # 13 sequences of 1,999 (one block each, 13,000 rows): all of X, under 40,000 rows
+    few = np.arange(14) * 1_999
     rows, block_lengths = _score_blocks(X[:few[-1]], np.random.default_rng(0), few)
     assert len(rows) == few[-1] > 20_000 and block_lengths.tolist() == [1_999] * 13
 
