@@ -85,20 +85,27 @@ def _score_blocks(X, rng, bounds=None):
     return (np.concatenate([X[a:a + n] for a, n in chosen]), chosen[:, 1].copy())
 
 
-def _complete_rows(X, bounds):
+def _complete_rows(X, bounds=None):
     """``X``'s rows without a missing value, and the bounds of their runs: a sequence
     boundary or a left-out row ends a run (``bounds`` as in :func:`_score_blocks`)."""
+    bounds = np.array([0, len(X)]) if bounds is None else np.asarray(bounds)
     finite = ~np.isnan(X).any(axis=1)
     if finite.all():
-        return X, np.asarray(bounds)
+        return X, bounds
     # a run starts at a kept row whose predecessor was left out or is in another sequence
     starts = np.zeros(len(X), dtype=bool)
-    starts[np.asarray(bounds)[:-1]] = True
+    starts[bounds[:-1]] = True
     starts[1:] |= ~finite[:-1]
     starts &= finite
     kept = np.flatnonzero(finite)
     first = np.flatnonzero(starts[kept])          # positions in the kept rows
     return X[finite], np.append(first, len(kept)).astype(np.int64)
+
+
+def _bounds_within(bounds, lo: int, hi: int) -> np.ndarray:
+    """The sequence bounds ``bounds`` cut to the rows ``[lo, hi)``: ``[lo, ..., hi]``
+    (not rebased)."""
+    return np.unique(np.clip(bounds, lo, hi))
 
 
 def _start_score(params, X, lengths, rng) -> float:
@@ -511,7 +518,7 @@ class FHMM:
         t0 = time.perf_counter()
         head = head_rows(chunks, init_samples)
         self._check_n_features(head.shape[1], init)
-        head_bounds = np.unique(np.clip(exact.bounds_from_lengths(lengths), 0, len(head)))
+        head_bounds = _bounds_within(exact.bounds_from_lengths(lengths), 0, len(head))
         params = self._initial_params(head, init, init_samples, n_init, rng, time_budget,
                                       head_bounds)
         net = self._new_net(params.n_features, rng)
@@ -555,7 +562,7 @@ class FHMM:
                                  f"parameters (init='auto'), got n_init={n_init}: pass init='smf'")
             # parameters from another covariance_type start from their projection
             return constrain_params(have, self.covariance_type)
-        Xc, runs = _complete_rows(X, np.array([0, len(X)]) if bounds is None else bounds)
+        Xc, runs = _complete_rows(X, bounds)
         if len(Xc) < self.n_chains + 2:
             raise ValueError(f"X has too few complete rows ({len(Xc)}) to initialise {self.n_chains} chains")
         if init == "kmeans":
@@ -565,7 +572,7 @@ class FHMM:
         # sequences), each at most 30 s and together at most a fifth of the caller's budget
         first = len(Xc) - min(len(Xc), init_samples)
         sl = Xc[first:]
-        sl_lengths = np.diff(np.unique(np.clip(runs, first, len(Xc))))
+        sl_lengths = np.diff(_bounds_within(runs, first, len(Xc)))
         budget = 30.0 if time_budget is None else min(30.0, 0.2 * time_budget / n_init)
         if n_init > 1:
             rows, row_lengths = _score_blocks(Xc, rng, runs)
