@@ -78,6 +78,8 @@ def print_table(rows, title):
 def svi_overrides(args) -> dict:
     """The SVI options given on the command line."""
     kw = {k: getattr(args, k) for k in _SVI_OPTIONS if getattr(args, k, None) is not None}
+    if "init" in kw:  # one kind for every run, or one kind per run
+        kw["init"] = kw["init"][0] if len(kw["init"]) == 1 else tuple(kw["init"])
     kw["max_iter"] = args.iters
     if args.svi_budget is not None:
         kw["time_budget"] = args.svi_budget
@@ -190,7 +192,9 @@ def main(argv=None):
     ap.add_argument("--final-lr-ratio", type=float)
     ap.add_argument("--batch-size", type=int)
     ap.add_argument("--subchain-length", type=int)
-    ap.add_argument("--init", choices=("smf", "kmeans"))
+    ap.add_argument("--init", nargs="+", choices=("smf", "kmeans"),
+                    help="SVI start: one kind, or one per run of --n-restarts "
+                         "(e.g. --n-restarts 3 --init smf kmeans smf)")
     ap.add_argument("--init-samples", type=int)
     ap.add_argument("--n-init", type=int, help="SVI: SMF starts, the one most likely on "
                     "the training rows kept (FHMM.fit's n_init; default 1)")

@@ -135,6 +135,31 @@ def _check_scores(value, name: str) -> np.ndarray:
     return a.astype(np.float64)
 
 
+_INITS = ("auto", "smf", "kmeans", "params")
+#: start kinds a run of ``n_restarts`` may be given (``FHMM.fit(init=(...))``)
+_RUN_INITS = ("smf", "kmeans")
+
+
+def _check_init(init, n_restarts: int) -> tuple:
+    """``FHMM.fit``'s ``init``: one of :data:`_INITS`, or a sequence of
+    :data:`_RUN_INITS` with one entry per run of ``n_restarts``. Returns the first run's
+    start kind and the tuple of every run's (``n_restarts`` copies of a single kind)."""
+    if isinstance(init, str):
+        if init not in _INITS:
+            raise ValueError(f"init must be one of {', '.join(map(repr, _INITS))}, or one of "
+                             f"{', '.join(map(repr, _RUN_INITS))} per run of n_restarts, got {init!r}")
+        return init, (init,) * n_restarts
+    try:
+        kinds = tuple(init)
+    except TypeError:
+        raise ValueError(f"init must be a str or a sequence of start kinds (one per run of "
+                         f"n_restarts), got {type(init).__name__}") from None
+    if len(kinds) != n_restarts or not all(isinstance(k, str) and k in _RUN_INITS for k in kinds):
+        raise ValueError(f"init as a sequence gives each of the n_restarts={n_restarts} runs its "
+                         f"start: {n_restarts} of {', '.join(map(repr, _RUN_INITS))}, got {init!r}")
+    return kinds[0], kinds
+
+
 def _best(scores) -> int:
     """Index of the highest of ``scores`` (NaN: not a candidate; the first when none is
     finite)."""
@@ -297,14 +322,17 @@ class FHMM:
         tol : float
             SMF-EM (exact EM) stops when the bound (the log-likelihood) improves by
             less than this, relatively.
-        init : {"auto", "smf", "kmeans", "params"}
+        init : {"auto", "smf", "kmeans", "params"} or sequence of {"smf", "kmeans"}
             Starting parameters: ``"params"`` continues from the current ones;
             ``"kmeans"`` a k-means start (:func:`streamfhmm.learn.smf.init_params`);
             ``"smf"`` a short SMF-EM run on the last ``init_samples`` complete samples
             from that start (X's sequences, and the gaps incomplete rows leave, kept as
             sequence breaks); ``"auto"`` is ``"params"`` for a model that has parameters and
             ``"smf"`` otherwise. ``"kmeans"`` and ``"smf"`` start afresh, so a fitted
-            model may refit data with another number of features.
+            model may refit data with another number of features. A sequence gives each
+            run of ``n_restarts`` its own kind of start (one entry per run, e.g.
+            ``("smf", "kmeans", "smf")``), so that the runs compared include codes from
+            both; ``n_init`` applies to its ``"smf"`` runs.
         n_init : int
             ``init="smf"`` (or ``"auto"`` resolving to it): so many starts, each a fresh
             k-means start followed by the short SMF-EM run on the same ``init_samples``
@@ -319,8 +347,8 @@ class FHMM:
             score (per sample) is left in the fitted attribute ``init_scores_`` (empty
             for one start). Default 1.
         n_restarts, restart_steps : int
-            SVI: so many runs (each from its own start, drawn as ``init`` says, and its
-            own networks) take the first ``restart_steps`` steps (default a sixth of
+            SVI: so many runs (each from its own start, drawn as ``init`` says for it,
+            and its own networks) take the first ``restart_steps`` steps (default a sixth of
             ``max_iter``) of the same learning-rate schedule; the run whose recognition
             ELBO is highest on the training data (X, or beyond 20,000 samples 20
             random blocks of 1,000, each inside one sequence) goes on to
@@ -365,7 +393,9 @@ class FHMM:
         net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
         init_samples = check_positive_int(init_samples, "init_samples")
         n_init = check_positive_int(n_init, "n_init")
-        if n_init > 1 and init in ("kmeans", "params"):
+        n_restarts = check_positive_int(n_restarts, "n_restarts")
+        init, run_inits = _check_init(init, n_restarts)
+        if n_init > 1 and "smf" not in run_inits and "auto" not in run_inits:
             raise ValueError(f"n_init applies to init='smf' or 'auto' (SMF starts kept by their "
                              f"likelihood), got n_init={n_init} with init={init!r}")
         if max_iter is not None:
@@ -378,7 +408,6 @@ class FHMM:
             from .learn.svi import check_svi_settings
             check_svi_settings(max_iter or 1, batch_size, subchain_length, learning_rate,
                                final_lr_ratio, decay, time_budget)
-        n_restarts = check_positive_int(n_restarts, "n_restarts")
         if n_restarts > 1 and (method != "svi" or client is not None):
             raise ValueError(f"n_restarts applies to method='svi' without a client, got "
                              f"method={method!r}{' and a client' if client is not None else ''}")
@@ -402,8 +431,6 @@ class FHMM:
         if method != "svi" and net_warmup:
             raise ValueError(f"net_warmup applies to method='svi' only (it has no networks), "
                              f"got net_warmup={net_warmup!r} with method={method!r}")
-        if init not in ("auto", "smf", "kmeans", "params"):
-            raise ValueError(f"init must be one of 'auto', 'smf', 'kmeans', 'params', got {init!r}")
         X = check_observations(X, allow_nan=(method == "svi"))
         lengths = check_lengths(lengths, X.shape[0])
         self._check_n_features(X.shape[1], init)
@@ -447,8 +474,8 @@ class FHMM:
             state = fit_svi(X, bounds, params, net, max_iter=total, time_budget=budget,
                             net_warmup=net_warmup, **svi)
         else:
-            state = self._restarts(X, bounds, params, net, total, n_restarts, restart_steps,
-                                   net_warmup, svi, (init, init_samples, n_init))
+            state = self._restarts(X, bounds, params, net, total, restart_steps, net_warmup,
+                                   svi, run_inits, (init_samples, n_init))
         self._set_params(state.params, state.net)
         self.history_ = state.history
         self.fit_method_ = "svi"
@@ -462,19 +489,22 @@ class FHMM:
                              share=self.share_hidden, mode="centred")
         return net.init(random_state=rng)
 
-    def _restarts(self, X, bounds, params, net, total, n_restarts, restart_steps, net_warmup,
-                  svi, start):
-        """``n_restarts`` SVI runs for ``restart_steps`` steps of one ``total``-step
-        schedule; the one with the highest recognition ELBO on the scoring rows goes on."""
+    def _restarts(self, X, bounds, params, net, total, restart_steps, net_warmup, svi,
+                  run_inits, start):
+        """SVI runs, one per entry of ``run_inits`` (the first from ``params`` and ``net``,
+        the others each from a start of its kind), for ``restart_steps`` steps of one
+        ``total``-step schedule; the one with the highest recognition ELBO on the scoring
+        rows goes on."""
         from .learn.objective import Workspace, sequence_elbo
         from .learn.svi import fit_svi
         log_every = max(1, min(total // 100, 500))
         rows, row_lengths = _score_blocks(X, svi["rng"], bounds)
         row_bounds = exact.bounds_from_lengths(row_lengths)
         runs, scores, init_scores = [], [], []
+        n_restarts = len(run_inits)
         for k in range(n_restarts):
             if k > 0:
-                params = self._initial_params(X, *start, svi["rng"], bounds=bounds)
+                params = self._initial_params(X, run_inits[k], *start, svi["rng"], bounds=bounds)
                 net = self._new_net(X.shape[1], svi["rng"])
                 net.fit_scaler(X)
             init_scores.append(self.init_scores_)
@@ -503,8 +533,6 @@ class FHMM:
         from .learn.svi import DEFAULT_MAX_ITER
         if method != "svi":
             raise ValueError(f"a Dask client trains with method='svi' only, got method={method!r}")
-        if init not in ("auto", "smf", "kmeans", "params"):
-            raise ValueError(f"init must be one of 'auto', 'smf', 'kmeans', 'params', got {init!r}")
         if isinstance(X, (list, tuple)):
             if lengths is not None:
                 raise ValueError("lengths must be None when X is a list of chunks (each chunk is a sequence)")

@@ -980,6 +980,55 @@ def test_restarts_continue_the_run_with_the_highest_elbo(two_chain_data, monkeyp
     np.testing.assert_array_equal(m.W_, last["out"].params.W)
 
 
+def test_restarts_take_the_start_kind_init_gives_each_run(two_chain_data, monkeypatch):
+    """init=("smf", "kmeans", "smf"): the first and third runs start from an SMF-EM
+    refinement, the second from the k-means start alone; each run's SVI fit starts from
+    the parameters made for it."""
+    import streamfhmm.learn.smf as smf
+    import streamfhmm.learn.svi as svi
+    _, X = two_chain_data
+    made, smf_fits, starts = [], [], []
+    real_initial, real_smf, real_svi = FHMM._initial_params, smf.fit_smf, svi.fit_svi
+
+    def initial(self, X, init, *args, **kw):
+        out = real_initial(self, X, init, *args, **kw)
+        made.append((init, out))
+        return out
+
+    def counted_smf(*args, **kw):
+        smf_fits.append(len(made))
+        return real_smf(*args, **kw)
+
+    def recorded_svi(*args, **kw):
+        if kw.get("state") is None:
+            starts.append(args[2])
+        return real_svi(*args, **kw)
+    monkeypatch.setattr(FHMM, "_initial_params", initial)
+    monkeypatch.setattr(smf, "fit_smf", counted_smf)
+    monkeypatch.setattr(svi, "fit_svi", recorded_svi)
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=2)
+    m.fit(X, max_iter=60, n_restarts=3, init=("smf", "kmeans", "smf"), progress=False)
+    assert [k for k, _ in made] == ["smf", "kmeans", "smf"]
+    # one SMF-EM refinement inside each "smf" start (made[0] and made[2]), none for "kmeans"
+    assert smf_fits == [0, 2]
+    assert len(starts) == 3 and all(s is p for s, (_, p) in zip(starts, made))
+    assert m.restart_scores_.shape == (3,) and np.isfinite(m.restart_scores_).all()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(init=("smf", "kmeans")), "init as a sequence gives each of the n_restarts=3 runs its "
+                                   "start: 3 of 'smf', 'kmeans', got \\('smf', 'kmeans'\\)"),
+    (dict(init=("smf", "params", "smf")), "3 of 'smf', 'kmeans', got \\('smf', 'params', 'smf'\\)"),
+    (dict(init=3), "init must be a str or a sequence of start kinds .*got int"),
+    (dict(init=("kmeans", "kmeans", "kmeans"), n_init=2), "n_init applies to init='smf' or 'auto'"),
+])
+def test_restart_init_sequence_errors(kwargs, message):
+    X = np.random.default_rng(0).normal(size=(50, 2))
+    with pytest.raises(ValueError, match=message):
+        FHMM(n_chains=2, window=3, n_hidden=4).fit(X, max_iter=12, n_restarts=3, progress=False,
+                                                   **kwargs)
+
+
 def test_restart_progress_bars_name_their_run(two_chain_data, monkeypatch):
     import tqdm.auto
     _, X = two_chain_data
