@@ -14,7 +14,9 @@ SMF-EM trained on the last 5,000 training rows, our SMF-EM on the whole training
 (within ``--smf-budget`` seconds), and our SVI (FHMM(n_chains=10, window=21,
 n_hidden=200, share_hidden="all"), ``--iters`` steps of ``--batch-size`` subchains,
 the first tenth (``--net-warmup``) training the networks only; ``--n-restarts`` runs
-(default 3) from their own starts compared by their training ELBO after
+(default 3) from their own starts (``--init``, one kind or one per run; by default
+SMF-EM on the last 5,000 training rows for the first and third run, a k-means start on
+all of them for the second) compared by their training ELBO after
 ``--restart-steps`` (default a sixth of the steps), the best continued), each with its
 fit's wall time. SMF models are scored with SMF posteriors on the test
 rows, the SVI model with its recognition networks. A second table leaves out the
@@ -48,7 +50,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
-from streamfhmm.learn.svi import check_n_jobs, check_restarts, check_svi_settings  # noqa: E402
+from streamfhmm.learn.svi import check_init, check_n_jobs, check_restarts, check_svi_settings  # noqa: E402
 from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL,  # noqa: E402
                               format_mse_rows, mse_per_dimension, power_split, protocol_mse,
                               protocol_table, range_floor_mse, reconstruction_range,
@@ -240,7 +242,9 @@ def main(argv=None):
         check_svi_settings(kw["max_iter"], kw["batch_size"], kw["subchain_length"],
                            kw["learning_rate"], kw["final_lr_ratio"], kw["decay"], kw["time_budget"])
         check_n_jobs(kw["n_jobs"])
-        check_restarts(kw["n_restarts"], kw["restart_steps"], kw["max_iter"], kw["time_budget"])
+        n_restarts, _ = check_restarts(kw["n_restarts"], kw["restart_steps"], kw["max_iter"],
+                                       kw["time_budget"])
+        check_init(kw["init"], n_restarts, kw["n_init"])
     except ValueError as exc:
         ap.error(str(exc))
 

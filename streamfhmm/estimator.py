@@ -135,31 +135,6 @@ def _check_scores(value, name: str) -> np.ndarray:
     return a.astype(np.float64)
 
 
-_INITS = ("auto", "smf", "kmeans", "params")
-#: start kinds a run of ``n_restarts`` may be given (``FHMM.fit(init=(...))``)
-_RUN_INITS = ("smf", "kmeans")
-
-
-def _check_init(init, n_restarts: int) -> tuple:
-    """``FHMM.fit``'s ``init``: one of :data:`_INITS`, or a sequence of
-    :data:`_RUN_INITS` with one entry per run of ``n_restarts``. Returns the first run's
-    start kind and the tuple of every run's (``n_restarts`` copies of a single kind)."""
-    if isinstance(init, str):
-        if init not in _INITS:
-            raise ValueError(f"init must be one of {', '.join(map(repr, _INITS))}, or one of "
-                             f"{', '.join(map(repr, _RUN_INITS))} per run of n_restarts, got {init!r}")
-        return init, (init,) * n_restarts
-    try:
-        kinds = tuple(init)
-    except TypeError:
-        raise ValueError(f"init must be a str or a sequence of start kinds (one per run of "
-                         f"n_restarts), got {type(init).__name__}") from None
-    if len(kinds) != n_restarts or not all(isinstance(k, str) and k in _RUN_INITS for k in kinds):
-        raise ValueError(f"init as a sequence gives each of the n_restarts={n_restarts} runs its "
-                         f"start: {n_restarts} of {', '.join(map(repr, _RUN_INITS))}, got {init!r}")
-    return kinds[0], kinds
-
-
 def _best(scores) -> int:
     """Index of the highest of ``scores`` (NaN: not a candidate; the first when none is
     finite)."""
@@ -345,7 +320,8 @@ class FHMM:
             chunks, which the starts are fitted on). Not the SMF bound on the slice itself: on the household power
             data a few days reward codes that fit them and not the rest. Each start's
             score (per sample) is left in the fitted attribute ``init_scores_`` (empty
-            for one start). Default 1.
+            for one start; with restarts, those of the continued run's starts, empty when
+            it started from ``"kmeans"``). Default 1.
         n_restarts, restart_steps : int
             SVI: so many runs (each from its own start, drawn as ``init`` says for it,
             and its own networks) take the first ``restart_steps`` steps (default a sixth of
@@ -394,10 +370,8 @@ class FHMM:
         init_samples = check_positive_int(init_samples, "init_samples")
         n_init = check_positive_int(n_init, "n_init")
         n_restarts = check_positive_int(n_restarts, "n_restarts")
-        init, run_inits = _check_init(init, n_restarts)
-        if n_init > 1 and "smf" not in run_inits and "auto" not in run_inits:
-            raise ValueError(f"n_init applies to init='smf' or 'auto' (SMF starts kept by their "
-                             f"likelihood), got n_init={n_init} with init={init!r}")
+        from .learn.svi import check_init
+        init, run_inits = check_init(init, n_restarts, n_init)
         if max_iter is not None:
             max_iter = check_positive_int(max_iter, "max_iter")
         if time_budget is not None:

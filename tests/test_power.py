@@ -283,6 +283,21 @@ def test_svi_settings_net_warmup():
             svi_settings(max_iter=bad)
 
 
+def test_svi_settings_start_kinds_follow_the_runs():
+    """The default start kinds, one per run, taken in turn for another number of runs;
+    one run (a time budget) starts as the first; an init given is kept as given."""
+    assert svi_settings()["init"] == ("smf", "kmeans", "smf")
+    assert svi_settings(n_restarts=5)["init"] == ("smf", "kmeans", "smf", "smf", "kmeans")
+    assert svi_settings(n_restarts=2)["init"] == ("smf", "kmeans")
+    assert svi_settings(n_restarts=1)["init"] == "smf"
+    assert svi_settings(max_iter=None, time_budget=5.0, net_warmup=0)["init"] == "smf"
+    assert svi_settings(init="kmeans")["init"] == "kmeans"
+    assert svi_settings(n_restarts=2, init=("kmeans", "smf"))["init"] == ("kmeans", "smf")
+    for bad in (None, 2.5, "3", 0):
+        with pytest.raises(ValueError, match="n_restarts must be an integer >= 1, got"):
+            svi_settings(n_restarts=bad)
+
+
 # ----------------------------------------------------------------------------------------
 # disaggregation
 # ----------------------------------------------------------------------------------------
@@ -557,6 +572,13 @@ def test_protocol_table_small():
     (dict(smf_full="no"), "smf_full must be True or False, got 'no'"),
     (dict(score_all=None), "score_all must be True or False, got None"),
     (dict(split="split"), "split must be a PowerSplit (power_split()), got str"),
+    # a start per run that does not match the runs (a time budget makes one run)
+    (dict(svi_kwargs=dict(n_restarts=2, init=("smf", "kmeans", "smf"))),
+     "init as a sequence gives each of the n_restarts=2 runs its start"),
+    (dict(svi_kwargs=dict(time_budget=60.0, net_warmup=0, max_iter=None,
+                          init=("smf", "kmeans", "smf"))),
+     "init as a sequence gives each of the n_restarts=1 runs its start"),
+    (dict(svi_kwargs=dict(init="kmeans", n_init=2)), "n_init applies to init='smf' or 'auto'"),
 ])
 def test_protocol_table_checks_before_the_fits(monkeypatch, kwargs, message):
     def no_fit(self, *a, **k):

@@ -33,7 +33,7 @@ from .objective import ModelPacker, check_covariance_type, constrain_params, cov
 from .sampler import SubchainSampler
 
 __all__ = ["DEFAULT_MAX_ITER", "RMSprop", "SVIState", "apply_gradient_sum", "check_n_jobs",
-           "check_restarts", "check_svi_settings", "fit_svi", "start_state"]
+           "check_init", "check_restarts", "check_svi_settings", "fit_svi", "start_state"]
 
 #: SVI steps of ``FHMM.fit`` when ``max_iter`` is None
 DEFAULT_MAX_ITER = 20_000
@@ -82,6 +82,43 @@ def check_restarts(n_restarts, restart_steps, max_iter, time_budget) -> tuple:
         raise ValueError(f"restart_steps must be an integer in [1, max_iter) = [1, {total:,}), "
                          f"got {restart_steps:,}")
     return n_restarts, restart_steps
+
+
+_INITS = ("auto", "smf", "kmeans", "params")
+#: start kinds a run of ``n_restarts`` may be given (``FHMM.fit(init=(...))``)
+_RUN_INITS = ("smf", "kmeans")
+
+
+def check_init(init, n_restarts: int, n_init: int = 1) -> tuple:
+    """``FHMM.fit``'s ``init``: one of :data:`_INITS`, or a sequence of
+    :data:`_RUN_INITS` with one entry per run of ``n_restarts`` (an int ≥ 1, checked by
+    the caller); ``n_init`` > 1 needs an ``"smf"`` or ``"auto"`` start among them.
+    Returns the first run's start kind and the tuple of every run's (``n_restarts``
+    copies of a single kind)."""
+    if isinstance(init, str):
+        kinds = (init,) * n_restarts
+        if init not in _INITS:
+            raise ValueError(f"init must be one of {', '.join(map(repr, _INITS))}, or one of "
+                             f"{', '.join(map(repr, _RUN_INITS))} per run of n_restarts, got {init!r}")
+    else:
+        kinds = _run_inits(init, n_restarts)
+    if n_init > 1 and "smf" not in kinds and "auto" not in kinds:
+        raise ValueError(f"n_init applies to init='smf' or 'auto' (SMF starts kept by their "
+                         f"likelihood), got n_init={n_init} with init={init!r}")
+    return kinds[0], kinds
+
+
+def _run_inits(init, n_restarts: int) -> tuple:
+    """A sequence ``init`` of start kinds, one per run (:func:`check_init`)."""
+    try:
+        kinds = tuple(init)
+    except TypeError:
+        raise ValueError(f"init must be a str or a sequence of start kinds (one per run of "
+                         f"n_restarts), got {type(init).__name__}") from None
+    if len(kinds) != n_restarts or not all(isinstance(k, str) and k in _RUN_INITS for k in kinds):
+        raise ValueError(f"init as a sequence gives each of the n_restarts={n_restarts} runs its "
+                         f"start: {n_restarts} of {', '.join(map(repr, _RUN_INITS))}, got {init!r}")
+    return kinds
 
 
 def check_n_jobs(n_jobs) -> int:
