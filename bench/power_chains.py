@@ -15,7 +15,9 @@ reconstruction ``Wᵀ E[ŝ_t]`` can reach (:func:`streamfhmm.power.reconstructio
 the share of those training rows and of the protocol's scored test rows above and below it, the
 least MSE any posterior could give there (:func:`streamfhmm.power.range_floor_mse`), the
 model's MSE on those training rows and on the test rows (the protocol's), and its mean
-residual on the test rows. It tells clean codes (each appliance a chain of
+residual on the test rows; with ``--posteriors`` also those MSEs read by the model's
+exact posterior (2^10 joint states) and by its SMF posterior, which shows how much of the
+error is the networks' and how much the model's. It tells clean codes (each appliance a chain of
 its own, on in few minutes) from entangled ones (chains on half the time with large
 loadings of opposite sign whose combinations code the rare appliances).
 
@@ -81,6 +83,9 @@ def main(argv=None):
     ap.add_argument("models", nargs="*", metavar="MODEL", help="FHMM files saved by bench/power.py --save-model")
     ap.add_argument("--starts", type=int, nargs="+", default=[], metavar="SEED",
                     help="also the protocol SVI fit's starting parameters at these seeds")
+    ap.add_argument("--posteriors", action="store_true",
+                    help="also the MSEs read with the model's exact posterior and its SMF "
+                         "posterior (about 50 s per model)")
     args = ap.parse_args(argv)
     if not args.models and not args.starts:
         ap.error("give MODEL files, --starts SEED ..., or both")
@@ -146,6 +151,14 @@ def main(argv=None):
               + " ".join(f"{v:8.4f}" for v in mse_per_dimension(scored, R)))
         print(f"  {'mean residual, test rows':<26}"
               + " ".join(f"{v:8.4f}" for v in np.nanmean(R - scored, axis=0)))
+        if args.posteriors:
+            # the same parameters read by other posteriors: what better inference could give
+            for other in ("exact", "smf"):
+                if other == method:
+                    continue
+                for what, rows in (("train rows", X), ("test rows", scored)):
+                    mse = mse_per_dimension(rows, m.reconstruct(rows, method=other))
+                    print(f"  {'MSE, ' + what + ', ' + other:<26}" + " ".join(f"{v:8.4f}" for v in mse))
 
 
 if __name__ == "__main__":
