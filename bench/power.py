@@ -39,7 +39,6 @@ rows [800,000, 1,000,000); the test rows are never touched.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import sys
@@ -50,9 +49,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
-from streamfhmm.learn.svi import check_init, check_n_jobs, check_restarts, check_svi_settings  # noqa: E402
 from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL,  # noqa: E402
-                              format_mse_rows, mse_per_dimension, power_split, protocol_mse,
+                              check_svi_kwargs, format_mse_rows, mse_per_dimension, power_split, protocol_mse,
                               protocol_table, range_floor_mse, reconstruction_range,
                               svi_settings)
 
@@ -234,17 +232,9 @@ def main(argv=None):
         args.bound_rows = 5_000 if args.quick else 100_000
     if args.quick and args.train_rows is None:
         args.train_rows = 50_000
-    # the SVI settings are checked now, not by the fit after the SMF-EM fits
-    # (with FHMM.fit's defaults for what the settings leave out)
-    fit_defaults = {k: v.default for k, v in inspect.signature(FHMM.fit).parameters.items()}
-    kw = {**fit_defaults, **svi_settings(**svi_overrides(args))}
+    # the SVI settings are checked now, before the data is loaded
     try:
-        check_svi_settings(kw["max_iter"], kw["batch_size"], kw["subchain_length"],
-                           kw["learning_rate"], kw["final_lr_ratio"], kw["decay"], kw["time_budget"])
-        check_n_jobs(kw["n_jobs"])
-        n_restarts, _ = check_restarts(kw["n_restarts"], kw["restart_steps"], kw["max_iter"],
-                                       kw["time_budget"])
-        check_init(kw["init"], n_restarts, kw["n_init"])
+        check_svi_kwargs(svi_settings(**svi_overrides(args)))
     except ValueError as exc:
         ap.error(str(exc))
 

@@ -44,6 +44,7 @@ from ._validation import check_bool, check_positive_int, check_real
 __all__ = [
     "PAPER_COLUMNS", "AGGREGATE_COLUMNS", "SUBMETER_COLUMNS", "N_TRAIN", "N_SCORED",
     "PAPER_TABLE2", "PAPER_MODEL", "SVI_SETTINGS", "NET_WARMUP_FRACTION", "svi_settings",
+    "check_svi_kwargs",
     "PowerSplit", "power_split", "mse_per_dimension", "protocol_mse", "likelihood_per_step",
     "reconstruction_range", "range_floor_mse",
     "ProtocolRow", "ProtocolTable", "protocol_table",
@@ -370,6 +371,30 @@ def svi_settings(**overrides) -> dict:
     return _with_net_warmup(kw)
 
 
+def check_svi_kwargs(fit_kwargs: dict) -> int | None:
+    """Check the SVI settings ``fit_kwargs`` (e.g. :func:`svi_settings`' result) as
+    :meth:`FHMM.fit` would, with its defaults for what they leave out, before any data is
+    loaded or another model fitted; returns the resolved ``restart_steps``.
+
+    Raises
+    ------
+    ValueError
+        The fit's own message for the first bad setting.
+    """
+    import inspect
+    from . import FHMM
+    from .learn.svi import check_init, check_n_jobs, check_restarts, check_svi_settings
+    kw = {k: v.default for k, v in inspect.signature(FHMM.fit).parameters.items()}
+    kw.update(fit_kwargs)
+    check_svi_settings(kw["max_iter"] or 1, kw["batch_size"], kw["subchain_length"],
+                       kw["learning_rate"], kw["final_lr_ratio"], kw["decay"], kw["time_budget"])
+    check_n_jobs(kw["n_jobs"])
+    n_restarts, restart_steps = check_restarts(kw["n_restarts"], kw["restart_steps"],
+                                               kw["max_iter"], kw["time_budget"])
+    check_init(kw["init"], n_restarts, kw["n_init"])
+    return restart_steps
+
+
 def _with_net_warmup(fit_kwargs: dict) -> dict:
     """``fit_kwargs`` with ``net_warmup`` = :data:`NET_WARMUP_FRACTION` of ``max_iter``
     unless it is given (in place)."""
@@ -581,12 +606,9 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
         model.fit(X, method="smf", time_budget=budget, progress=progress)
         return model, time.perf_counter() - t0, {"em_iterations": len(model.history_) - 1}
 
-    # the SVI settings' restarts and starts before the SMF-EM fits (which may take minutes)
-    from .learn.svi import check_init, check_restarts
+    # the SVI settings before the SMF-EM fits (which may take minutes)
     kw = svi_settings(**(svi_kwargs or {}))
-    n_restarts, restart_steps = check_restarts(kw.get("n_restarts", 1), kw.get("restart_steps"),
-                                               kw.get("max_iter"), kw.get("time_budget"))
-    check_init(kw.get("init", "auto"), n_restarts, kw.get("n_init", 1))
+    restart_steps = check_svi_kwargs(kw)
     m, sec, info = smf(train[-5000:], None)
     add(f"ours SMF-EM (last 5,000{tag})", m, sec, "smf", info)
     if smf_full:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import functools
 import re
 import sys
 
@@ -579,8 +580,11 @@ def test_protocol_table_small():
                           init=("smf", "kmeans", "smf"))),
      "init as a sequence gives each of the n_restarts=1 runs its start"),
     (dict(svi_kwargs=dict(init="kmeans", n_init=2)), "n_init applies to init='smf' or 'auto'"),
+    (dict(svi_kwargs=dict(learning_rate=-1.0)), "learning_rate must be"),
+    (dict(svi_kwargs=dict(n_jobs=0)), "n_jobs (or -1 for every processor) must be an integer >= 1, got 0"),
 ])
 def test_protocol_table_checks_before_the_fits(monkeypatch, kwargs, message):
+    @functools.wraps(FHMM.fit)          # keeps fit's signature, whose defaults the checks use
     def no_fit(self, *a, **k):
         raise AssertionError("fitted before the arguments were checked")
     monkeypatch.setattr(FHMM, "fit", no_fit)
