@@ -276,7 +276,10 @@ def parse_household_power_csv(path):
     try:
         timestamps, values = _parse_fast(raw, head_end + 1, len(columns))
     except ValueError:
-        timestamps, values = _parse_slow(raw, len(columns))
+        try:
+            timestamps, values = _parse_slow(raw, len(columns))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
     return timestamps, columns, values
 
 
@@ -306,6 +309,15 @@ def _parse_fast(raw: bytes, start: int, n_cols: int):
         raise ValueError("short line")
     if not (buf[starts + 19] == ord(",")).all():
         raise ValueError("irregular date field")
+    # every line n_cols fields after its date (a short line and a long one would otherwise
+    # add up to the right total and shift the values between rows), and no blanks inside
+    # fields (a blank field reads as no number at all): else the row-by-row parser
+    commas = np.add.reduceat(buf == ord(","), starts, dtype=np.int64)  # (blank lines hold none)
+    if not (commas == n_cols).all():
+        raise ValueError("field count")
+    blanks = int(np.count_nonzero((buf == ord(" ")) | (buf == ord("\t"))))
+    if blanks != int(np.count_nonzero(buf[starts + 10] == ord(" "))):
+        raise ValueError("blanks in fields")
     timestamps = _dates_from_bytes(buf, starts)
     numbers = buf.copy()
     for k in range(20):  # blank "YYYY-MM-DD HH:MM:SS," (column by column: no (T, 20) index array)
@@ -378,9 +390,12 @@ def _parse_slow(raw: bytes, n_cols: int):
             raise ValueError(f"line {i}: expected {n_cols + 1} fields, got {len(rec)}")
         stamps.append(rec[0].strip().replace(" ", "T"))
         row = []
-        for tok in rec[1:]:
+        for j, tok in enumerate(rec[1:], start=2):
             tok = tok.strip()
-            row.append(np.nan if tok in ("?", "") else float(tok))
+            try:
+                row.append(np.nan if tok in ("?", "") else float(tok))
+            except ValueError:
+                raise ValueError(f"line {i}, field {j}: expected a number or '?', got {tok!r}") from None
         rows.append(row)
     timestamps = np.array(stamps, dtype="datetime64[s]")
     values = np.array(rows, dtype=np.float64).reshape(len(rows), n_cols)

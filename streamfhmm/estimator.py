@@ -41,6 +41,23 @@ def _seed_or_none(random_state):
     return None
 
 
+def _architecture_mismatch(model, params, net) -> str:
+    """What in ``model``'s hyper-parameters contradicts its ``params`` and recognition
+    ``net`` (which it predicts with); "" if nothing."""
+    if model.n_chains != params.n_chains:
+        return f"n_chains is {model.n_chains} but the parameters have {params.n_chains} chains"
+    if net is None:
+        return ""
+    for name, mine, theirs in (("window", model.window, net.window),
+                               ("n_hidden", model.n_hidden, net.n_hidden),
+                               ("share_hidden", model.share_hidden, net.share)):
+        if mine != theirs:
+            return f"{name} is {mine!r} but its recognition networks have {theirs!r}"
+    if net.mode != "centred":
+        return f"its recognition networks read {net.mode!r} windows, not centred ones"
+    return ""
+
+
 #: a start is scored on X, or on so many random blocks of X beyond
 #: ``_SCORE_BLOCKS * _SCORE_BLOCK`` samples (FHMM.fit's ``n_init``)
 _SCORE_BLOCKS, _SCORE_BLOCK = 20, 1000
@@ -298,7 +315,11 @@ class FHMM:
             SMF-EM (exact EM) stops when the bound (the log-likelihood) improves by
             less than this, relatively.
         init : {"auto", "smf", "kmeans", "params"} or sequence of {"smf", "kmeans"}
-            Starting parameters: ``"params"`` continues from the current ones;
+            Starting parameters: ``"params"`` continues from the current ones, and SVI
+            from the current recognition networks too if the model has networks of its
+            architecture (their input scaling kept; RMSprop's statistics and the
+            learning-rate schedule start afresh, so a continued fit may take
+            ``net_warmup`` steps as well);
             ``"kmeans"`` a k-means start (:func:`streamfhmm.learn.smf.init_params`);
             ``"smf"`` a short SMF-EM run on the last ``init_samples`` complete samples
             from that start (X's sequences, and the gaps incomplete rows leave, kept as
@@ -436,8 +457,10 @@ class FHMM:
             self.fit_method_ = "smf"
             return self
         from .learn.svi import DEFAULT_MAX_ITER, fit_svi
-        net = self._new_net(X.shape[1], rng)
-        net.fit_scaler(X)
+        net = self._continued_net(init, X.shape[1])
+        if net is None:
+            net = self._new_net(X.shape[1], rng)
+            net.fit_scaler(X)
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
         total = DEFAULT_MAX_ITER if max_iter is None else max_iter
         svi = dict(batch_size=batch_size, subchain_length=subchain_length,
@@ -462,6 +485,23 @@ class FHMM:
         net = RecognitionNet(self.n_chains, n_features, window=self.window, n_hidden=self.n_hidden,
                              share=self.share_hidden, mode="centred")
         return net.init(random_state=rng)
+
+    def _continued_net(self, init, n_features):
+        """A copy of this model's recognition networks if a fit with ``init`` continues
+        from its parameters and they fit its architecture, else None.
+
+        Networks trained for the parameters a fit continues from encode their posterior
+        already: new random ones would move the model through an uninformative posterior
+        in the first steps. Their input scaling is kept (the weights were trained on it).
+        """
+        net = getattr(self, "net_", None)
+        if (init not in ("auto", "params") or net is None
+                or getattr(self, "params_", None) is None):
+            return None
+        mine = (self.n_chains, n_features, self.window, self.n_hidden, self.share_hidden, "centred")
+        if (net.n_chains, net.n_features, net.window, net.n_hidden, net.share, net.mode) != mine:
+            return None
+        return net.copy()
 
     def _restarts(self, X, bounds, params, net, total, restart_steps, net_warmup, svi,
                   run_inits, start):
@@ -523,8 +563,10 @@ class FHMM:
         head_bounds = _bounds_within(exact.bounds_from_lengths(lengths), 0, len(head))
         params = self._initial_params(head, init, init_samples, n_init, rng, time_budget,
                                       head_bounds)
-        net = self._new_net(params.n_features, rng)
-        net.set_scaler(*chunk_scaler(chunks, client))
+        net = self._continued_net(init, params.n_features)
+        if net is None:
+            net = self._new_net(params.n_features, rng)
+            net.set_scaler(*chunk_scaler(chunks, client))
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
         state = fit_svi_distributed(chunks, params, net, client,
                                     max_iter=DEFAULT_MAX_ITER if max_iter is None else max_iter,
@@ -732,10 +774,18 @@ class FHMM:
         leaves a half-written model behind.
         """
         params = self._require_params()
+        self._check_hyperparameters()
+        net = getattr(self, "net_", None)
+        # (hyper-parameters changed by set_params after the fit would not describe it)
+        mismatch = _architecture_mismatch(self, params, net)
+        if mismatch:
+            raise ValueError(f"cannot save: {mismatch}; refit the model, or set the "
+                             "hyper-parameters back")
         arrays = {
             "format": np.array(_FORMAT_TAG), "version": np.array(FORMAT_VERSION),
-            "hyper": np.array(json.dumps({"n_chains": self.n_chains, "window": self.window,
-                                          "n_hidden": self.n_hidden, "share_hidden": self.share_hidden,
+            "hyper": np.array(json.dumps({"n_chains": int(self.n_chains), "window": int(self.window),
+                                          "n_hidden": int(self.n_hidden),
+                                          "share_hidden": self.share_hidden,
                                           "covariance_type": self.covariance_type,
                                           "random_state": _seed_or_none(self.random_state),
                                           "fit_method": getattr(self, "fit_method_", None)})),
@@ -747,7 +797,6 @@ class FHMM:
             scores = getattr(self, name, None)
             if scores is not None:      # (checked as load checks them: no unreadable file)
                 arrays[name[:-1]] = _check_scores(scores, name)
-        net = getattr(self, "net_", None)
         if net is not None:
             arrays.update({f"net.{k}": v for k, v in net.to_arrays().items()})
         path = os.fspath(path)
@@ -812,11 +861,20 @@ class FHMM:
                              f"have {params.n_chains} chains")
         if hyper["covariance_type"] not in COVARIANCE_TYPES:
             raise ValueError(f"{damaged}: covariance_type {hyper['covariance_type']!r}")
+        seed = hyper.get("random_state")
+        if seed is not None and _seed_or_none(seed) is None:
+            raise ValueError(f"{damaged}: random_state {seed!r} (expected an integer seed or null)")
+        if not (isinstance(history, list) and all(isinstance(h, dict) for h in history)):
+            raise ValueError(f"{damaged}: its fit history is not a list of records")
         model = cls(**hyper)
         try:
             model._check_hyperparameters()
+            check_random_state(model.random_state)
         except ValueError as exc:
             raise ValueError(f"{damaged}: {exc}") from None
+        mismatch = _architecture_mismatch(model, params, net)
+        if mismatch:
+            raise ValueError(f"{damaged}: {mismatch}")
         model._set_params(params, net)
         model.history_ = history
         for name, value in scores.items():

@@ -189,6 +189,23 @@ def test_parser_irregular_row_falls_back(tmp_path):
         parse_household_power_csv(path)
 
 
+def test_parser_rows_with_wrong_field_counts_are_not_shifted(tmp_path):
+    """A short row followed by a long one has the right number of values in all: the
+    fast path took them and shifted values between rows."""
+    path = tmp_path / "q.csv"
+    path.write_text("date_time,a,b,c\n2020-01-01 00:00:00,1,2,3\n2020-01-01 00:01:00,4,5\n"
+                    "2020-01-01 00:02:00,6,7,8,9\n")
+    with pytest.raises(ValueError, match=r"q.csv: line 3: expected 4 fields, got 3"):
+        parse_household_power_csv(path)
+    path.write_text("date_time,a,b,c\n2020-01-01 00:00:00,1,2,3\n2020-01-01 00:01:00,4,x,5\n")
+    with pytest.raises(ValueError, match=r"q.csv: line 3, field 3: expected a number or '\?', got 'x'"):
+        parse_household_power_csv(path)
+    # a blank inside a field, and a blank field: each row keeps its own values
+    path.write_text("date_time,a,b,c\n2020-01-01 00:00:00,1, 2,3\n2020-01-01 00:01:00,4, ,5\n")
+    _, _, values = parse_household_power_csv(path)
+    np.testing.assert_array_equal(values, [[1.0, 2.0, 3.0], [4.0, np.nan, 5.0]])
+
+
 def test_stale_cache_removed(tmp_path, monkeypatch):
     csv = tmp_path / "householdpower.csv"
     csv.write_text("date_time,a\n2020-01-01 00:00:00,1\n")

@@ -387,6 +387,11 @@ def _rewrite(tmp_path, name, change):
      r"init_scores must be a 1-D float array, got dtype <U1 and shape \(1,\)"),
     (lambda d, h: d.update(restart_scores=np.zeros((2, 2))),
      r"restart_scores must be a 1-D float array, got dtype float64 and shape \(2, 2\)"),
+    (lambda d, h: h.update(random_state="abc"),
+     "random_state 'abc' \\(expected an integer seed or null\\)"),
+    (lambda d, h: h.update(random_state=-1), "random_state must be None, an int >= 0 .* got -1"),
+    (lambda d, h: d.update(history=np.array('{"iteration": 1}')),
+     "its fit history is not a list of records"),
 ])
 def test_load_refuses_damaged_files(tmp_path, change, message):
     path = _rewrite(tmp_path, "bad.npz", change)
@@ -411,12 +416,41 @@ def test_load_refuses_networks_that_do_not_match_the_parameters(tmp_path):
     from streamfhmm.network import RecognitionNet
     for M, D in ((5, 2), (2, 3)):
         m = FHMM.from_params(W=W2, covariance=S2, transmat=A2, window=3, n_hidden=4)
-        m.net_ = RecognitionNet(M, D, window=3, n_hidden=4).init(random_state=0)
+        m.net_ = RecognitionNet(M, D, window=3, n_hidden=4, share="chain").init(random_state=0)
         m.save(tmp_path / "bad.npz")
         with pytest.raises(ValueError, match=f"damaged streamfhmm model file: its recognition "
                                              f"networks have {M} chains and {D} features, its "
                                              f"parameters 2 chains and 2 features"):
             FHMM.load(tmp_path / "bad.npz")
+
+
+def test_load_refuses_networks_that_do_not_match_the_hyperparameters(tmp_path):
+    """The file said window 5 and the model predicted with its networks' 3; or read
+    causal windows where predict_proba promises centred ones."""
+    import json
+    from streamfhmm.network import RecognitionNet
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2, window=3, n_hidden=4)
+    m.net_ = RecognitionNet(2, 2, window=3, n_hidden=4, share="chain").init(random_state=0)
+    m.save(tmp_path / "good.npz")
+    for key, value, message in (("window", 5, "window is 5 but its recognition networks have 3"),
+                                ("n_hidden", 6, "n_hidden is 6 but its recognition networks have 4")):
+        with np.load(tmp_path / "good.npz") as f:
+            data = {k: f[k] for k in f.files}
+        hyper = json.loads(str(data["hyper"]))
+        hyper[key] = value
+        data["hyper"] = np.array(json.dumps(hyper))
+        np.savez(tmp_path / "bad.npz", **data)
+        with pytest.raises(ValueError, match="damaged streamfhmm model file: " + message):
+            FHMM.load(tmp_path / "bad.npz")
+    causal = RecognitionNet(2, 2, window=3, n_hidden=4, share="chain", mode="causal").init(random_state=0)
+    with np.load(tmp_path / "good.npz") as f:
+        data = {k: f[k] for k in f.files if not k.startswith("net.")}
+    data.update({f"net.{k}": v for k, v in causal.to_arrays().items()})
+    np.savez(tmp_path / "bad.npz", **data)
+    with pytest.raises(ValueError, match="damaged streamfhmm model file: its recognition networks "
+                                         "read 'causal' windows, not centred ones"):
+        FHMM.load(tmp_path / "bad.npz")
+    FHMM.load(tmp_path / "good.npz")
 
 
 def test_params_refuse_what_they_would_change_silently():
