@@ -557,7 +557,7 @@ class StreamService:
         rec = read_stream_record(os.path.join(self.checkpoint_dir, name))
         try:
             engine = self.resume_engine(rec["file"])
-        except (OSError, ValueError, KeyError) as exc:
+        except Exception as exc:   # (whatever a damaged file makes a resume raise)
             raise CheckpointError(f"cannot resume stream {rec['topic']!r} from "
                                   f"{rec['file']}: {exc}") from None
         n_eng = getattr(engine, "n_samples", rec["t_next"])
@@ -565,6 +565,13 @@ class StreamService:
             engine.close()
             raise CheckpointError(f"{rec['file']} holds {n_eng} samples but its record says "
                                   f"{rec['t_next']}: not a consistent checkpoint")
+        d_eng = getattr(engine, "n_features", None)
+        if d_eng is not None and d_eng != self.source.n_features:
+            # (it would refuse every sample of the stream, for ever)
+            engine.close()
+            raise CheckpointError(f"{rec['file']} is an engine of {d_eng} features per sample, "
+                                  f"this service reads {self.source.n_features}: resume with the "
+                                  "model it was written with, or use another checkpoint directory")
         st = _Stream(rec["topic"], engine)
         st.t_next = rec["t_next"]
         st.last_seq = rec["seq"]
@@ -711,7 +718,10 @@ class StreamService:
         the queue was emptied or ``max_messages`` read (nothing for the general path)."""
         engine = st.engine
         state = engine._lane_state() if self._block and hasattr(engine, "_lane_state") else None
-        if state is None or st.resumed_seq is not None or st.ended or st.last_seq < 0:
+        if (state is None or st.resumed_seq is not None or st.ended or st.last_seq < 0
+                or st.last_seq >= _INT64_END - 1):
+            # (the lane takes the next number as an int64: after 2**63 - 1 there is none,
+            # and the general path counts what comes as a restart or stale)
             return 0, False
         source, sink = self.source, self.sink
         sst = source.streams.get(st.topic)

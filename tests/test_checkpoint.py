@@ -406,6 +406,30 @@ def test_resume_refuses_arrays_of_the_wrong_shape(tmp_path):
         StreamEngine.resume(tmp_path / "bad.npz")
 
 
+def test_resume_turns_any_damage_into_a_value_error(tmp_path):
+    """Fields of another type or an infinite counter raised AttributeError or
+    OverflowError out of resume (and a service printed a traceback instead of its
+    CheckpointError); n_features null beside parameters resumed an engine whose first
+    push failed."""
+    model = _model(69, M=2, D=3, window=3, n_hidden=4)
+    X, _ = model.sample(80, random_state=70)
+    with StreamEngine(model, mode="smooth", learn=True, learner_duty=0.2,
+                      net=_with_net(model, X, 69)) as eng:
+        eng.push_many(X)
+        path = eng.checkpoint(tmp_path / "ck.npz")
+    meta, arrays = load_checkpoint(path)
+    cases = [(dict(meta, shared_net=None), arrays, "bad.npz is a damaged streamfhmm checkpoint: AttributeError"),
+             (dict(meta, n_features=None), arrays, "n_features is null, but the checkpoint is in "
+                                                   "phase 'running' with parameters"),
+             (meta, dict(arrays, loglik=np.full_like(arrays["loglik"], np.inf)),
+              "bad.npz is a damaged streamfhmm checkpoint: OverflowError")]
+    for bad_meta, bad_arrays, message in cases:
+        save_checkpoint(tmp_path / "bad.npz", bad_arrays, bad_meta)
+        with pytest.raises(ValueError, match=message):
+            StreamEngine.resume(tmp_path / "bad.npz")
+    StreamEngine.resume(path).close()
+
+
 def test_a_periodic_checkpoint_is_a_consistent_cut(tmp_path):
     """The engine state of a periodic checkpoint is captured at t, the learner's later
     (on its thread): segments fed meanwhile went into the checkpoint's reservoir, and a

@@ -537,12 +537,17 @@ def test_learn_samples_errors():
             StreamEngine(model, learn=True, posterior="exact", learn_samples=bad)
 
 def test_learner_discards_non_finite_steps_and_keeps_parameters_finite():
+    """Subchains whose ELBO overflows (values of 1e200: the engine serves such samples
+    but keeps them out of the reservoir, so here they are fed to the learner directly)
+    make steps that are discarded; the parameters stay finite."""
     model = _model(M=2, D=2, window=3, n_hidden=4, seed=25)
     X = _data(model, 3000, seed=26)
-    X[1000:1400] = 1e200  # finite, accepted, but overflows the ELBO
     with StreamEngine(model, mode="filter", posterior="exact", learn=True, reservoir_size=100,
                       snapshot_interval=5, random_state=1) as eng:
-        _pace(eng, X, 200, 0.05)
+        _pace(eng, X[:1000], 200, 0.05)
+        for t in range(1000, 1400, eng._L):
+            eng._learner.feed(np.full((eng._S, 2), 1e200), t)
+        _pace(eng, X[1000:], 200, 0.05)
         m = eng.metrics()
         p = eng.params
     assert m["discarded_steps"] > 0
@@ -588,6 +593,33 @@ def test_learner_gets_the_same_subchains_from_push_and_push_many(blocks):
         np.testing.assert_array_equal(seg2, seg)
 
 
+@pytest.mark.parametrize("use_blocks", [False, True])
+def test_subchains_with_values_beyond_1e150_stay_out_of_the_reservoir(use_blocks):
+    """A running engine serves such a sample, but its gradient overflows: in a
+    uniform reservoir the subchain spoiled a fifth of the learner's steps for long."""
+    model = _model(seed=47)
+    X = _data(model, 120, seed=48)
+    net = _net(model, "centred", X, seed=49)
+    print("seeds 47 48 49, blocks", use_blocks)
+    Y = X.copy()
+    Y[30, 1], Y[90, 0] = 1e200, -1e300
+
+    def fed(Z):
+        with StreamEngine(model, learn=True, net=net, learner_duty=1e-3) as eng:
+            got = []
+            eng._learner.feed = lambda seg, t: got.append((t, seg.copy()))
+            posts = eng.push_many(Z) if use_blocks else [p for z in Z for p in eng.push(z)]
+            S = eng._S
+        return got, S, posts
+
+    clean, S, _ = fed(X)
+    got, _, posts = fed(Y)
+    assert len(posts) > 100 and all(np.isfinite(p.theta).all() for p in posts)   # (served)
+    expect = [t for t, _ in clean if not (t - S < 30 <= t or t - S < 90 <= t)]
+    assert [t for t, _ in got] == expect and len(expect) < len(clean)
+    assert all(np.abs(seg).max() < 1e150 for _, seg in got)
+
+
 def test_learner_steps_property_is_the_metric():
     model = _model(seed=44)
     X = _data(model, 400, seed=45)
@@ -606,14 +638,16 @@ def test_learner_steps_property_is_the_metric():
 
 # ------------------------------------------------------------------ review regressions
 def test_a_rejected_first_sample_does_not_fix_D():
-    """push([inf]) on an engine that does not know D yet, or an (n, 0) block: refused,
-    and D is still open (it was set from the rejected sample, or to 0)."""
+    """push([inf]) on an engine that does not know D yet, an (n, 0) block, or a
+    warm-up value beyond 1e150: refused, and D is still open (it was set from the
+    rejected sample, or to 0)."""
     for how, bad in (("push", [np.inf]), ("push_many", [[np.inf]]),
-                     ("push_many", np.empty((3, 0))), ("push", [])):
+                     ("push_many", np.empty((3, 0))), ("push", []),
+                     ("push", [1e200, 0.0]), ("push_many", [[0.0, -1e200]])):
         eng = StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), learn=False,
                            posterior="exact", warmup=50)
         with eng:
-            with pytest.raises(ValueError, match="infinities|D >= 1"):
+            with pytest.raises(ValueError, match=r"infinities|D >= 1|at most 1e\+150"):
                 getattr(eng, how)(bad)
             assert eng.metrics()["samples"] == 0 and eng.metrics()["rejected"] >= 1
             assert eng.push([0.0, 1.0, 2.0]) == []      # D = 3 now

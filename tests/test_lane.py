@@ -315,3 +315,18 @@ def test_warm_lane_runs_the_lane_before_any_service_subscribes(caplog):
     assert warm_lane(refuse, X, "binary", timeout=60) == 0
     assert [r for r in caplog.records if r.name == "streamfhmm.service"] == []
     assert logging.getLogger("streamfhmm.service").filters == []   # nothing left behind
+
+
+def test_the_last_sequence_number_does_not_stop_the_service(sides):
+    """After a sample numbered 2**63 - 1 (the wire's largest) the lane was handed the
+    next number, 2**63, which no int64 holds: the OverflowError ended the service."""
+    model, net = _model_and_net(11)
+    pub, a, b = sides(model, net, 16)
+    X = np.random.default_rng(11).normal(size=(300, D))
+    last = 2 ** 63 - 1
+    seqs = list(range(100)) + [last - 5, last] + list(range(100))   # then the publisher restarts
+    _run(pub, (a, b), [encode_sample(b"s", s, 1e9 + i, x) for i, (s, x) in enumerate(zip(seqs, X))])
+    _same_output(a.messages, b.messages)
+    assert _counters(a) == _counters(b) and a.svc.counters["samples"] == len(seqs)
+    assert a.source.streams[b"s"].restarts == b.source.streams[b"s"].restarts == 1
+    assert a.svc.lane_samples > 0

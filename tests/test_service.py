@@ -646,6 +646,46 @@ def test_tampered_records_are_clear_errors_not_crashes(tmp_path):
     ctx.term()
 
 
+def test_resuming_an_engine_of_another_width_or_a_failing_resume_is_a_checkpoint_error(tmp_path):
+    """A service restarted with a model of another width on the same directory started,
+    and its engine refused every sample of the stream for ever; a resume that raised
+    anything but OSError/ValueError/KeyError (an AttributeError from a damaged file) ended
+    start-up with a traceback."""
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    _record(d)
+
+    class Wide(FakeEngine):
+        n_features = 4
+
+    opened = []
+
+    def wide(path):
+        opened.append(Wide.resume(path))
+        return opened[-1]
+
+    def broken(path):
+        raise AttributeError("'NoneType' object has no attribute 'W'")
+
+    ctx = zmq.Context()
+    src = ZmqSource(ANY, 3, bind=True, context=ctx, linger_ms=0)
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    for resume, message in ((wide, "stream-73.1.npz is an engine of 4 features per sample, this "
+                                   "service reads 3"),
+                            (broken, "cannot resume stream b's' from .*stream-73.1.npz: 'NoneType' "
+                                     "object has no attribute 'W'")):
+        with pytest.raises(CheckpointError, match=message):
+            StreamService(src, sink, lambda t: FakeEngine(), resume_engine=resume, checkpoint_dir=str(d))
+    assert len(opened) == 1 and opened[0].closed
+    Wide.n_features = 3      # the same width resumes
+    svc = StreamService(src, sink, lambda t: FakeEngine(), resume_engine=wide, checkpoint_dir=str(d))
+    assert svc.streams[b"s"].t_next == 7
+    svc.shutdown()
+    src.close(0)
+    sink.close(0)
+    ctx.term()
+
+
 def test_checkpoint_directory_deleted_while_running_is_made_again(tmp_path, harness):
     import shutil
     h = harness(tmp_path, checkpoint_every=5)

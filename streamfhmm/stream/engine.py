@@ -861,6 +861,8 @@ class StreamEngine:
                              f"array of shape {x.shape}")
             if _ko.check_sample(np.ascontiguousarray(x)) == _ko.STATUS_INFINITE:
                 self._reject_inf(x)
+            if self._phase == "warmup" and (np.abs(x) > _MAX_WARMUP_ABS).any():
+                self._reject(self._huge_warmup_message(x, "index "))
             self._configure(x.shape[0])
             D = self._D
         elif x.shape != (D,):
@@ -995,7 +997,9 @@ class StreamEngine:
         if learner is not None:
             n_in = t - self._seq_start + 1 - self._S
             if n_in >= 0 and n_in % self._L == 0:
-                learner.feed(self._ring.last(t, self._S).copy(), t)
+                seg = self._ring.last(t, self._S)
+                if not (np.abs(seg) > _MAX_WARMUP_ABS).any():   # (as _feed_learner)
+                    learner.feed(seg.copy(), t)
             if self._learn_stop is not None:
                 self._check_learn_samples()
         if self._next_ckpt_t is not None and (t >= self._next_ckpt_t
@@ -1162,7 +1166,9 @@ class StreamEngine:
 
     def _feed_learner(self, Xc, t):
         """Hand the learner the subchains (S samples) ending in the block at t … t+m-1:
-        one every L samples of the sequence (MATH.md §6)."""
+        one every L samples of the sequence (MATH.md §6). A subchain holding a value
+        beyond 1e150 in magnitude is left out: its gradient overflows, and in the
+        reservoir it would spoil every minibatch that drew it for a long time."""
         S, L = self._S, self._L
         m = Xc.shape[0]
         base = t - self._seq_start + 1 - S          # samples past S at the block's first row
@@ -1173,7 +1179,9 @@ class StreamEngine:
         Hn = self._hist
         Z = self._Z   # rows Hn … Hn+m-1 hold the block, the Hn before it its history
         for j in range(j, m, L):
-            self._learner.feed(Z[Hn + j - S + 1:Hn + j + 1].copy(), t + j)
+            seg = Z[Hn + j - S + 1:Hn + j + 1]
+            if not (np.abs(seg) > _MAX_WARMUP_ABS).any():
+                self._learner.feed(seg.copy(), t + j)
 
     def _exact_chunk(self, Xc, out, extra_flags):
         m = Xc.shape[0]
@@ -1305,6 +1313,11 @@ class StreamEngine:
     @property
     def window(self) -> int:
         return self._window
+
+    @property
+    def n_features(self) -> int | None:
+        """D, the values per sample (None until a cold engine's first sample fixes it)."""
+        return self._D
 
     @property
     def n_samples(self) -> int:
@@ -1638,6 +1651,11 @@ class StreamEngine:
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"{path} is a damaged streamfhmm checkpoint: missing or malformed "
                              f"{exc}") from None
+        except ValueError:
+            raise
+        except Exception as exc:   # (an infinite counter, a field of another type, ...)
+            raise ValueError(f"{path} is a damaged streamfhmm checkpoint: {type(exc).__name__}: "
+                             f"{exc}") from None
 
     def _check_windows(self, meta):
         """ValueError unless the checkpoint's phase, mode, posterior, window and network
@@ -1710,6 +1728,10 @@ class StreamEngine:
         self._D = D
         params = params_from("params") if "params.W" in arrays else None
         self._params0 = params_from("params0") if "params0.W" in arrays else params
+        if D is None and (self._params0 is not None or self._phase != "warmup"):
+            # (only a cold engine before its first sample leaves D open)
+            raise ValueError(f"n_features is null, but the checkpoint is in phase "
+                             f"{self._phase!r}{' with parameters' if self._params0 is not None else ''}")
         if self._params0 is not None:
             model._set_params(self._params0, self._net if (self._net is not None
                                                            and self._net.mode == "centred") else None)
