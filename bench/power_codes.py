@@ -112,12 +112,14 @@ def svi_from_code(code, var, split, test, ll_rows, args):
                              random_state=args.seed, covariance_type=ctype)
     start = likelihood_per_step(model, ll_rows)["loglik"]
     kw = svi_settings(max_iter=args.svi_steps)
+    if args.learning_rate is not None:
+        kw["learning_rate"] = args.learning_rate
     for key in ("init", "init_samples", "n_restarts"):  # one run from this code, not SMF-EM
         kw.pop(key)
     t0 = time.perf_counter()
     model.fit(split.train, method="svi", init="params", n_jobs=args.n_jobs, progress=False, **kw)
     seconds = time.perf_counter() - t0
-    print(f"  SVI from its FHMM ({ctype} Σ, exact log-likelihood {start:.3f} per step at the "
+    print(f"  SVI from its FHMM ({ctype} Σ, learning rate {kw['learning_rate']:g}, exact log-likelihood {start:.3f} per step at the "
           f"start): {args.svi_steps:,} steps in {seconds:.0f} s")
     print(line("  read by its recognition networks", ((model.reconstruct(test) - test) ** 2).mean(0)))
     print(line("  read by its exact posterior",
@@ -146,11 +148,15 @@ def main(argv=None):
                     help="start the protocol's SVI fit from each code's FHMM, so many steps (default: no)")
     ap.add_argument("--svi-covariance", choices=("spherical", "diag"), default="spherical",
                     help="covariance family of that SVI fit (default spherical, as the README's row)")
+    ap.add_argument("--learning-rate", type=float, default=None,
+                    help="learning rate of that SVI fit (default the protocol's, SVI_SETTINGS)")
     ap.add_argument("--n-jobs", type=int, default=1, help="threads of that SVI fit (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.svi_steps < 0 or args.em_rows < 0:
         ap.error("--svi-steps and --em-rows must be >= 0")
+    if args.learning_rate is not None and not (np.isfinite(args.learning_rate) and args.learning_rate > 0):
+        ap.error(f"--learning-rate must be a positive number, got {args.learning_rate}")
     weights = []
     for spec in args.weights:
         w = np.array([float(v) for v in spec.split(",")])
