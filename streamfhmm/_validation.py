@@ -94,7 +94,8 @@ def _as_float_array(x, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be a numeric array, got {_describe(arr)}")
     if np.iscomplexobj(arr):
         raise ValueError(f"{name} must be real-valued, got dtype {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=np.float64)
+    # (np.ascontiguousarray would make a 0-d array 1-d: a scalar is reported as one)
+    return np.asarray(arr, dtype=np.float64, order="C")
 
 
 def check_observations(X, name: str = "X", n_features: int | None = None,

@@ -296,8 +296,9 @@ def protocol_mse(model, split: PowerSplit, n_scored: int | None = N_SCORED, meth
         figures; at least 1, all test rows when there are fewer); None scores all of them.
     method : {"recognition", "exact", "smf"}, optional
         Posterior used for ``E[ŝ_t]`` (see :meth:`streamfhmm.FHMM.predict_proba`);
-        default the model's own (``"recognition"`` after SVI). Use ``"smf"`` for a
-        model learnt by SMF-EM (its test posterior is then computed by SMF).
+        default the model's own (``"recognition"`` after SVI, else ``"exact"`` for up
+        to 12 chains). Use ``"smf"`` for a model learnt by SMF-EM (its test posterior
+        is then computed by SMF).
     exclude_imputed : bool
         Leave the rows the file filled from the previous day out of the score.
 
@@ -305,8 +306,8 @@ def protocol_mse(model, split: PowerSplit, n_scored: int | None = N_SCORED, meth
     -------
     ndarray, shape (D,)
         In standardised units. Rows with a missing value are scored on the observed
-        columns only; for ``method="smf"`` (which needs complete rows) the missing
-        values are filled by linear interpolation before inference.
+        columns only; for the exact and SMF posteriors (which need complete rows) the
+        missing values are filled by linear interpolation before inference.
     """
     if not isinstance(split, PowerSplit):
         raise ValueError(f"split must be a PowerSplit (power_split()), got {type(split).__name__}")
@@ -322,7 +323,9 @@ def _test_reconstruction(model, split: PowerSplit, n_scored, method):
     (:func:`protocol_mse`)."""
     rows = slice(None) if n_scored is None else slice(0, n_scored)
     Y = split.test[rows]
-    Yin = _interpolate_missing(Y) if method == "smf" else Y
+    resolved = model._default_method() if method is None else method
+    # (exact and SMF posteriors need complete rows; the recognition networks impute)
+    Yin = Y if resolved == "recognition" else _interpolate_missing(Y)
     return Y, model.reconstruct(Yin, method=method), split.test_imputed[rows]
 
 
@@ -661,6 +664,9 @@ def _interpolate_missing(X: np.ndarray) -> np.ndarray:
     t = np.arange(X.shape[0])
     for d in range(X.shape[1]):
         bad = np.isnan(X[:, d])
+        if bad.all():
+            raise ValueError(f"column {d} has no observed value in these rows: nothing to fill "
+                             "its missing values from")
         if bad.any():
             X[bad, d] = np.interp(t[bad], t[~bad], X[~bad, d])
     return X

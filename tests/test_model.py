@@ -134,6 +134,7 @@ def test_score_and_predict_proba_shapes():
     (dict(W=[[np.nan, 0], [0, 0], [0, 0]]), "W must be finite"),
     (dict(W=[["a", "b"], ["c", "d"]]), "W must be a numeric array"),
     (dict(covariance=np.eye(3)), "covariance must have shape \\(2, 2\\)"),
+    (dict(covariance=0.1), "covariance must have shape \\(2, 2\\), got \\(\\)"),   # (a scalar, not (1,))
     (dict(covariance=[[1.0, 0.5], [0.4, 1.0]]), "covariance must be symmetric"),
     (dict(covariance=[[1.0, 2.0], [2.0, 1.0]]), "covariance must be positive definite"),
     (dict(covariance=[[np.inf, 0], [0, 1.0]]), "covariance must be finite"),

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -838,10 +837,26 @@ def test_service_argument_checks():
 # ==========================================================================================
 # end to end: real processes
 # ==========================================================================================
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: what serve and replay print once they are bound (a port the system chose: a port
+#: picked by the test, closed and handed on, could be taken meanwhile)
+_OUTPUT_BOUND = re.compile(r"output bound at (\S+) \(")
+_REPLAY_BOUND = re.compile(r" values on (tcp://[^\s,]+)")
+
+
+def _started(proc, pattern):
+    """Read ``proc``'s stderr up to the line matching ``pattern``; the match's group 1.
+    The lines read stay in ``proc.head`` (:func:`_stop` and :func:`_drain` prepend them)."""
+    proc.head = ""
+    while True:
+        line = proc.stderr.readline()
+        if not line:
+            proc.wait(timeout=60)
+            raise AssertionError(f"exited with status {proc.returncode} before it was bound: "
+                                 f"{proc.head[-2000:]}")
+        proc.head += line
+        m = pattern.search(line)
+        if m:
+            return m.group(1)
 
 
 def _cli(*args, **kw):
@@ -871,14 +886,22 @@ def fitted(tmp_path_factory):
 class Consumer:
     """Subscribes to the service's output; keeps (seq, t, flags) of every posterior."""
 
-    def __init__(self, endpoint):
+    def __init__(self, endpoint=None):
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.RCVHWM, 0)
-        self.sub.connect(endpoint)
+        self.endpoints = set()
+        if endpoint is not None:
+            self.connect(endpoint)
         self.sub.subscribe(b"")
         self.seqs, self.ts, self.values = [], [], []
+
+    def connect(self, endpoint):
+        """Also read from ``endpoint`` (a restarted service's new port), once."""
+        if endpoint not in self.endpoints:
+            self.sub.connect(endpoint)
+            self.endpoints.add(endpoint)
 
     def until(self, pred, timeout, proc=None):
         deadline = time.monotonic() + timeout
@@ -907,30 +930,40 @@ class Consumer:
 def _drain(proc):
     if proc is None or proc.poll() is None:
         return "(running)"
-    return proc.stderr.read()[-2000:]
+    return (getattr(proc, "head", "") + proc.stderr.read())[-2000:]
 
 
 def _stop(proc, sig=signal.SIGTERM, timeout=60):
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, err
+    return proc.returncode, getattr(proc, "head", "") + err
 
 
-def _serve(fitted, sub, pub, *extra):
-    return _cli("serve", "--model", fitted["model"], "--sub", sub, "--pub", pub, "--wait-subscribers", "1",
-                "--status-interval", "0", *extra)
+def _serve(fitted, sub, con, *extra):
+    """``serve`` reading ``sub``, its output bound at a port of the system's choice, to
+    which ``con`` connects once it is bound."""
+    proc = _cli("serve", "--model", fitted["model"], "--sub", sub, "--pub", "tcp://127.0.0.1:*",
+                "--wait-subscribers", "1", "--status-interval", "0", *extra)
+    try:
+        con.connect(_started(proc, _OUTPUT_BOUND))
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        raise
+    return proc
 
 
 class Publisher:
     """The test's own sensor: an XPUB that waits for the service's subscription."""
 
-    def __init__(self, port):
+    def __init__(self):
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 0)
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
-        self.pub.bind(f"tcp://127.0.0.1:{port}")
+        self.endpoint = f"tcp://127.0.0.1:{self.pub.bind_to_random_port('tcp://127.0.0.1')}"
 
     def wait_subscriber(self, consumer=None, timeout=60):
         _handshake(self.pub, None if consumer is None else consumer.sub, timeout)
@@ -945,12 +978,12 @@ class Publisher:
 
 
 def test_e2e_replay_100k_every_posterior_in_order(fitted):
-    p_in, p_out = _free_port(), _free_port()
-    serve = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}")
-    con = Consumer(f"tcp://127.0.0.1:{p_out}")
-    replay = _cli("replay", fitted["data"], "--pub", f"tcp://127.0.0.1:{p_in}", "--rate", "25000",
+    con = Consumer()
+    replay = _cli("replay", fitted["data"], "--pub", "tcp://127.0.0.1:*", "--rate", "25000",
                   "--topic", "house", "--wait-timeout", "120")
+    serve = None
     try:
+        serve = _serve(fitted, _started(replay, _REPLAY_BOUND), con)
         n = len(fitted["X"])
         con.until(lambda: len(con.seqs) >= n, timeout=180, proc=serve)
         _, rerr = replay.communicate(timeout=60)
@@ -958,7 +991,7 @@ def test_e2e_replay_100k_every_posterior_in_order(fitted):
         code, err = _stop(serve)
     finally:
         for p in (serve, replay):
-            if p.poll() is None:
+            if p is not None and p.poll() is None:
                 p.kill()
                 p.communicate()
         con.close()
@@ -978,10 +1011,9 @@ def test_e2e_replay_100k_every_posterior_in_order(fitted):
 
 
 def test_e2e_malformed_messages_are_counted_and_the_stream_goes_on(fitted):
-    p_in, p_out = _free_port(), _free_port()
-    pub = Publisher(p_in)
-    serve = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}")
-    con = Consumer(f"tcp://127.0.0.1:{p_out}")
+    pub = Publisher()
+    con = Consumer()
+    serve = _serve(fitted, pub.endpoint, con)
     X = fitted["X"][:400]
     bad = [[b"s", b'{"seq":0,"ts":0}'],                                   # frames
            [b"\xff", b'{"seq":0,"ts":0}', X[0].tobytes()],                 # topic
@@ -1026,14 +1058,12 @@ def _wait_for_output(con, seq, proc, timeout=60):
 
 def test_e2e_sigterm_checkpoints_and_restart_resumes(fitted, tmp_path):
     from streamfhmm.stream.engine import StreamEngine
-    p_in, p_out = _free_port(), _free_port()
     ck = str(tmp_path / "ck")
     X = fitted["X"][:4000]
-    pub = Publisher(p_in)
-    con = Consumer(f"tcp://127.0.0.1:{p_out}")
+    pub = Publisher()
+    con = Consumer()
     args = ("--checkpoint", ck, "--checkpoint-every", "1000", "--learn")
-    serve = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}", *args,
-                   "--learner-duty", "0.5", "--learn-samples", "2000")
+    serve = _serve(fitted, pub.endpoint, con, *args, "--learner-duty", "0.5", "--learn-samples", "2000")
     serve2 = None
     try:
         pub.wait_subscriber(con)
@@ -1052,7 +1082,7 @@ def test_e2e_sigterm_checkpoints_and_restart_resumes(fitted, tmp_path):
         eng.close()
         assert ("learning on (learner duty 0.5 per stream), for each stream's first 2,000 "
                 "samples") in err, err
-        serve2 = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}", *args)
+        serve2 = _serve(fitted, pub.endpoint, con, *args)
         pub.wait_subscriber(con)
         pub.send(X[2500:4000], range(2500, 4000))
         pub.pub.send_multipart(encode_heartbeat(b"s", 3999, 0.0, end=True))
@@ -1073,13 +1103,12 @@ def test_e2e_sigterm_checkpoints_and_restart_resumes(fitted, tmp_path):
 
 
 def test_e2e_sigkill_loses_only_samples_since_the_checkpoint(fitted, tmp_path):
-    p_in, p_out = _free_port(), _free_port()
     ck = str(tmp_path / "ck")
     X = fitted["X"][:3000]
-    pub = Publisher(p_in)
-    con = Consumer(f"tcp://127.0.0.1:{p_out}")
+    pub = Publisher()
+    con = Consumer()
     args = ("--checkpoint", ck, "--checkpoint-every", "1000")
-    serve = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}", *args)
+    serve = _serve(fitted, pub.endpoint, con, *args)
     serve2 = None
     try:
         pub.wait_subscriber(con)
@@ -1093,7 +1122,7 @@ def test_e2e_sigkill_loses_only_samples_since_the_checkpoint(fitted, tmp_path):
         # read batch (at most 256) at whose end the next checkpoint was due, if the kill
         # came between its posteriors' publication and its checkpoint
         assert 2499 - c <= 1000 + 256, c
-        serve2 = _serve(fitted, f"tcp://127.0.0.1:{p_in}", f"tcp://127.0.0.1:{p_out}", *args)
+        serve2 = _serve(fitted, pub.endpoint, con, *args)
         pub.wait_subscriber(con)
         n_before = len(con.seqs)
         pub.send(X[2500:3000], range(2500, 3000))
