@@ -293,7 +293,7 @@ def test_resume_with_an_explicit_learn_samples_already_passed(tmp_path):
     model = _model(60, M=2, D=2, window=3, n_hidden=4)
     X, _ = model.sample(300, random_state=61)
     with StreamEngine(model, mode="filter", posterior="exact", learn=True,
-                      learner_duty=1e-3) as eng:
+                      learner_duty=1e-3, random_state=60) as eng:
         eng.push_many(X[:200])
         path = eng.checkpoint(tmp_path / "ck")
     with StreamEngine.resume(path, learn_samples=100) as back:
@@ -414,15 +414,16 @@ def test_resume_turns_any_damage_into_a_value_error(tmp_path):
     model = _model(69, M=2, D=3, window=3, n_hidden=4)
     X, _ = model.sample(80, random_state=70)
     with StreamEngine(model, mode="smooth", learn=True, learner_duty=0.2,
-                      net=_with_net(model, X, 69)) as eng:
+                      net=_with_net(model, X, 69), random_state=69) as eng:
         eng.push_many(X)
         path = eng.checkpoint(tmp_path / "ck.npz")
     meta, arrays = load_checkpoint(path)
-    cases = [(dict(meta, shared_net=None), arrays, "bad.npz is a damaged streamfhmm checkpoint: AttributeError"),
+    damaged = "bad.npz is a damaged streamfhmm checkpoint: "
+    cases = [(dict(meta, shared_net=None), arrays, damaged + "AttributeError"),
              (dict(meta, n_features=None), arrays, "n_features is null, but the checkpoint is in "
                                                    "phase 'running' with parameters"),
              (meta, dict(arrays, loglik=np.full_like(arrays["loglik"], np.inf)),
-              "bad.npz is a damaged streamfhmm checkpoint: OverflowError")]
+              damaged + "OverflowError")]
     for bad_meta, bad_arrays, message in cases:
         save_checkpoint(tmp_path / "bad.npz", bad_arrays, bad_meta)
         with pytest.raises(ValueError, match=message):

@@ -131,7 +131,7 @@ def test_naive_cells_are_consistent():
 # --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("T,M,D,missing", [(1, 2, 2, False), (2, 1, 1, False), (3, 2, 2, False),
                                            (5, 1, 3, False), (4, 2, 2, False), (5, 2, 3, True),
-                                           (4, 1, 2, True)])
+                                           (4, 1, 2, True), (3, 3, 2, True), (2, 4, 2, False)])
 def test_matches_enumeration(T, M, D, missing):
     seed = 1000 + 17 * T + 5 * M + D + int(missing)
     print(f"seed={seed}")
@@ -276,13 +276,14 @@ def test_short_subchains():
 # --------------------------------------------------------------------------------------
 # gradients against central finite differences
 # --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("M", [2, 3])
 @pytest.mark.parametrize("missing", [False, True])
 @pytest.mark.parametrize("first", [True, False])
-def test_gradients_finite_differences(missing, first):
-    seed = 4242 + 2 * int(missing) + int(first)
+def test_gradients_finite_differences(missing, first, M):
+    seed = 4242 + 2 * int(missing) + int(first) + 10 * (M - 2)
     print(f"seed={seed}")
     rng = np.random.default_rng(seed)
-    T, M, D = 7, 2, 3
+    T, D = 7, 3
     W, L, alpha, beta, log_pi = random_model(rng, M, D)
     theta, rho = random_variational(rng, T, M)
     Y = random_data(rng, T, W, L, missing)

@@ -114,8 +114,15 @@ def test_push_equals_batch_path(mode, share):
     theta2 = np.concatenate([b.theta] + [np.array([p.theta for p in q]).reshape(-1, 3)
                                          for q in (tail, tail2)])[order]
     flags2 = np.concatenate([b.flags, [p.flags for p in tail], [p.flags for p in tail2]])[order]
+    rho2 = np.concatenate([b.rho] + [np.array([p.rho for p in q]).reshape(-1, 3)
+                                     for q in (tail, tail2)])[order]
+    mean2 = np.concatenate([b.mean] + [np.array([p.mean for p in q]).reshape(-1, W.shape[1])
+                                       for q in (tail, tail2)])[order]
     np.testing.assert_array_equal(t2[order], np.arange(157))
     np.testing.assert_allclose(theta2, theta, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(rho2, rho, rtol=0, atol=1e-12)
+    # (the block kernel writes its own means: one from another row passed unnoticed)
+    np.testing.assert_allclose(mean2, mean, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(flags2, flags)
 
 

@@ -102,7 +102,7 @@ class _Side:
         self.fed = {}
 
         def factory(topic):
-            eng = StreamEngine(model, mode=mode, learn=True, net=net, learner_duty=1e-3)
+            eng = StreamEngine(model, mode=mode, learn=True, net=net, learner_duty=1e-3, random_state=0)
             got = self.fed.setdefault(topic, [])
             eng._learner.feed = lambda seg, t: got.append((t, seg.copy()))
             return eng

@@ -1137,3 +1137,36 @@ def test_restart_progress_bars_name_their_run(two_chain_data, monkeypatch):
     labels.clear()
     m.fit(X, max_iter=12, init="kmeans", progress=True)
     assert labels == ["svi"]
+
+
+def test_fill_batch_lays_out_what_the_sampler_hands_out():
+    """The compiled batch layout (the fused step's and the Dask shards') against
+    ``SubchainSampler.next_batch``, its Python reference, over several epochs of several
+    sequences: the same rows, sequence bounds, offsets and start flags (before, only a
+    test that needs dask checked it)."""
+    from streamfhmm.kernels import svi as ks
+    seed = 23
+    print(f"seed={seed}")
+    lengths = [9, 30, 2, 1, 25, 7]
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    L, B = 4, 5
+    fast = SubchainSampler(bounds, L, B, np.random.default_rng(seed))
+    ref = SubchainSampler(bounds, L, B, np.random.default_rng(seed))
+    n_max = fast.max_rows
+    rows, rs, re = (np.empty(n_max, dtype=np.int64) for _ in range(3))
+    offsets, first = np.empty(B + 1, dtype=np.int64), np.empty(B, dtype=bool)
+    for _ in range(40):                            # 200 subchains: several epochs
+        fast.ensure(B)
+        n = ks.fill_batch(fast.q_start, fast.q_stop, fast.q_lo, fast.q_hi, fast.cursor, B,
+                          rows, rs, re, offsets, first)
+        fast.advance(B)
+        batch = ref.next_batch()
+        np.testing.assert_array_equal(rows[:n], batch.rows)
+        np.testing.assert_array_equal(rs[:n], batch.row_start)
+        np.testing.assert_array_equal(re[:n], batch.row_end)
+        np.testing.assert_array_equal(offsets, batch.offsets)
+        np.testing.assert_array_equal(first, batch.first_is_start)
+        # each row lies in its sequence; a subchain not at its sequence's start carries
+        # the row before it as context
+        assert ((rs[:n] <= rows[:n]) & (rows[:n] < re[:n])).all()
+    assert fast.epoch == ref.epoch >= 3
