@@ -44,7 +44,7 @@ import numpy as np
 
 from .cli import DIE_WITH_PARENT_ENV, _restore_handlers, _set_handlers
 from .power import (AGGREGATE_COLUMNS, SUBMETER_COLUMNS, disaggregation_metrics, fit_aggregate_baseline,
-                    fit_submeter_map, predict_aggregate_baseline, predict_submeters)
+                    fit_submeter_map, predict_aggregate_baseline, predict_submeters, submeter_features)
 
 __all__ = ["DemoError", "DemoResult", "run_demo", "resolve_start", "DEFAULT_RATE", "DEFAULT_SECONDS",
            "DEFAULT_START", "DEFAULT_OUT_DIR", "DEFAULT_WARMUP"]
@@ -414,6 +414,8 @@ def _check_out_dir(out_dir) -> None:
     import importlib.util
     if importlib.util.find_spec("matplotlib") is None:
         return   # no PNG will be written (the run says so at its end)
+    if not os.fspath(out_dir):
+        raise DemoError("--out-dir must name a directory, got an empty string")
     try:
         os.makedirs(out_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=out_dir):
@@ -451,8 +453,13 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
     n = min(int(samples), len(data) - row0)
     min_n = warmup + 2 * _MINUTES_PER_DAY
     if n < min_n:
+        at_end = row0 + n == len(data)   # (more samples or seconds cannot help then)
+        hints = ([] if at_end else ["raise --seconds or --samples"]) + (
+            ["start earlier"] if at_end else []) + (
+            [f"lower --warmup (default {DEFAULT_WARMUP:,})"] if warmup > DEFAULT_WARMUP else [])
         raise DemoError(f"the stream must hold at least {min_n:,} samples (the warm-up and two days), "
-                        f"got {n:,}: raise --seconds or --samples" + (" or start earlier" if n < samples else ""))
+                        f"got {n:,}" + (" (the data ends there)" if at_end else "") + ": "
+                        + " or ".join(hints))
     A = data.select(AGGREGATE_COLUMNS)[row0:row0 + n]
     Y = data.select(SUBMETER_COLUMNS)[row0:row0 + n]
     ts = data.timestamps[row0:row0 + n]
@@ -466,6 +473,14 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
     if calibration_days * _MINUTES_PER_DAY < n_cal:    # (compared as floats: no overflow)
         n_cal = int(round(calibration_days * _MINUTES_PER_DAY))
     cal, ev = slice(first, first + n_cal), slice(first + n_cal, n)
+    # the two calibration fits need as many complete rows as weights: known before anything
+    # starts (else found after the whole warm-up)
+    need = max(submeter_features(np.zeros((1, int(n_chains)))).shape[1], A.shape[1] + 1)
+    have = int((~imputed[cal]).sum())
+    if have < need:
+        raise DemoError(f"the calibration period holds {have:,} complete minutes, fewer than the "
+                        f"{need} weights of the sub-meter map: raise --calibration-days (got "
+                        f"{calibration_days:g})")
     learn_samples = None if keep_learning else cal.stop + lag
     if view is None:
         view = bool(getattr(stream, "isatty", lambda: False)())
@@ -506,7 +521,7 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
             "--rate", repr(float(rate)), "--start-row", str(row0), "--limit", str(n), "--topic", "house",
             "--wait-timeout", "120", "--no-progress"], children)
         out.message(f"started serve --cold --learn (pid {serve.proc.pid}; input {ep_in}, posteriors {ep_out}) "
-                    f"and replay (pid {replay.proc.pid}); {M} chains, window {window}, warm-up {warmup:,} "
+                    f"and replay (pid {replay.proc.pid}); {_plural(M, 'chain')}, window {window}, warm-up {warmup:,} "
                     f"samples")
 
         coef = base = None
@@ -565,7 +580,7 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
                 est[done] = np.maximum(predict_submeters(theta[done], coef), 0.0)
                 out.message(f"calibrated at minute {cal.stop:,} on {cal.stop - cal.start:,} minutes "
                             f"({_day(ts[cal.start])} .. {_day(ts[cal.stop - 1])}): non-negative least squares "
-                            f"from the {M} chain posteriors to the sub-meters; "
+                            f"from the {M} chain posterior{'s' if M != 1 else ''} to the sub-meters; "
                             + ("the service keeps learning" if keep_learning else
                                f"the service learnt from the first {learn_samples:,} minutes and "
                                "now holds its model fixed"))
@@ -580,7 +595,10 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
                         steps = int(s.group(1))
                     b = _SAMPLES.search(line)
                     if b:
-                        buffered = int(b.group(1).replace(",", ""))
+                        now_buffered = int(b.group(1).replace(",", ""))
+                        if buffered is None or now_buffered > buffered:
+                            last_progress = now   # (a slow stream's warm-up is progress too)
+                        buffered = now_buffered
             if not serve.alive():
                 raise DemoError(f"serve exited with status {serve.proc.returncode}: {serve.last_error()}")
             if not replay_done and not replay.alive():
@@ -659,6 +677,10 @@ def _day(ts) -> str:
     return str(np.datetime64(ts, "m")).replace("T", " ")
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def _frame(elapsed, received, n, last_t, ts, theta, est, Y, rate, version, steps, warm_end, cal,
            calibrated, replay_done, learn_samples=None, buffered=None, warmup=None):
     """The live block: its lines, and the one plain line that stands for it."""
@@ -670,7 +692,7 @@ def _frame(elapsed, received, n, last_t, ts, theta, est, Y, rate, version, steps
             phase = (f"warm-up: the service buffered {buffered:,} of {warmup:,} samples, then "
                      "initialises the model" if buffered < warmup else
                      f"warm-up: {warmup:,} samples buffered; the service initialises the model")
-        if elapsed > 20:
+        if elapsed > 20 and (buffered is None or not warmup or buffered >= warmup):
             phase += " (a first run also compiles its kernels: a minute or two)"
     elif not calibrated:
         phase = f"calibrating: {max(0, last_t + 1 - cal.start):,} of {cal.stop - cal.start:,} minutes"
@@ -738,7 +760,7 @@ def _summary(res: DemoResult, ts, imputed, M, window, rate, on_threshold) -> str
         (f"  throughput {res.rate:,.0f} posteriors/s over {res.seconds:.1f} s" if res.seconds > 0 else
          "  throughput not measured: the posteriors arrived in one read")
         + f" (replay paced at {rate:,.0f}/s); wall time {res.wall_seconds:.1f} s",
-        f"  model: {M} chains, window {window}, learnt online from a cold start (warm-up {res.warmup:,} "
+        f"  model: {_plural(M, 'chain')}, window {window}, learnt online from a cold start (warm-up {res.warmup:,} "
         f"samples, first posterior after {res.first_posterior:.1f} s); last snapshot v{res.version}"
         + (f", {res.learner_steps:,} learner steps" if res.learner_steps is not None else ""),
         f"  calibration {_day(ts[cal.start])} .. {_day(ts[cal.stop - 1])} ({cal.stop - cal.start:,} minutes); "

@@ -526,7 +526,13 @@ class StreamService:
         self._last_any_out = self.started
         self._closed = False
         if self.checkpoint_dir is not None:
-            os.makedirs(self.checkpoint_dir, exist_ok=True)
+            try:
+                if os.path.exists(self.checkpoint_dir) and not os.path.isdir(self.checkpoint_dir):
+                    raise NotADirectoryError(0, "it is a file, not a directory")
+                os.makedirs(self.checkpoint_dir, exist_ok=True)
+            except OSError as exc:
+                raise CheckpointError(f"cannot use {self.checkpoint_dir} as the checkpoint "
+                                      f"directory: {exc.strerror or exc}") from None
             self._resume_all()
 
     # -- control ---------------------------------------------------------------------

@@ -645,6 +645,24 @@ def test_tampered_records_are_clear_errors_not_crashes(tmp_path):
     ctx.term()
 
 
+def test_an_unusable_checkpoint_directory_is_a_checkpoint_error(tmp_path):
+    """(serve printed the bare OSError: '[Errno 17] File exists: ...')"""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    ctx = zmq.Context()
+    src = ZmqSource(ANY, 3, bind=True, context=ctx, linger_ms=0)
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    for path, reason in ((blocker, "it is a file, not a directory"),
+                         (blocker / "sub", "Not a directory")):
+        with pytest.raises(CheckpointError, match=f"cannot use {re.escape(str(path))} as the checkpoint "
+                                                  f"directory: {reason}"):
+            StreamService(src, sink, lambda t: FakeEngine(), resume_engine=FakeEngine.resume,
+                          checkpoint_dir=str(path))
+    src.close(0)
+    sink.close(0)
+    ctx.term()
+
+
 def test_resuming_an_engine_of_another_width_or_a_failing_resume_is_a_checkpoint_error(tmp_path):
     """A service restarted with a model of another width on the same directory started,
     and its engine refused every sample of the stream for ever; a resume that raised
