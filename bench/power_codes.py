@@ -147,7 +147,7 @@ def main(argv=None):
     ap.add_argument("--svi-steps", type=int, default=0,
                     help="start the protocol's SVI fit from each code's FHMM, so many steps (default: no)")
     ap.add_argument("--svi-covariance", choices=("spherical", "diag"), default="spherical",
-                    help="covariance family of that SVI fit (default spherical, as the README's row)")
+                    help="covariance family of that SVI fit (default spherical, as the docs/household_power.md row)")
     ap.add_argument("--learning-rate", type=float, default=None,
                     help="learning rate of that SVI fit (default the protocol's, SVI_SETTINGS)")
     ap.add_argument("--n-jobs", type=int, default=1, help="threads of that SVI fit (default 1)")

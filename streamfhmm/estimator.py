@@ -350,7 +350,7 @@ class FHMM:
             ELBO is highest on the training data (X, or beyond 20,000 samples 20
             random blocks of 1,000, each inside one sequence) goes on to
             ``max_iter`` steps. The code a run gives the chains is set early, and its
-            ELBO then already ranks it much as at the end (README, household power).
+            ELBO then already ranks it much as at the end (docs/household_power.md).
             The first run starts from ``n_restarts=1``'s start and networks (beyond
             20,000 samples its subchains differ: the scoring blocks are drawn first).
             With ``net_warmup >= restart_steps`` the runs are compared with their

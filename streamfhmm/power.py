@@ -333,13 +333,13 @@ def _test_reconstruction(model, split: PowerSplit, n_scored, method):
 #: (their ``net_warmup`` follows ``max_iter``: :func:`svi_settings`). Three runs compared
 #: by their training ELBO after a sixth of the steps (``FHMM.fit``'s ``n_restarts``; both
 #: numbers set beforehand, not tuned): the code a run gives the chains depends on its
-#: start, and the worse codes cost up to 0.3 of summed test MSE (README, "Household
-#: power": seeds 0-2, summed MSE 0.456-0.760 with one run, 0.491-0.588 with three). The
+#: start, and the worse codes cost up to 0.3 of summed test MSE (docs/household_power.md,
+#: "Seeds, runs and ..."; seeds 0-2, summed MSE 0.456-0.760 with one run, 0.491-0.588 with three). The
 #: second run starts from the k-means start on all training rows, the others from SMF-EM
 #: on the last 5,000 (``init``, one kind per run): a rule fixed before it was measured,
 #: with the criterion for adopting it (a higher ELBO on the last 100,000 training rows
 #: than with three SMF starts in at least two of seeds 0-2, full Σ); it had in all three
-#: (README, "Starts of both kinds")
+#: (docs/household_power.md, "Starts")
 SVI_SETTINGS = dict(max_iter=150_000, batch_size=10, subchain_length=None, learning_rate=3e-3,
                     final_lr_ratio=0.01, init=("smf", "kmeans", "smf"), init_samples=5000,
                     n_restarts=3)
