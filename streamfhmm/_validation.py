@@ -81,7 +81,10 @@ def unmask(x):
     return data
 
 
-def _as_float_array(x, name: str) -> np.ndarray:
+def _as_float_array(x, name: str, keep_scalar: bool = False) -> np.ndarray:
+    """``x`` as a C-contiguous float64 array (ValueError if not numeric and real). A
+    scalar becomes shape (1,) (a length-1 parameter may be given as a number), or stays
+    0-d with ``keep_scalar`` (where it can only be a mistake, reported as one)."""
     if isinstance(x, (str, bytes)):
         raise ValueError(f"{name} must be numeric, got {_describe(x)}")
     try:
@@ -94,8 +97,9 @@ def _as_float_array(x, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be a numeric array, got {_describe(arr)}")
     if np.iscomplexobj(arr):
         raise ValueError(f"{name} must be real-valued, got dtype {arr.dtype}")
-    # (np.ascontiguousarray would make a 0-d array 1-d: a scalar is reported as one)
-    return np.asarray(arr, dtype=np.float64, order="C")
+    if keep_scalar:
+        return np.asarray(arr, dtype=np.float64, order="C")
+    return np.ascontiguousarray(arr, dtype=np.float64)
 
 
 def check_observations(X, name: str = "X", n_features: int | None = None,
@@ -117,7 +121,7 @@ def check_observations(X, name: str = "X", n_features: int | None = None,
     -------
     X : ndarray of float64, shape (T, D), C-contiguous
     """
-    X = _as_float_array(X, name)
+    X = _as_float_array(X, name, keep_scalar=True)
     if X.ndim == 1 and n_features == 1:
         X = X[:, None]
     if X.ndim != 2:
@@ -217,7 +221,7 @@ def check_W(W, name: str = "W") -> np.ndarray:
 
 def check_covariance(covariance, n_features: int, name: str = "covariance") -> np.ndarray:
     """A symmetric positive-definite (D, D) matrix; returns its Cholesky factor L."""
-    S = _as_float_array(covariance, name)
+    S = _as_float_array(covariance, name, keep_scalar=True)
     if S.shape != (n_features, n_features):
         raise ValueError(f"{name} must have shape ({n_features}, {n_features}), got {S.shape}")
     if not np.isfinite(S).all():

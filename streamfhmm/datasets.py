@@ -382,13 +382,14 @@ def _dates_from_bytes(buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
 def _parse_slow(raw: bytes, n_cols: int):
     reader = csv.reader(io.StringIO(raw.decode("latin-1")))
     next(reader)
-    stamps, rows = [], []
+    stamps, rows, line_of = [], [], []
     for i, rec in enumerate(reader, start=2):
         if not rec:
             continue
         if len(rec) != n_cols + 1:
             raise ValueError(f"line {i}: expected {n_cols + 1} fields, got {len(rec)}")
         stamps.append(rec[0].strip().replace(" ", "T"))
+        line_of.append(i)
         row = []
         for j, tok in enumerate(rec[1:], start=2):
             tok = tok.strip()
@@ -397,6 +398,15 @@ def _parse_slow(raw: bytes, n_cols: int):
             except ValueError:
                 raise ValueError(f"line {i}, field {j}: expected a number or '?', got {tok!r}") from None
         rows.append(row)
-    timestamps = np.array(stamps, dtype="datetime64[s]")
+    try:
+        timestamps = np.array(stamps, dtype="datetime64[s]")
+    except ValueError:
+        for i, stamp in zip(line_of, stamps):   # (only on failure: name the first bad one)
+            try:
+                np.datetime64(stamp, "s")
+            except ValueError as exc:
+                raise ValueError(f"line {i}, field 1: expected a date and time (YYYY-MM-DD "
+                                 f"HH:MM:SS), got {stamp.replace('T', ' ')!r} ({exc})") from None
+        raise
     values = np.array(rows, dtype=np.float64).reshape(len(rows), n_cols)
     return timestamps, values

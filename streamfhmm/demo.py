@@ -479,8 +479,8 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
     have = int((~imputed[cal]).sum())
     if have < need:
         raise DemoError(f"the calibration period holds {have:,} complete minutes, fewer than the "
-                        f"{need} weights of the sub-meter map: raise --calibration-days (got "
-                        f"{calibration_days:g})")
+                        f"{need} weights its fits need (the sub-meter map's and the baseline's): "
+                        f"raise --calibration-days (got {calibration_days:g})")
     learn_samples = None if keep_learning else cal.stop + lag
     if view is None:
         view = bool(getattr(stream, "isatty", lambda: False)())
@@ -596,8 +596,10 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
                     b = _SAMPLES.search(line)
                     if b:
                         now_buffered = int(b.group(1).replace(",", ""))
-                        if buffered is None or now_buffered > buffered:
-                            last_progress = now   # (a slow stream's warm-up is progress too)
+                        # a slow stream's warm-up is progress too (after it, only posteriors
+                        # are: the status line counts every sample the service takes)
+                        if warm_end is None and (buffered is None or now_buffered > buffered):
+                            last_progress = now
                         buffered = now_buffered
             if not serve.alive():
                 raise DemoError(f"serve exited with status {serve.proc.returncode}: {serve.last_error()}")

@@ -775,6 +775,10 @@ class FHMM:
         """
         params = self._require_params()
         self._check_hyperparameters()
+        check_random_state(self.random_state)       # (what load would refuse, save refuses)
+        history = getattr(self, "history_", [])
+        if not (isinstance(history, list) and all(isinstance(h, dict) for h in history)):
+            raise ValueError(f"history_ must be a list of records (dicts), got {type(history).__name__}")
         net = getattr(self, "net_", None)
         # (hyper-parameters changed by set_params after the fit would not describe it)
         mismatch = _architecture_mismatch(self, params, net)
@@ -791,7 +795,7 @@ class FHMM:
                                           "fit_method": getattr(self, "fit_method_", None)})),
             "W": params.W, "L": params.L, "alpha": params.alpha, "beta": params.beta,
             "startprob": params.startprob,
-            "history": np.array(json.dumps(getattr(self, "history_", []))),
+            "history": np.array(json.dumps(history)),
         }
         for name in _SCORE_ATTRIBUTES:   # a fit's starts' and runs' scores, if it had them
             scores = getattr(self, name, None)

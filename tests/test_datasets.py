@@ -200,6 +200,10 @@ def test_parser_rows_with_wrong_field_counts_are_not_shifted(tmp_path):
     path.write_text("date_time,a,b,c\n2020-01-01 00:00:00,1,2,3\n2020-01-01 00:01:00,4,x,5\n")
     with pytest.raises(ValueError, match=r"q.csv: line 3, field 3: expected a number or '\?', got 'x'"):
         parse_household_power_csv(path)
+    path.write_text('date_time,a,b,c\n2020-01-01 00:00:00,1,2,3\n\n2020-13-01 00:01:00,"4",5,6\n')
+    with pytest.raises(ValueError, match=r"q.csv: line 4, field 1: expected a date and time "
+                                         r"\(YYYY-MM-DD HH:MM:SS\), got '2020-13-01 00:01:00'"):
+        parse_household_power_csv(path)
     # a blank inside a field, and a blank field: each row keeps its own values
     path.write_text("date_time,a,b,c\n2020-01-01 00:00:00,1, 2,3\n2020-01-01 00:01:00,4, ,5\n")
     _, _, values = parse_household_power_csv(path)

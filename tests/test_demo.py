@@ -332,8 +332,8 @@ def test_demo_without_the_data_package(monkeypatch, capsys):
                                                    "--samples or lower --warmup (default 10,080)\n"),
     # known before anything starts (it was found after the whole warm-up)
     (["--samples", "12960", "--calibration-days", "0.0001"],
-     "the calibration period holds 0 complete minutes, fewer than the 13 weights of the sub-meter map: "
-     "raise --calibration-days (got 0.0001)\n"),
+     "the calibration period holds 0 complete minutes, fewer than the 13 weights its fits need (the "
+     "sub-meter map's and the baseline's): raise --calibration-days (got 0.0001)\n"),
     # the data's first day (which starts at 17:24) is accepted: the stream starts at row 0
     (["--start", "2006-12-16", "--samples", "100"], "the stream must hold at least 12,960 samples (the warm-up "
                                                     "and two days), got 100: raise --seconds or --samples\n"),

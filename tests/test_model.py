@@ -129,6 +129,18 @@ def test_score_and_predict_proba_shapes():
     assert np.mean((P > 0.5) == S) > 0.9
 
 
+def test_length_one_parameters_may_be_numbers():
+    """One chain's start probability, one feature's scaler: a number is a length-1 array
+    (a scalar X or covariance is refused, as the errors above say)."""
+    from streamfhmm.network import RecognitionNet
+    m = FHMM.from_params(W=[[1.0], [0.0]], covariance=[[0.1]], transmat=[[[0.9, 0.1], [0.2, 0.8]]],
+                         startprob=0.3)
+    np.testing.assert_array_equal(m.startprob_, [0.3])
+    net = RecognitionNet(1, 1, window=3, n_hidden=2).set_scaler(2.0, 0.5)
+    np.testing.assert_array_equal(net.mean, [2.0])
+    np.testing.assert_array_equal(net.scale, [0.5])
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(W=np.zeros(3)), "W must be a 2-D array of shape \\(n_chains \\+ 1, n_features\\)"),
     (dict(W=[[np.nan, 0], [0, 0], [0, 0]]), "W must be finite"),

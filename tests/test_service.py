@@ -8,6 +8,7 @@ every wait has a timeout.
 import faulthandler
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -861,13 +862,29 @@ _OUTPUT_BOUND = re.compile(r"output bound at (\S+) \(")
 _REPLAY_BOUND = re.compile(r" values on (tcp://[^\s,]+)")
 
 
-def _started(proc, pattern):
-    """Read ``proc``'s stderr up to the line matching ``pattern``; the match's group 1.
-    The lines read stay in ``proc.head`` (:func:`_stop` and :func:`_drain` prepend them)."""
+def _started(proc, pattern, timeout=180.0):
+    """Read ``proc``'s stderr up to the line matching ``pattern`` (within ``timeout`` s,
+    else kill it and fail); the match's group 1. The lines read stay in ``proc.head``
+    (:func:`_stop` and :func:`_drain` prepend them)."""
     proc.head = ""
+    lines = queue.Queue()
+
+    def read():   # (a thread: readline alone has no deadline)
+        for line in iter(proc.stderr.readline, ""):
+            lines.put(line)
+            if pattern.search(line):
+                return            # the rest is communicate()'s
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + timeout
     while True:
-        line = proc.stderr.readline()
-        if not line:
+        try:
+            line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"not bound within {timeout:g} s: {proc.head[-2000:]}") from None
+        if line is None:
             proc.wait(timeout=60)
             raise AssertionError(f"exited with status {proc.returncode} before it was bound: "
                                  f"{proc.head[-2000:]}")

@@ -177,7 +177,7 @@ def test_time_budget_stops_early(two_chain_data):
     print(f"fit with a 1 s budget took {seconds:.2f} s, {m.history_[-1]['iteration']:,} steps")
     # the whole call, its start included (10^7 steps would take hours); generous for a
     # shared machine
-    assert seconds < 6.0 and m.history_[-1]["iteration"] < 10_000_000
+    assert seconds < 10.0 and m.history_[-1]["iteration"] < 10_000_000
 
 
 def test_continued_fit_keeps_its_networks(tmp_path, two_chain_data, fitted, monkeypatch):
@@ -246,6 +246,19 @@ def test_save_refuses_hyperparameters_changed_after_the_fit(tmp_path, fitted):
         with pytest.raises(ValueError, match="cannot save: " + message):
             m.save(tmp_path / "m.npz")
         assert not (tmp_path / "m.npz").exists()
+    # what load refuses, save refuses: a seed that is not one, a history that is not records
+    m.set_params(**fitted.get_params())
+    m.set_params(random_state=-1)
+    with pytest.raises(ValueError, match="random_state must be None, an int >= 0"):
+        m.save(tmp_path / "m.npz")
+    m.set_params(random_state=3)
+    m.history_ = {"iteration": 1}
+    with pytest.raises(ValueError, match="history_ must be a list of records"):
+        m.save(tmp_path / "m.npz")
+    assert not (tmp_path / "m.npz").exists()
+    m.history_ = []
+    m.save(tmp_path / "m.npz")
+    FHMM.load(tmp_path / "m.npz")
 
 
 @pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
