@@ -318,6 +318,17 @@ def test_constructor_errors():
 
 
 # ------------------------------------------------------------------ the learner
+def _full_learner_round(eng, timeout=30.0):
+    """Wait until the learner thread has gone through a whole round of its loop (drain
+    the pending samples, run a job, decide whether to step) that began after this call:
+    two jobs run one after the other; the first one's round has ended when the second
+    runs. A sleep cannot show that the learner took no steps; this can."""
+    for _ in range(2):
+        done = threading.Event()
+        eng._thread.request(done.set)
+        assert done.wait(timeout), "the learner thread did not run a job"
+
+
 def _pace(eng, X, chunk, steps_per_sample, timeout=10.0, collect=None):
     """Stream X in chunks, waiting after each chunk until the learner has taken
     ``steps_per_sample`` steps per sample streamed (a stream at a fixed rate)."""
@@ -475,7 +486,7 @@ def test_learner_toggle_and_metrics():
         s = eng.metrics()["learner_steps"]
         for x in X[3000:3500]:
             eng.push(x)
-        time.sleep(0.1)
+        _full_learner_round(eng)    # (it drained those samples and looked at the switch)
         assert eng.metrics()["learner_steps"] == s
         eng.learning = True
         t0 = time.perf_counter()
@@ -522,7 +533,7 @@ def test_learn_samples_holds_the_model_fixed(path, tmp_path):
             pass
         steps, version = eng.learner_steps, eng.version
         later = eng.push_many(X[1700:2500])
-        time.sleep(0.2)
+        _full_learner_round(eng)
         assert eng.learner_steps == steps and eng.version == version
         assert set(later.version.tolist()) == {version}
         n = eng.n_samples
