@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cli import DIE_WITH_PARENT_ENV, _restore_handlers, _set_handlers
-from .power import (AGGREGATE_COLUMNS, SUBMETER_COLUMNS, disaggregation_metrics, fit_aggregate_baseline,
-                    fit_submeter_map, predict_aggregate_baseline, predict_submeters, submeter_features)
+from .power import (AGGREGATE_COLUMNS, SUBMETER_COLUMNS, calibration_weights, disaggregation_metrics,
+                    fit_aggregate_baseline, fit_submeter_map, predict_aggregate_baseline, predict_submeters)
 
 __all__ = ["DemoError", "DemoResult", "run_demo", "resolve_start", "DEFAULT_RATE", "DEFAULT_SECONDS",
            "DEFAULT_START", "DEFAULT_OUT_DIR", "DEFAULT_WARMUP"]
@@ -454,9 +454,9 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
     min_n = warmup + 2 * _MINUTES_PER_DAY
     if n < min_n:
         at_end = row0 + n == len(data)   # (more samples or seconds cannot help then)
-        hints = ([] if at_end else ["raise --seconds or --samples"]) + (
-            ["start earlier"] if at_end else []) + (
-            [f"lower --warmup (default {DEFAULT_WARMUP:,})"] if warmup > DEFAULT_WARMUP else [])
+        hints = ["start earlier" if at_end else "raise --seconds or --samples"]
+        if warmup > DEFAULT_WARMUP:
+            hints.append(f"lower --warmup (default {DEFAULT_WARMUP:,})")
         raise DemoError(f"the stream must hold at least {min_n:,} samples (the warm-up and two days), "
                         f"got {n:,}" + (" (the data ends there)" if at_end else "") + ": "
                         + " or ".join(hints))
@@ -475,7 +475,7 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
     cal, ev = slice(first, first + n_cal), slice(first + n_cal, n)
     # the two calibration fits need as many complete rows as weights: known before anything
     # starts (else found after the whole warm-up)
-    need = max(submeter_features(np.zeros((1, int(n_chains)))).shape[1], A.shape[1] + 1)
+    need = max(calibration_weights(int(n_chains)))
     have = int((~imputed[cal]).sum())
     if have < need:
         raise DemoError(f"the calibration period holds {have:,} complete minutes, fewer than the "
@@ -580,7 +580,7 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
                 est[done] = np.maximum(predict_submeters(theta[done], coef), 0.0)
                 out.message(f"calibrated at minute {cal.stop:,} on {cal.stop - cal.start:,} minutes "
                             f"({_day(ts[cal.start])} .. {_day(ts[cal.stop - 1])}): non-negative least squares "
-                            f"from the {M} chain posterior{'s' if M != 1 else ''} to the sub-meters; "
+                            f"from the {_plural(M, 'chain posterior')} to the sub-meters; "
                             + ("the service keeps learning" if keep_learning else
                                f"the service learnt from the first {learn_samples:,} minutes and "
                                "now holds its model fixed"))

@@ -41,6 +41,11 @@ def _seed_or_none(random_state):
     return None
 
 
+def _is_history(history) -> bool:
+    """Whether ``history`` is a fit history: a list of records (dicts)."""
+    return isinstance(history, list) and all(isinstance(h, dict) for h in history)
+
+
 def _architecture_mismatch(model, params, net) -> str:
     """What in ``model``'s hyper-parameters contradicts its ``params`` and recognition
     ``net`` (which it predicts with); "" if nothing."""
@@ -495,11 +500,10 @@ class FHMM:
         in the first steps. Their input scaling is kept (the weights were trained on it).
         """
         net = getattr(self, "net_", None)
-        if (init not in ("auto", "params") or net is None
-                or getattr(self, "params_", None) is None):
-            return None
-        mine = (self.n_chains, n_features, self.window, self.n_hidden, self.share_hidden, "centred")
-        if (net.n_chains, net.n_features, net.window, net.n_hidden, net.share, net.mode) != mine:
+        params = getattr(self, "params_", None)
+        if (init not in ("auto", "params") or net is None or params is None
+                or (net.n_chains, net.n_features) != (self.n_chains, n_features)
+                or _architecture_mismatch(self, params, net)):
             return None
         return net.copy()
 
@@ -777,7 +781,7 @@ class FHMM:
         self._check_hyperparameters()
         check_random_state(self.random_state)       # (what load would refuse, save refuses)
         history = getattr(self, "history_", [])
-        if not (isinstance(history, list) and all(isinstance(h, dict) for h in history)):
+        if not _is_history(history):
             raise ValueError(f"history_ must be a list of records (dicts), got {type(history).__name__}")
         net = getattr(self, "net_", None)
         # (hyper-parameters changed by set_params after the fit would not describe it)
@@ -868,7 +872,7 @@ class FHMM:
         seed = hyper.get("random_state")
         if seed is not None and _seed_or_none(seed) is None:
             raise ValueError(f"{damaged}: random_state {seed!r} (expected an integer seed or null)")
-        if not (isinstance(history, list) and all(isinstance(h, dict) for h in history)):
+        if not _is_history(history):
             raise ValueError(f"{damaged}: its fit history is not a list of records")
         model = cls(**hyper)
         try:

@@ -48,7 +48,7 @@ __all__ = [
     "PowerSplit", "power_split", "mse_per_dimension", "protocol_mse", "likelihood_per_step",
     "reconstruction_range", "range_floor_mse",
     "ProtocolRow", "ProtocolTable", "protocol_table",
-    "submeter_features", "fit_submeter_map", "predict_submeters",
+    "submeter_features", "fit_submeter_map", "calibration_weights", "predict_submeters",
     "fit_aggregate_baseline", "predict_aggregate_baseline", "disaggregation_metrics",
     "DisaggregationReport", "disaggregate_report", "period_minutes", "plot_reconstruction",
     "plot_submeters",
@@ -782,6 +782,14 @@ def _check_coef(coef, rows, expected: str) -> np.ndarray:
     return coef
 
 
+def calibration_weights(n_chains: int, both_states: bool = True) -> tuple:
+    """Weights per sub-meter of the calibration's two fits: the map from ``n_chains``
+    chain posteriors (:func:`fit_submeter_map`) and the aggregate baseline
+    (:func:`fit_aggregate_baseline` on :data:`AGGREGATE_COLUMNS`); each fit needs at
+    least as many complete rows."""
+    return (2 * n_chains + 1) if both_states else (n_chains + 1), len(AGGREGATE_COLUMNS) + 1
+
+
 def predict_submeters(theta, coef) -> np.ndarray:
     """Sub-meter estimates ``features(θ) @ coef`` (T, K); the feature layout follows coef's rows."""
     theta = _check_2d(theta, "theta")
@@ -1074,8 +1082,7 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
 
     def check_calibration_rows(n_chains: int):
         # before the fit: the two calibration fits need as many complete rows as weights
-        n_map = (2 * n_chains + 1) if both_states else (n_chains + 1)
-        n_base = len(AGGREGATE_COLUMNS) + 1
+        n_map, n_base = calibration_weights(n_chains, both_states)
         if n_keep_cal < max(n_map, n_base):
             raise ValueError(f"the calibration period has {n_keep_cal:,} usable rows (calibration_days "
                              f"= {calibration_days:g}, imputed rows left out); at least "

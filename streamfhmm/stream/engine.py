@@ -997,9 +997,7 @@ class StreamEngine:
         if learner is not None:
             n_in = t - self._seq_start + 1 - self._S
             if n_in >= 0 and n_in % self._L == 0:
-                seg = self._ring.last(t, self._S)
-                if not (np.abs(seg) > _MAX_WARMUP_ABS).any():   # (as _feed_learner)
-                    learner.feed(seg.copy(), t)
+                self._feed(self._ring.last(t, self._S), t)
             if self._learn_stop is not None:
                 self._check_learn_samples()
         if self._next_ckpt_t is not None and (t >= self._next_ckpt_t
@@ -1166,9 +1164,7 @@ class StreamEngine:
 
     def _feed_learner(self, Xc, t):
         """Hand the learner the subchains (S samples) ending in the block at t … t+m-1:
-        one every L samples of the sequence (MATH.md §6). A subchain holding a value
-        beyond 1e150 in magnitude is left out: its gradient overflows, and in the
-        reservoir it would spoil every minibatch that drew it for a long time."""
+        one every L samples of the sequence (MATH.md §6), through :meth:`_feed`."""
         S, L = self._S, self._L
         m = Xc.shape[0]
         base = t - self._seq_start + 1 - S          # samples past S at the block's first row
@@ -1179,9 +1175,14 @@ class StreamEngine:
         Hn = self._hist
         Z = self._Z   # rows Hn … Hn+m-1 hold the block, the Hn before it its history
         for j in range(j, m, L):
-            seg = Z[Hn + j - S + 1:Hn + j + 1]
-            if not (np.abs(seg) > _MAX_WARMUP_ABS).any():
-                self._learner.feed(seg.copy(), t + j)
+            self._feed(Z[Hn + j - S + 1:Hn + j + 1], t + j)
+
+    def _feed(self, seg, t):
+        """Hand the learner a copy of subchain ``seg`` (S samples) ending at ``t``, unless
+        it holds a value beyond 1e150 in magnitude: its gradient overflows, and in the
+        reservoir it would spoil every minibatch that drew it for a long time."""
+        if not (np.abs(seg) > _MAX_WARMUP_ABS).any():
+            self._learner.feed(seg.copy(), t)
 
     def _exact_chunk(self, Xc, out, extra_flags):
         m = Xc.shape[0]
