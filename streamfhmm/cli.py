@@ -50,6 +50,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 # -- data files ---------------------------------------------------------------------------
+def _plural(n: int, word: str) -> str:
+    """``"1 sample"``, ``"1,500 samples"``."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def _split_columns(spec):
     if spec is None:
         return None
@@ -477,7 +482,7 @@ def _cmd_fit(args) -> int:
                            "never be trained, only its networks")
     X, names = load_data(args.data, _split_columns(args.columns))
     if args.window > X.shape[0]:
-        raise CliError(f"--window {args.window} is longer than the data ({X.shape[0]:,} samples)")
+        raise CliError(f"--window {args.window} is longer than the data ({_plural(X.shape[0], 'sample')})")
     model = FHMM(n_chains=args.chains, window=args.window, n_hidden=args.hidden,
                  share_hidden=args.share, random_state=args.seed,
                  covariance_type=args.covariance_type)
@@ -488,7 +493,7 @@ def _cmd_fit(args) -> int:
               n_restarts=args.n_restarts)
     dt = time.perf_counter() - t0
     model.save(args.out)
-    print(f"fitted {model!r} ({args.method}) on {X.shape[0]:,} samples x {X.shape[1]} features "
+    print(f"fitted {model!r} ({args.method}) on {_plural(X.shape[0], 'sample')} x {_plural(X.shape[1], 'feature')} "
           f"({', '.join(names)}) in {dt:.1f} s; saved to {out}")
     return 0
 
@@ -500,7 +505,7 @@ def _cmd_score(args) -> int:
     if np.isnan(X).any():
         raise CliError(f"{args.data} has missing values; the exact log-likelihood needs complete rows")
     ll = model.score(X)
-    print(f"log-likelihood: {ll:.6f} ({ll / X.shape[0]:.6f} per sample, {X.shape[0]:,} samples)")
+    print(f"log-likelihood: {ll:.6f} ({ll / X.shape[0]:.6f} per sample, {_plural(X.shape[0], 'sample')})")
     if args.elbo:
         e = model.elbo(X)
         print(f"ELBO: {e:.6f} ({e / X.shape[0]:.6f} per sample; gap {(ll - e) / X.shape[0]:.6f} per sample)")

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cli import DIE_WITH_PARENT_ENV, _restore_handlers, _set_handlers
+from .cli import DIE_WITH_PARENT_ENV, _plural, _restore_handlers, _set_handlers
 from .power import (AGGREGATE_COLUMNS, SUBMETER_COLUMNS, calibration_weights, disaggregation_metrics,
                     fit_aggregate_baseline, fit_submeter_map, predict_aggregate_baseline, predict_submeters)
 
@@ -677,10 +677,6 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
 
 def _day(ts) -> str:
     return str(np.datetime64(ts, "m")).replace("T", " ")
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def _frame(elapsed, received, n, last_t, ts, theta, est, Y, rate, version, steps, warm_end, cal,
