@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import re
 import subprocess
 import sys
@@ -69,16 +68,16 @@ import sys, zmq
 ctx = zmq.Context()
 xsub = ctx.socket(zmq.XSUB); xsub.setsockopt(zmq.RCVHWM, 100000); xsub.connect(sys.argv[1])
 xpub = ctx.socket(zmq.XPUB); xpub.setsockopt(zmq.SNDHWM, 100000); xpub.bind(sys.argv[2])
+print("relay output bound at", xpub.getsockopt_string(zmq.LAST_ENDPOINT), "(", file=sys.stderr, flush=True)
 # libzmq forwards messages (all frames) downstream and subscriptions upstream, without
 # the GIL and without a Python call per message
 zmq.proxy(xsub, xpub)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: what serve and the relay print once their output is bound (to a port the system chose:
+#: a port picked here, closed and handed on, could be taken meanwhile)
+_OUTPUT_BOUND = re.compile(r"output bound at (\S+) \(")
 
 
 _RECEIVER = """
@@ -146,30 +145,36 @@ class Client:
     writes arrival times into shared memory (``time.perf_counter`` is the system-wide
     monotonic clock)."""
 
-    def __init__(self, p_in, p_out, D, n_total, frames, compiled=True):
+    def __init__(self, D, n_total, frames, compiled=True):
         from multiprocessing import shared_memory
         self.compiled = compiled and _wireclient.available()
+        self.frames = frames
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.SNDHWM, 0)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
-        self.pub.bind(f"tcp://127.0.0.1:{p_in}")
+        self.pub.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)   # the service's input
         self.n_total = n_total
         self.shm = shared_memory.SharedMemory(create=True, size=8 * (n_total + 1))
         self.times = np.ndarray((n_total + 1,), dtype=np.float64, buffer=self.shm.buf)
         self.times[:n_total] = np.nan
         self.times[n_total] = 0
-        self.receiver = subprocess.Popen(
-            [sys.executable, "-c", _RECEIVER, f"tcp://127.0.0.1:{p_out}", self.shm.name, str(n_total),
-             str(frames), _HERE, "1" if self.compiled else "0"], stdout=subprocess.PIPE, text=True)
-        self.receiver.stdout.readline()   # "ready": its SUB is connecting
+        self.receiver = None
         self.D = D
         self.seq = 0
         self.t_sent = np.full(n_total, np.nan)
         self._topic = np.frombuffer(b"bench", np.uint8)
         self._header = np.zeros(128, np.uint8)
         self.X = None          # the rows (float64, C-contiguous) for send_many
+
+    def subscribe(self, endpoint):
+        """Start the receiving process on the service's output ``endpoint``."""
+        self.receiver = subprocess.Popen(
+            [sys.executable, "-c", _RECEIVER, endpoint, self.shm.name, str(self.n_total),
+             str(self.frames), _HERE, "1" if self.compiled else "0"], stdout=subprocess.PIPE, text=True)
+        self.receiver.stdout.readline()   # "ready": its SUB is connecting
 
     @property
     def received(self) -> int:
@@ -209,8 +214,9 @@ class Client:
         self.pub.send_multipart([b"bench", b'{"heartbeat":true,"seq":%d,"ts":0,"end":true}' % (self.seq - 1), b""])
 
     def close(self):
-        self.receiver.kill()
-        self.receiver.wait()
+        if self.receiver is not None:
+            self.receiver.kill()
+            self.receiver.wait()
         self.pub.close(0)
         self.ctx.term()
         del self.times
@@ -279,9 +285,9 @@ _STEPS = re.compile(r"learner steps (\d+)")
 _DUTY = re.compile(r"learner duty ([0-9.e+-]+)")
 
 
-def serve(model_path, p_in, p_out, fmt, learn, duty=None, extra=()):
+def serve(model_path, source, fmt, learn, duty=None, extra=()):
     args = [sys.executable, "-m", "streamfhmm", "serve", "--model", model_path,
-            "--sub", f"tcp://127.0.0.1:{p_in}", "--pub", f"tcp://127.0.0.1:{p_out}",
+            "--sub", source, "--pub", "tcp://127.0.0.1:*",
             "--format", fmt, "--wait-subscribers", "1", "--status-interval", str(STATUS_INTERVAL),
             "--heartbeat", "0", *extra]
     if learn:
@@ -302,6 +308,22 @@ class StderrLines(threading.Thread):
     def run(self):
         for line in self.stream:
             self.lines.append((time.perf_counter(), line.rstrip("\n")))
+
+    def wait_for(self, pattern, proc, timeout=120.0):
+        """Group 1 of the first line matching ``pattern`` (within ``timeout`` s, while
+        ``proc`` runs)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for _, line in list(self.lines):
+                m = pattern.search(line)
+                if m:
+                    return m.group(1)
+            if proc.poll() is not None and not self.is_alive():
+                break
+            time.sleep(0.01)
+        text = "\n".join(ln for _, ln in self.lines[-20:])
+        raise RuntimeError(f"no line matching {pattern.pattern!r} from pid {proc.pid} "
+                           f"(exit status {proc.poll()}): {text}")
 
     def _points(self):
         return [(t, int(m.group(1))) for t, ln in self.lines if (m := _STEPS.search(ln))]
@@ -326,15 +348,16 @@ class StderrLines(threading.Thread):
 
 
 def measure(cmd_factory, X, args, lag, label):
-    p_in, p_out = _free_port(), _free_port()
-    proc = cmd_factory(p_in, p_out)
+    """One configuration: ``cmd_factory(source)`` starts the process that reads this
+    client's samples from ``source`` and binds its output to a port it prints."""
+    n_total = args.warmup + args.messages + sum(int(r * args.latency_seconds) for r in args.rates)
+    cl = Client(X.shape[1], n_total, frames=1 if "json" in label else 3, compiled=not args.python_client)
+    cl.X = X
+    proc = cmd_factory(cl.endpoint)
     err = StderrLines(proc.stderr)
     err.start()
-    n_total = args.warmup + args.messages + sum(int(r * args.latency_seconds) for r in args.rates)
-    cl = Client(p_in, p_out, X.shape[1], n_total, frames=1 if "json" in label else 3,
-                compiled=not args.python_client)
-    cl.X = X
     try:
+        cl.subscribe(err.wait_for(_OUTPUT_BOUND, proc))
         cl.handshake()
         rows = [x.tobytes() for x in X]
         run_phase(cl, rows[:args.warmup], rate=None, window=args.window, lag=lag)     # warm up
@@ -423,8 +446,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model.npz")
         model.save(path)
-        rows.append(measure(lambda a, b: subprocess.Popen(
-            [sys.executable, "-c", _RELAY, f"tcp://127.0.0.1:{a}", f"tcp://127.0.0.1:{b}"],
+        rows.append(measure(lambda source: subprocess.Popen(
+            [sys.executable, "-c", _RELAY, source, "tcp://127.0.0.1:*"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
             X, args, 0, "reference: zmq.proxy relay"))
         rows[-1]["gaps"] = "-"
@@ -436,7 +459,7 @@ def main(argv=None):
             configs.insert(configs.index(("binary", True, ())) + 1, ("binary", True, ("--no-lane",)))
         for fmt, learn, extra in configs:
             label = " ".join([f"serve --format {fmt}"] + (["--learn"] if learn else []) + list(extra))
-            rows.append(measure(lambda a, b: serve(path, a, b, fmt, learn, args.learner_duty,
+            rows.append(measure(lambda source: serve(path, source, fmt, learn, args.learner_duty,
                                                       args.serve_args.split() + list(extra)),
                                 X, args, lag, label))
     ref = rows[0]["messages/s"]
