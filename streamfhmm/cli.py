@@ -900,6 +900,11 @@ def _cmd_disaggregate(args) -> int:
         raise CliError(f"--net-warmup {args.net_warmup:,} must be less than --iters {args.iters:,}: the "
                        "model would never be trained, only its networks")
     _check_restarts_option(args.n_restarts, "--iters", args.iters)
+    for option, days in (("--calibration-days", args.calibration_days),
+                         ("--evaluation-days", args.evaluation_days)):
+        if period_minutes(days) < 1:
+            raise CliError(f"{option} {days:g} is less than a minute of data (the periods are counted in "
+                           "one-minute rows)")
     if args.train_rows is not None and args.train_rows > args.n_train:
         raise CliError(f"--train-rows {args.train_rows:,} is more than the {args.n_train:,} training minutes "
                        "(--n-train)")
@@ -1198,10 +1203,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "with the highest training ELBO goes on (default 1)")
     dg.add_argument("--n-train", type=_positive_int, default=1_000_000,
                     help="minutes before the calibration period (default 1000000, the paper's split)")
-    dg.add_argument("--train-rows", type=_positive_int, help="fit on the last so many of them (default all)")
+    dg.add_argument("--train-rows", type=_int_at_least(2), help="fit on the last so many of them (default all)")
     dg.add_argument("--calibration-days", type=_bounded_float(0.0, _MAX_DAYS), default=14.0, help="default 14")
     dg.add_argument("--evaluation-days", type=_bounded_float(0.0, _MAX_DAYS), default=28.0, help="default 28")
-    dg.add_argument("--on-threshold", type=_nonneg_float, default=5.0,
+    dg.add_argument("--on-threshold", type=_positive_float, default=5.0,
                     help="on/off threshold of the F1 score, Wh per minute (default 5)")
     dg.add_argument("--chains", type=_positive_int, help="hidden chains (default 10, the paper's)")
     dg.add_argument("--window", type=_positive_int, help="recognition window (default 21)")

@@ -31,6 +31,7 @@ period (:func:`fit_aggregate_baseline`).
 """
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import tempfile
@@ -924,7 +925,8 @@ class DisaggregationReport:
     calibration, evaluation : tuple of two numpy.datetime64
         First and last timestamps of each period.
     n_calibration, n_evaluation : int
-        Rows fitted and rows scored (imputed rows excluded).
+        Rows the sub-meter map was fitted on and rows the FHMM's estimates were scored
+        on (imputed rows and rows with a missing value excluded).
     on_threshold : float
     fit_seconds : float
         Wall time of the FHMM fit (0 for a given model).
@@ -1029,7 +1031,8 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         Write ``power_aggregate.png`` (observed vs reconstructed aggregate) and
         ``power_submeters.png`` (estimated vs true sub-meters) there, for one day.
     plot_day : str or numpy.datetime64, optional
-        The day plotted (default the first whole day of the evaluation period).
+        The day plotted (default the first whole day of the evaluation period, or its
+        first 24 hours when it holds no whole day).
     random_state : int or None
         Seed of the fit.
     progress : bool
@@ -1065,7 +1068,7 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     n_cal, n_eval = days
     if n_cal < 1 or n_eval < 1 or n_cal + n_eval > n_test:
         raise ValueError(f"calibration_days and evaluation_days must be positive and fit in the "
-                         f"{n_test / _MINUTES_PER_DAY:.0f} test days, got {calibration_days:g} and "
+                         f"{math.floor(100 * n_test / _MINUTES_PER_DAY) / 100:g} test days, got {calibration_days:g} and "
                          f"{evaluation_days:g}")
     if train_rows is not None and (isinstance(train_rows, (bool, np.bool_))
                                    or not isinstance(train_rows, numbers.Integral)):
@@ -1139,7 +1142,9 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         baseline=disaggregation_metrics(Y[ev], est_base[ev], on_threshold, mask=imputed[ev]),
         aggregate_mse=mse_per_dimension(Z[ev], R[ev], imputed[ev]),
         calibration=(ts[0], ts[n_cal - 1]), evaluation=(ts[n_cal], ts[n - 1]),
-        n_calibration=int(keep.sum()), n_evaluation=int((~imputed[ev]).sum()),
+        # the rows the sub-meter map was fitted on and the FHMM's estimates scored on
+        n_calibration=_complete_rows(keep, theta[cal], Y[cal]),
+        n_evaluation=_complete_rows(~imputed[ev], Y[ev], est[ev]),
         on_threshold=on_threshold, fit_seconds=fit_seconds, coef=coef, fit_settings=fkw)
     pngs = []
     if before_plots is not None:
@@ -1153,10 +1158,26 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     return DisaggregationReport(**report_kw, pngs=pngs)
 
 
+def _complete_rows(keep, *arrays) -> int:
+    """How many rows ``keep`` selects in which every array is finite."""
+    ok = np.asarray(keep, dtype=bool).copy()
+    for a in arrays:
+        ok &= np.isfinite(a).all(axis=1)
+    return int(ok.sum())
+
+
 def _plot_window(ts: np.ndarray, n_cal: int, plot_day) -> slice:
-    """Rows of one day: ``plot_day`` or the first whole day after the calibration period."""
+    """Rows of one day: ``plot_day``, or by default the first whole day of the evaluation
+    period (``ts[n_cal:]``), or its first 24 hours when it holds no whole day."""
     if plot_day is None:
-        start = ts[n_cal].astype("datetime64[D]") + np.timedelta64(1, "D")
+        start = ts[n_cal].astype("datetime64[D]")
+        if start < ts[n_cal]:     # the evaluation period begins within that day
+            start = start + np.timedelta64(1, "D")
+        if start + np.timedelta64(1, "D") > ts[-1] + np.timedelta64(1, "m"):
+            # no whole day: the first 24 hours (at most) of the evaluation period
+            i = n_cal
+            j = int(np.searchsorted(ts, ts[n_cal] + np.timedelta64(1, "D")))
+            return slice(i, max(j, i + 1))
     else:
         start = np.datetime64(plot_day, "D")
     i = int(np.searchsorted(ts, start.astype("datetime64[s]")))

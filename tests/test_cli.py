@@ -218,7 +218,9 @@ def test_fit_covariance_type(files, capsys, kind):
     (["demo", "--frobnicate"], "unrecognized arguments: --frobnicate"),
     (["disaggregate", "--iters", "0"], "argument --iters: expected a positive integer, got 0"),
     (["disaggregate", "--evaluation-days", "-1"], "argument --evaluation-days: expected a finite number > 0"),
-    (["disaggregate", "--on-threshold", "nan"], "argument --on-threshold: expected a finite number >= 0"),
+    (["disaggregate", "--on-threshold", "nan"], "argument --on-threshold: expected a finite number > 0"),
+    (["disaggregate", "--on-threshold", "0"], "argument --on-threshold: expected a finite number > 0, got 0"),
+    (["disaggregate", "--train-rows", "1"], "argument --train-rows: expected an integer >= 2, got 1"),
     (["disaggregate", "extra"], "unrecognized arguments: extra"),
     (["disaggregate", "--net-warmup", "x"], "argument --net-warmup: expected an integer >= 0, got 'x'"),
     (["disaggregate", "--n-jobs", "-3"], "argument --n-jobs: expected an integer >= 1 or -1, got -3"),
@@ -596,3 +598,10 @@ def test_disaggregate_checks_n_train_against_the_data_before_the_fit(capsys, mon
     with pytest.raises(AssertionError, match="fitted before"):   # the largest one reaches the fit
         _run(["disaggregate", "--n-train", "2120", "--calibration-days", "1", "--evaluation-days", "1",
               "--no-plot"], capsys)
+    # a period shorter than a minute: refused by the option's name before the data is loaded
+    capsys.readouterr()     # (what the run stopped by the failing fit printed)
+    for option in ("--calibration-days", "--evaluation-days"):
+        code, out, err = _run(["disaggregate", option, "0.0001", "--no-plot"], capsys)
+        assert code == 1 and out == ""
+        assert err == (f"streamfhmm disaggregate: error: {option} 0.0001 is less than a minute of data "
+                       "(the periods are counted in one-minute rows)\n")

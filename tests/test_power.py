@@ -101,6 +101,9 @@ def test_power_split_synthetic():
     np.testing.assert_allclose(split.mean, X[:2000].mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(split.std, X[:2000].std(axis=0), rtol=1e-12)
     np.testing.assert_allclose(split.standardise(X[2000:]), split.test, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(split.train_timestamps, data.timestamps[:2000])
+    np.testing.assert_array_equal(split.test_timestamps, data.timestamps[2000:])
+    np.testing.assert_array_equal(split.test_imputed, data.imputed[2000:])
     with pytest.raises(ValueError, match="n_train"):
         power_split(data, n_train=len(data))
     with pytest.raises(ValueError, match="imputed"):
@@ -533,6 +536,71 @@ def test_disaggregate_report_synthetic(tmp_path):
     assert ("24 steps (the first 2 train the recognition networks only; 2 runs compared after a "
             "sixth of the steps, the best continued)") in runs.format()
 
+
+def test_disaggregate_report_computes_what_it_reports():
+    """Every figure of the report recomputed from the public pieces: the rows the file
+    filled (here given absurd sub-meter readings, in both periods) and rows with a
+    missing reading stay out of the calibration fits and the scores; the periods' dates,
+    the aggregate MSE (with the bias), the clipped estimates."""
+    seed = 3
+    print(f"seed={seed}")
+    data = _synthetic_household(5, seed)
+    n_train, n_cal, n_eval = 2 * 1440, 1440, 2160
+    values, imputed = data.values.copy(), data.imputed.copy()
+    sub = [data.columns.index(c) for c in SUBMETER_COLUMNS]
+    imputed[n_train + n_cal + 50:n_train + n_cal + 60] = True          # ten in the evaluation too
+    for r in np.flatnonzero(imputed):
+        values[r, sub] = 1e4
+    values[n_train + 200:n_train + 203, sub[0]] = np.nan                # missing readings
+    values[n_train + n_cal + 300:n_train + n_cal + 304, sub[2]] = np.nan
+    data = HouseholdPower(timestamps=data.timestamps, columns=data.columns, values=values,
+                          imputed=imputed)
+    agg = power_split(data, AGGREGATE_COLUMNS, n_train)
+    model = FHMM(n_chains=3, window=3, n_hidden=12, share_hidden="chain", random_state=seed)
+    model.fit(agg.train, max_iter=300, net_warmup=0, progress=False)
+    report = disaggregate_report(data, model=model, n_train=n_train, calibration_days=1,
+                                 evaluation_days=1.5)
+    n = n_cal + n_eval
+    cal, ev = slice(0, n_cal), slice(n_cal, n)
+    Z, filled = agg.test[:n], imputed[n_train:n_train + n]
+    Y = values[n_train:n_train + n][:, sub]
+    A = data.select(AGGREGATE_COLUMNS)[n_train:n_train + n]
+    theta = model.predict_proba(Z)
+    keep = ~filled[cal] & np.isfinite(Y[cal]).all(axis=1)
+    coef = fit_submeter_map(theta[cal][keep], Y[cal][keep], both_states=False)
+    np.testing.assert_allclose(report.coef, coef, rtol=1e-10, atol=1e-12)
+    est = np.maximum(predict_submeters(theta, coef), 0.0)
+    base = np.maximum(predict_aggregate_baseline(A, fit_aggregate_baseline(A[cal][keep], Y[cal][keep])), 0.0)
+    for got, want in ((report.fhmm, disaggregation_metrics(Y[ev], est[ev], mask=filled[ev])),
+                      (report.baseline, disaggregation_metrics(Y[ev], base[ev], mask=filled[ev]))):
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-10, err_msg=k)
+    R = theta @ model.W_[:-1] + model.W_[-1]
+    np.testing.assert_allclose(report.aggregate_mse, mse_per_dimension(Z[ev], R[ev], filled[ev]), rtol=1e-12)
+    ts = data.timestamps[n_train:n_train + n]
+    assert report.calibration == (ts[0], ts[n_cal - 1]) and report.evaluation == (ts[n_cal], ts[-1])
+    assert report.n_calibration == 1440 - 10 - 3 and report.n_evaluation == 2160 - 10 - 4
+    # (and the filled rows' readings would have changed the map: the check above can fail)
+    with_filled = np.isfinite(Y[cal]).all(axis=1)
+    assert not np.allclose(fit_submeter_map(theta[cal][with_filled], Y[cal][with_filled], both_states=False),
+                           coef, rtol=1e-3)
+
+
+def test_default_plot_day_is_the_first_whole_day_of_the_evaluation():
+    from streamfhmm.power import _plot_window
+    ts = np.datetime64("2009-01-03T00:00:00") + np.arange(4 * 1440) * np.timedelta64(60, "s")
+    # the evaluation begins at midnight: that day is whole
+    w = _plot_window(ts, 1440, None)
+    assert (w.start, w.stop) == (1440, 2880)
+    # it begins at noon: the next day
+    w = _plot_window(ts, 1440 + 720, None)
+    assert (w.start, w.stop) == (2880, 4320)
+    # half a day of evaluation, no whole day: all of it (its first 24 hours at most)
+    w = _plot_window(ts[:1440 + 720], 1440, None)
+    assert (w.start, w.stop) == (1440, 2160)
+    w = _plot_window(ts[:-1], 2 * 1440 + 1, None)   # 2,878 minutes, the last day one short: 24 hours
+    assert (w.start, w.stop) == (2 * 1440 + 1, 3 * 1440 + 1)
+    assert _plot_window(ts, 1440, "2009-01-05") == slice(2880, 4320)
 
 def test_plot_error_without_matplotlib(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
