@@ -547,8 +547,10 @@ class FHMM:
     def _fit_distributed(self, X, lengths, method, client, *, max_iter, time_budget, batch_size,
                          subchain_length, learning_rate, final_lr_ratio, decay, init,
                          init_samples, n_init, net_warmup, progress) -> "FHMM":
-        from .learn.distributed import chunk_lengths, chunk_scaler, fit_svi_distributed, head_rows
+        from .learn.distributed import (check_client, chunk_lengths, chunk_scaler,
+                                        fit_svi_distributed, head_rows)
         from .learn.svi import DEFAULT_MAX_ITER
+        check_client(client)  # before the initialisation, which takes a while
         if method != "svi":
             raise ValueError(f"a Dask client trains with method='svi' only, got method={method!r}")
         if isinstance(X, (list, tuple)):

@@ -5,6 +5,7 @@ Every test runs under a hard watchdog (``faulthandler``): a hang kills the run w
 traceback instead of blocking it.
 """
 import faulthandler
+import gc
 import os
 import signal
 import threading
@@ -626,3 +627,139 @@ def test_bad_settings(problem, client):
         closed.close()
         with pytest.raises(ValueError, match="client is closed"):
             fit_svi_distributed(chunks, params, net, closed, **kw)
+
+
+# ---------------------------------------------------------------- cleanup and checks
+def _actors_on_workers(client):
+    return sum(client.run(lambda dask_worker: len(dask_worker.state.actors)).values())
+
+
+def _wait_for_no_actors(client, seconds=10.0):
+    """The number of actors left on the workers once they are gone or ``seconds``
+    passed (a cancel reaches the workers through the scheduler: not at once)."""
+    deadline = time.monotonic() + seconds
+    n = _actors_on_workers(client)
+    while n and time.monotonic() < deadline:
+        time.sleep(0.1)
+        n = _actors_on_workers(client)
+    return n
+
+
+def test_a_shard_that_fails_to_start_leaves_nothing_behind(problem, client, tmp_path):
+    """A bad .npy chunk fails its shard's start with the data error; the other shard's
+    actor, the failed one's future and the scattered arrays went with it (before, they
+    stayed on the workers and in the client for good: the error kept by the client
+    referred to them through its traceback)."""
+    print(f"seed={SEED}")
+    X, chunks, params, net = problem
+    bad = X[:100].copy()
+    bad[7, 0] = np.inf
+    np.save(tmp_path / "inf.npy", bad)
+    before = set(client.futures)
+    # two shards: chunks[0] (scattered) with the bad file, chunks[1] alone (it starts)
+    mixed = [chunks[0], chunks[1], str(tmp_path / "inf.npy")]
+    with pytest.raises(ValueError, match="infinity at row 7"):
+        fit_svi_distributed(mixed, params, net, client, max_iter=5, random_state=SEED,
+                            progress=False)
+    gc.collect()
+    left = _wait_for_no_actors(client)
+    kept = sorted(set(client.futures) - before)
+    print(f"actors left {left}, futures kept {kept}")
+    assert left == 0
+    assert kept == []
+
+
+def test_the_actors_leave_the_workers_with_the_fit(problem, client):
+    """When a fit returns, its actors are cancelled: the workers drop them without the
+    driver's cyclic garbage collector (disabled here), which they waited for before."""
+    print(f"seed={SEED}")
+    _, chunks, params, net = problem
+    gc.collect()
+    gc.disable()
+    try:
+        state = fit_svi_distributed(chunks, params, net, client, max_iter=5,
+                                    random_state=SEED, progress=False)
+        left = _wait_for_no_actors(client)
+    finally:
+        gc.enable()
+    print(f"iterations {state.iteration}, actors left {left}")
+    assert state.iteration == 5
+    assert left == 0
+
+
+def test_a_wrong_client_is_refused_before_any_work(problem, tmp_path, monkeypatch):
+    """A client that is not a distributed.Client raises ValueError at once: with .npy
+    chunks it was an AttributeError from chunk_scaler, with arrays a ValueError only
+    after the model's initialisation."""
+    X, _, params, net = problem
+    paths = write_npy_chunks(X, tmp_path, 2)
+    message = "client must be a distributed.Client, got str"
+
+    def initialise(self, *args, **kwargs):
+        raise AssertionError("the model was initialised before the client was checked")
+
+    monkeypatch.setattr(FHMM, "_initial_params", initialise)
+    for data in (paths, X):
+        with pytest.raises(ValueError, match=message):
+            FHMM(n_chains=2, window=3, n_hidden=4, random_state=SEED).fit(
+                data, max_iter=5, progress=False, client="tcp://127.0.0.1:8786")
+    with pytest.raises(ValueError, match=message):
+        chunk_scaler(paths, "tcp://127.0.0.1:8786")
+    with pytest.raises(ValueError, match="client must be a distributed.Client, got object"):
+        fit_svi_distributed(paths, params, net, object(), max_iter=1, progress=False)
+
+
+def test_log_every_is_checked_before_the_workers_start(problem, client, monkeypatch):
+    """log_every="10" failed with TypeError after the workers started; -5 and 2.5 were
+    taken silently."""
+    _, chunks, params, net = problem
+    started = []
+    monkeypatch.setattr(dl._ShardPool, "start", lambda pool: started.append(1))
+    for bad in ("10", -5, 2.5, 0, True):
+        with pytest.raises(ValueError, match="log_every must be an integer >= 1"):
+            fit_svi_distributed(chunks, params, net, client, max_iter=5, log_every=bad,
+                                progress=False)
+    assert started == []
+
+
+def test_a_step_sums_every_shards_gradient(problem, client, monkeypatch):
+    """One driver step's summed ELBO terms, gradient and counted positions equal one
+    batch_gradient over the same subchains. Every chunk is no longer than a subchain and
+    the batch holds as many subchains as there are chunks, split 3 + 3 over the two
+    shards: the first step uses every chunk once, whole, whatever the shards' shuffles."""
+    print(f"seed={SEED}")
+    from streamfhmm.kernels import svi as ks
+    X, _, params, net = problem
+    lengths = [5, 8, 3, 8, 7, 2]
+    L = max(lengths)
+    data = X[:sum(lengths)]
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    chunks = np.split(data, bounds[1:-1])
+    steps = []
+    apply = dl.apply_gradient_sum
+
+    def recording(x, grad, value, counted, *args):
+        steps.append((x.copy(), grad.copy(), value, counted))
+        return apply(x, grad, value, counted, *args)
+
+    monkeypatch.setattr(dl, "apply_gradient_sum", recording)
+    fit_svi_distributed(chunks, params, net, client, max_iter=1, batch_size=len(lengths),
+                        subchain_length=L, random_state=SEED, progress=False)
+    x, grad, value, counted = steps[0]
+    # the reference: every chunk one whole subchain, over the concatenated data
+    n = len(data)
+    rows = np.arange(n, dtype=np.int64)
+    seq = np.repeat(np.arange(len(lengths)), lengths)
+    row_start, row_end = bounds[seq], bounds[seq + 1]
+    first = np.ones(len(lengths), dtype=bool)
+    M, D = net.n_chains, net.n_features
+    scratch = [np.empty((n, k)) for k in (net.n_inputs, net.n_groups * net.n_hidden,
+                                          M, M, M, M, D)]
+    g_ref = np.empty_like(x)
+    v_ref, c_ref = ks.batch_gradient(data, rows, row_start, row_end, bounds, first,
+                                     net.window, net.offset, net.mean, net.scale, x,
+                                     x.size - net.n_weights, net.layout, M, D, *scratch, g_ref)
+    print(f"counted {counted} (reference {c_ref}), value {value:.6f} (reference {v_ref:.6f})")
+    assert counted == c_ref == n
+    np.testing.assert_allclose(value, v_ref, rtol=1e-12)
+    np.testing.assert_allclose(grad, g_ref, rtol=1e-10, atol=1e-12)

@@ -347,6 +347,35 @@ def test_recognition_scorer_uses_the_predicted_chain_probabilities(predictive):
     sc.close()
 
 
+@pytest.mark.parametrize("predictive", ["mixture", "gaussian"])
+def test_recognition_scorer_committed_score_uses_the_previous_posterior(predictive):
+    """score_one of the dict just learnt is its score given the samples before it:
+    -log p̂(x_t | θ_{t-1}) with θ_{t-1} the posterior committed before x_t, not θ_t (which
+    has seen x_t already)."""
+    m = _model(M=2, D=3, seed=12)
+    X, _ = m.params_.sample(160, random_state=13)
+    print("data seed=13, adapter seed=3")
+    kw = dict(model=m, posterior="recognition", learn=False, warmup=80, warmup_steps=30, seed=3)
+    tr = FHMMTransformer(**kw)
+    sc = FHMMAnomalyScorer(predictive=predictive, **kw)
+    ref = naive_mixture if predictive == "mixture" else naive_moment_gaussian
+    theta_prev, errs = None, []
+    for x, row in zip(_dicts(X), X):
+        tr.learn_one(x)
+        sc.learn_one(x)
+        if theta_prev is not None:
+            params = sc.engine.params
+            want = -ref(row, predicted_on_probability(theta_prev, params), params)
+            errs.append(abs(sc.score_one(x) - want))  # x is the dict learnt: committed
+        if tr.ready:
+            out = tr.transform_one(x)
+            theta_prev = np.array([out["chain_0"], out["chain_1"]])
+    tr.close()
+    sc.close()
+    print(f"{predictive}: {len(errs)} committed scores, max error {max(errs):.2e}")
+    assert len(errs) > 70 and max(errs) < 1e-9
+
+
 # --------------------------------------------------------------------------------------
 # features
 # --------------------------------------------------------------------------------------
@@ -823,6 +852,27 @@ def test_learning_switch_takes_booleans_only():
     tr.learning = np.bool_(True)
     assert tr.learning is True
     tr.close()
+
+
+def test_learning_cannot_be_switched_on_a_closed_adapter():
+    """A closed adapter refused learn_one but took `learning = ...`, which its pickled
+    copy then did not keep: the switch is refused as well, and the copy learns as the
+    adapter did when it was closed."""
+    X, _ = _model(seed=36).params_.sample(80, random_state=37)
+    print("data seed=37, adapter seed=6")
+    tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=40, warmup_steps=10,
+                         learn=True, seed=6)
+    for x in _dicts(X):
+        tr.learn_one(x)
+    tr.close()
+    for value in (False, True):
+        with pytest.raises(RuntimeError, match="this FHMMTransformer is closed"):
+            tr.learning = value
+    assert tr.learning is True
+    copy = pickle.loads(pickle.dumps(tr))
+    learning = copy.learning
+    copy.close()
+    assert learning is True
 
 
 @pytest.mark.parametrize("learn", [False, True])

@@ -1183,3 +1183,17 @@ def test_fill_batch_lays_out_what_the_sampler_hands_out():
         # the row before it as context
         assert ((rs[:n] <= rows[:n]) & (rows[:n] < re[:n])).all()
     assert fast.epoch == ref.epoch >= 3
+
+
+@pytest.mark.parametrize("log_every", ["10", -5, 2.5, 0, True])
+def test_log_every_is_checked(correlated_data, log_every):
+    """(-5 and 2.5 were taken as every 5 and 2.5 steps, "10" failed at the first log.)"""
+    from streamfhmm.learn.svi import fit_svi
+    from streamfhmm.network import RecognitionNet
+    X = correlated_data
+    p = init_params(X, 2, random_state=np.random.default_rng(0))
+    net = RecognitionNet(2, 3, window=3, n_hidden=4).init(random_state=0)
+    net.fit_scaler(X)
+    with pytest.raises(ValueError, match="log_every must be"):
+        fit_svi(X, np.array([0, len(X)]), p, net, max_iter=20, rng=np.random.default_rng(0),
+                progress=False, log_every=log_every)

@@ -433,13 +433,15 @@ class _StreamAdapter:
         """Whether the background learner takes steps; assignable at run time (pauses and
         resumes it) with True or False. ``learn=False`` starts with it off; a fitted model
         with ``posterior="exact"`` and ``learn=False`` has no learner once the first sample
-        is learnt, and switching it on then raises ValueError."""
+        is learnt, and switching it on then raises ValueError. A closed adapter refuses
+        the switch (RuntimeError): its final state, which pickling keeps, is fixed."""
         if self._engine is not None:
             return self._engine.learning
         return self._learning
 
     @learning.setter
     def learning(self, value: bool):
+        self._check_open()
         value = check_bool(value, "learning")
         if self._engine is not None:
             self._engine.learning = value
@@ -463,7 +465,8 @@ class _StreamAdapter:
         """Stop the learner thread and end the stream; idempotent.
 
         The adapter keeps its final state, so it can still be pickled (an unpickled copy
-        is open again); ``learn_one``, ``transform_one`` and ``score_one`` raise afterwards.
+        is open again); ``learn_one``, ``transform_one``, ``score_one`` and setting
+        :attr:`learning` raise afterwards.
         """
         if self._closed:
             return

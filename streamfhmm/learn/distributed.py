@@ -293,6 +293,26 @@ def _check_seconds(value, name):
     return float(value)
 
 
+def check_client(client):
+    """Raise ValueError unless ``client`` is a connected, synchronous ``distributed.Client``.
+
+    Called before any work, so a wrong ``client`` fails at once, not as an
+    AttributeError after the initialisation or the workers' start.
+
+    Parameters
+    ----------
+    client : object
+        What the caller passed as the client.
+    """
+    # duck-typed: distributed is an optional dependency, and these are the methods used
+    if not hasattr(client, "submit") or not hasattr(client, "nthreads"):
+        raise ValueError(f"client must be a distributed.Client, got {type(client).__name__}")
+    if getattr(client, "asynchronous", False):
+        raise ValueError("client must be a synchronous distributed.Client (asynchronous=False)")
+    if getattr(client, "status", None) in ("closing", "closed"):
+        raise ValueError("client is closed: pass a connected distributed.Client")
+
+
 def _combine(na, ma, m2a, nb, mb, m2b):
     """Chan et al.'s pairwise update of counts, means and squared deviations."""
     n = na + nb
@@ -321,6 +341,8 @@ def chunk_scaler(chunks, client=None, timeout: float = 600.0):
     mean, scale : ndarray, shape (D,)
         For ``net.set_scaler(mean, scale)``.
     """
+    if client is not None:
+        check_client(client)
     desc = _describe_chunks(chunks)
     D = desc[0].n_features
     if client is None:
@@ -611,21 +633,32 @@ class _ShardPool:
     def start(self):
         placed = [(s, self.workers[s.index % len(self.workers)]) for s in self.shards]
         submitted = []
-        for s, addr in placed:  # (a worker that dies now: its shards are placed again below)
-            try:
-                submitted.append(self._submit(s, addr))
-            except _Lost as exc:
-                submitted.append(exc)
-        deadline = time.monotonic() + self.setup_timeout
-        for (shard, addr), sub in zip(placed, submitted):
-            try:
-                if isinstance(sub, _Lost):
-                    raise sub
-                self._bind(shard, addr, sub[0], deadline)
-            except _Lost as exc:
-                shard.address = addr
-                self._replace(shard, exc)
-        submitted.clear()  # the scattered arrays now live in the actors
+        try:
+            for s, addr in placed:  # (a worker that dies now: its shards are placed again below)
+                try:
+                    submitted.append(self._submit(s, addr))
+                except _Lost as exc:
+                    submitted.append(exc)
+            deadline = time.monotonic() + self.setup_timeout
+            for (shard, addr), sub in zip(placed, submitted):
+                try:
+                    if isinstance(sub, _Lost):
+                        raise sub
+                    self._bind(shard, addr, sub, deadline)
+                except _Lost as exc:
+                    shard.address = addr
+                    self._replace(shard, exc)
+        except BaseException:
+            # a shard that cannot start (bad data, no worker left, interrupted): the
+            # others' actors and scattered data would stay on the workers, held by the
+            # client for as long as anything (this frame, in the error's traceback)
+            # refers to their futures
+            self._cancel([f for sub in submitted if not isinstance(sub, _Lost)
+                          for f in (sub[0], *(sub[1] or ()))])
+            raise
+        finally:
+            # started, the scattered arrays live in the actors; failed, they are cancelled
+            submitted.clear()
 
     def _submit(self, shard, address):
         """Scatter the shard's arrays to ``address`` and create its actor there;
@@ -645,14 +678,31 @@ class _ShardPool:
             raise _Lost(f"while sending its data: the worker {address} failed ({exc!r})") from exc
         return fut, data
 
-    def _bind(self, shard, address, fut, deadline):
+    def _bind(self, shard, address, submitted, deadline):
+        """Wait for the actor of ``submitted`` (``_submit``'s future and data) and attach
+        it to ``shard``; on any failure the actor and its data are cancelled."""
+        fut, data = submitted
         try:
-            actor = self._wait(fut.result, address, None, deadline, "while loading its data")
-        except _Lost:
-            if fut.status == "error":  # the shard itself failed (bad file, ...): no retry
-                fut.result()
+            try:
+                actor = self._wait(fut.result, address, None, deadline,
+                                   "while loading its data")
+            except _Lost:
+                if fut.status == "error":  # the shard itself failed (bad file, ...): no retry
+                    fut.result()
+                raise
+        except BaseException:
+            # an errored future's exception (kept by the client) carries this traceback,
+            # whose frames refer to the future: without the cancel neither is ever freed
+            self._cancel([fut, *(data or ())])
             raise
         shard.address, shard.future, shard.actor = address, fut, actor
+
+    def _cancel(self, futures):
+        """Cancel ``futures`` (actors, scattered data) so the workers drop them now."""
+        # a closed client cannot send the cancel (it would raise over the fit's own
+        # error), and the scheduler released its keys when it closed
+        if futures and self.client.status != "closed":
+            self.client.cancel(futures, force=True)
 
     def _replace(self, shard, exc):
         """Re-create ``shard`` on a live worker, or raise a clear error."""
@@ -680,8 +730,7 @@ class _ShardPool:
             address = min(live, key=lambda w: (load[w], w))
             shard.seed = shard.seed.spawn(1)[0]
             try:
-                fut, _ = self._submit(shard, address)
-                self._bind(shard, address, fut, deadline)
+                self._bind(shard, address, self._submit(shard, address), deadline)
                 return
             except _Lost as new_exc:
                 shard.address, exc = address, new_exc
@@ -733,6 +782,9 @@ class _ShardPool:
                 self._replace(shard, exc)
 
     def close(self):
+        """Cancel the actors: the workers drop them (and their data) now, not when the
+        driver's cyclic garbage collector happens to free the last reference."""
+        self._cancel([s.future for s in self.shards if s.future is not None])
         for s in self.shards:
             s.actor = s.future = None
 
@@ -775,7 +827,8 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     progress : bool
         Show a progress bar.
     log_every : int, optional
-        Append to ``history`` every so many steps (default: 100 entries per run).
+        Append to ``history`` every so many steps, at least 1 (default: 100 entries
+        per run).
     state : SVIState, optional
         Continue this state.
     callback : callable, optional
@@ -817,12 +870,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     MATH.md §5: ``∇ = (1/n) Σ_workers Σ_batch ∇ℓ_t`` with ``n`` the counted positions
     of the whole batch, then :func:`~streamfhmm.kernels.svi.rmsprop_update`.
     """
-    if getattr(client, "asynchronous", False):
-        raise ValueError("client must be a synchronous distributed.Client (asynchronous=False)")
-    if not hasattr(client, "submit") or not hasattr(client, "nthreads"):
-        raise ValueError(f"client must be a distributed.Client, got {type(client).__name__}")
-    if getattr(client, "status", None) in ("closing", "closed"):
-        raise ValueError("client is closed: pass a connected distributed.Client")
+    check_client(client)
     if direct_to_workers is not None and not isinstance(direct_to_workers, (bool, np.bool_)):
         raise ValueError(f"direct_to_workers must be True, False or None, got "
                          f"{direct_to_workers!r}")
@@ -836,6 +884,8 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
      time_budget) = check_svi_settings(max_iter, batch_size, subchain_length, learning_rate,
                                        final_lr_ratio, decay, time_budget)
     net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
+    if log_every is not None:
+        log_every = check_positive_int(log_every, "log_every")
     max_recoveries = check_positive_int(max_recoveries, "max_recoveries", minimum=0)
     step_timeout = _check_seconds(step_timeout, "step_timeout")
     setup_timeout = _check_seconds(setup_timeout, "setup_timeout")

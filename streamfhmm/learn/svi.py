@@ -400,6 +400,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     if schedule_start + max_iter > schedule_length:
         raise ValueError(f"schedule_start + max_iter must be at most schedule_length, got "
                          f"{schedule_start:,} + {max_iter:,} > {schedule_length:,}")
+    if log_every is not None:   # (as the distributed learner checks it)
+        log_every = check_positive_int(log_every, "log_every")
     continued = state is not None
     state = start_state(state, params, net, decay, covariance_type)
     X = check_observations(X, n_features=state.packer.n_features, allow_nan=True)
