@@ -320,38 +320,12 @@ def test_predictive_densities_against_enumeration():
 
 
 @pytest.mark.parametrize("predictive", ["mixture", "gaussian"])
-def test_recognition_scorer_uses_the_predicted_chain_probabilities(predictive):
+@pytest.mark.parametrize("committed", [False, True], ids=["preview", "committed"])
+def test_recognition_scorer_uses_the_predicted_chain_probabilities(predictive, committed):
     """score_one(x) = -log p̂(x | θ_{t-1}) with θ_{t-1} the filtered (recognition)
-    posterior of the last learnt sample, read from a transformer with the same engine."""
-    m = _model(M=2, D=3, seed=12)
-    X, _ = m.params_.sample(160, random_state=13)
-    print("data seed=13")
-    kw = dict(model=m, posterior="recognition", learn=False, warmup=80, warmup_steps=30, seed=3)
-    tr = FHMMTransformer(**kw)
-    sc = FHMMAnomalyScorer(predictive=predictive, **kw)
-    ref = naive_mixture if predictive == "mixture" else naive_moment_gaussian
-    theta_prev, errs = None, []
-    for x, row in zip(_dicts(X), X):
-        if theta_prev is not None:
-            params = sc.engine.params
-            want = -ref(row, predicted_on_probability(theta_prev, params), params)
-            errs.append(abs(sc.score_one(x) - want))
-        tr.learn_one(x)
-        sc.learn_one(x)
-        if tr.ready:
-            out = tr.transform_one(x)
-            theta_prev = np.array([out["chain_0"], out["chain_1"]])
-    print(f"{predictive}: {len(errs)} scores, max error {max(errs):.2e}")
-    assert len(errs) > 70 and max(errs) < 1e-9
-    tr.close()
-    sc.close()
-
-
-@pytest.mark.parametrize("predictive", ["mixture", "gaussian"])
-def test_recognition_scorer_committed_score_uses_the_previous_posterior(predictive):
-    """score_one of the dict just learnt is its score given the samples before it:
-    -log p̂(x_t | θ_{t-1}) with θ_{t-1} the posterior committed before x_t, not θ_t (which
-    has seen x_t already)."""
+    posterior of the sample before x, read from a transformer with the same engine: both
+    before x is learnt (a preview) and after (x is the dict just learnt: its committed
+    score, given the samples before it, not θ_t, which has seen x already)."""
     m = _model(M=2, D=3, seed=12)
     X, _ = m.params_.sample(160, random_state=13)
     print("data seed=13, adapter seed=3")
@@ -361,18 +335,23 @@ def test_recognition_scorer_committed_score_uses_the_previous_posterior(predicti
     ref = naive_mixture if predictive == "mixture" else naive_moment_gaussian
     theta_prev, errs = None, []
     for x, row in zip(_dicts(X), X):
-        tr.learn_one(x)
-        sc.learn_one(x)
+        if committed:
+            tr.learn_one(x)
+            sc.learn_one(x)
         if theta_prev is not None:
             params = sc.engine.params
             want = -ref(row, predicted_on_probability(theta_prev, params), params)
-            errs.append(abs(sc.score_one(x) - want))  # x is the dict learnt: committed
+            errs.append(abs(sc.score_one(x) - want))
+        if not committed:
+            tr.learn_one(x)
+            sc.learn_one(x)
         if tr.ready:
             out = tr.transform_one(x)
             theta_prev = np.array([out["chain_0"], out["chain_1"]])
     tr.close()
     sc.close()
-    print(f"{predictive}: {len(errs)} committed scores, max error {max(errs):.2e}")
+    print(f"{predictive}, {'committed' if committed else 'preview'}: {len(errs)} scores, "
+          f"max error {max(errs):.2e}")
     assert len(errs) > 70 and max(errs) < 1e-9
 
 
