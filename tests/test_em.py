@@ -1,5 +1,7 @@
 """Exact EM: the E-step's statistics against the product-space HMM (hmmlearn), the
 log-likelihood never decreasing, the estimator's method="em"."""
+import itertools
+
 import numpy as np
 import pytest
 from hmmlearn.hmm import GaussianHMM
@@ -123,3 +125,46 @@ def test_fit_exact_em_refuses_an_n_chains_that_params_contradict():
     with pytest.raises(ValueError, match="n_chains must be at most 14, got 15"):
         fit_exact_em(X, n_chains=15, max_iter=1, progress=False)
     assert fit_exact_em(X, params=p, n_chains=2, max_iter=1, progress=False)[0].n_chains == 2
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_m_step_is_the_expected_complete_data_maximiser(seed):
+    """One EM iteration against its definition, by enumeration of every joint path of two
+    sequences (lengths honoured): W solves Σ_t E[ŝŝᵀ] W = Σ_t E[ŝ] yᵀ, Σ is the expected
+    residual covariance at that W (taken term by term, not through an identity), the
+    transitions are the expected counts, the start probabilities the sequences' first
+    marginals."""
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed, noise=0.7)
+    X, _ = p.sample(7, random_state=seed + 20)
+    X = X + 1e4                                   # an offset the bias must take exactly
+    p = p.replace(W=p.W + np.r_[np.zeros((2, 2)), [[1e4, 1e4]]])
+    lengths = [3, 4]
+    states = np.c_[naive.joint_states(2), np.ones(4)]
+    paths, G, C, xi, first = [], np.zeros((3, 3)), np.zeros((3, 2)), np.zeros((2, 2, 2)), []
+    for lo, hi in ((0, 3), (3, 7)):
+        Y = X[lo:hi]
+        seqs = list(itertools.product(range(4), repeat=len(Y)))
+        logs = np.array([naive.log_joint(p, Y, states[list(s), :2]) for s in seqs])
+        w = np.exp(logs - np.logaddexp.reduce(logs))
+        paths.append((Y, seqs, w))
+        for s, wi in zip(seqs, w):
+            S = states[list(s)]
+            G += wi * S.T @ S
+            C += wi * S.T @ Y
+            for t in range(1, len(Y)):
+                for m in range(2):
+                    xi[m, int(S[t - 1, m]), int(S[t, m])] += wi
+        first.append(sum(wi * states[s[0], :2] for s, wi in zip(seqs, w)))
+    W = np.linalg.solve(G, C)
+    Sigma = np.zeros((2, 2))
+    for Y, seqs, w in paths:
+        for s, wi in zip(seqs, w):
+            E = Y - states[list(s)] @ W
+            Sigma += wi * E.T @ E
+    Sigma /= len(X)
+    q, _ = fit_exact_em(X, lengths, params=p, max_iter=1, tol=0.0, progress=False)
+    np.testing.assert_allclose(q.W, W, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(q.covariance, Sigma, rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(q.transmat, xi / xi.sum(axis=2, keepdims=True), rtol=1e-9)
+    np.testing.assert_allclose(q.startprob, np.mean(first, axis=0), rtol=1e-9)
