@@ -153,3 +153,41 @@ def test_errors():
     big = FHMMParams.random(exact.MAX_EXACT_CHAINS + 1, 1, random_state=0)
     with pytest.raises(ValueError, match="exact inference is limited to n_chains"):
         exact.log_likelihood(big, np.zeros((3, 1)))
+
+
+def test_smoother_checkpoint_interval():
+    """The interval is ⌈√T⌉ of the longest sequence, at most SMOOTH_BLOCK (the block's
+    messages were 256 · 2^M doubles for any sequence of 256 steps: 512 MB at M = 18 and
+    T = 300), and the marginals do not depend on it."""
+    from streamfhmm.exact import SMOOTH_BLOCK, smooth_block
+
+    assert smooth_block(np.array([0, 300])) == 18
+    assert smooth_block(np.array([0, 5, 405, 406])) == 20
+    assert smooth_block(np.array([0, 10**6])) == SMOOTH_BLOCK == 256
+    assert smooth_block(np.array([0, 1])) == 1
+    seed = 8
+    print(f"seed={seed}")
+    p = FHMMParams.random(3, 2, random_state=seed)
+    X, _ = p.sample(300, random_state=seed)
+    bounds = np.array([0, 120, 300])
+    runs = []
+    for block in (1, 7, 18, 256):
+        theta, xi = np.zeros((300, 3)), np.zeros((300, 3, 2, 2))
+        ll = kx.forward_backward(X, bounds, p.W, p.L, p.transmat, p.startprob, block, True, theta, xi,
+                                np.zeros(0))
+        runs.append((ll, theta, xi))
+    for ll, theta, xi in runs[1:]:
+        assert ll == pytest.approx(runs[0][0], rel=1e-13)
+        np.testing.assert_allclose(theta, runs[0][1], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(xi, runs[0][2], rtol=0, atol=1e-12)
+
+
+def test_filtering_honours_lengths():
+    seed = 9
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed)
+    X, _ = p.sample(50, random_state=seed)
+    ll, both = exact.filtered_marginals(p, X, [20, 30])
+    (ll1, one), (ll2, two) = exact.filtered_marginals(p, X[:20]), exact.filtered_marginals(p, X[20:])
+    assert ll == pytest.approx(ll1 + ll2, rel=1e-13)
+    np.testing.assert_allclose(both, np.r_[one, two], rtol=0, atol=1e-13)

@@ -97,7 +97,7 @@ def exact_e_step(params: FHMMParams, X, lengths=None) -> ExactEStep:
     xi = np.zeros((T, M, 2, 2))
     gsum = np.zeros(1 << M)
     ll = _kx.forward_backward(X, bounds, params.W, params.L, params.transmat, params.startprob,
-                              exact.SMOOTH_BLOCK, True, theta, xi, gsum)
+                              exact.smooth_block(bounds), True, theta, xi, gsum)
     S = _augmented_states(M)
     gram = S.T @ (gsum[:, None] * S)
     return ExactEStep(float(ll), theta, xi.sum(axis=0), 0.5 * (gram + gram.T))
