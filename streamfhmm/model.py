@@ -108,6 +108,11 @@ class FHMMParams:
         object.__setattr__(self, "beta", _frozen(beta))
         object.__setattr__(self, "startprob", _frozen(start))
 
+    def __reduce__(self):
+        # through the constructor: a pickled or deep-copied instance is validated and
+        # its arrays read-only again (the default copies them writeable)
+        return (FHMMParams, (self.W, self.L, self.alpha, self.beta, self.startprob))
+
     # -- construction ------------------------------------------------------------
     @classmethod
     def from_natural(cls, W, covariance, transmat, startprob=None) -> "FHMMParams":

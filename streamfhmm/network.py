@@ -29,6 +29,8 @@ WINDOW_MODES = ("centred", "causal")
 
 _EPS_THETA = EPS_THETA
 _EPS_RHO = EPS_RHO
+#: how close to its bounds ``init`` may start θ and ρ (a logit of about ±6.9)
+_INIT_MARGIN = 1e-3
 
 _ARRAY_KEYS = ("n_chains", "n_features", "window", "n_hidden", "share", "mode",
                "weights", "mean", "scale")
@@ -254,14 +256,18 @@ class RecognitionNet:
         Parameters
         ----------
         random_state : None, int or numpy Generator
-        theta_init : float in (0, 1)
-        rho_init : float in (-1, 1)
+        theta_init : float in [0.001, 0.999]
+        rho_init : float in [-0.999, 0.999]
+            (Closer to the bounds the heads' biases would start where the squashing
+            functions are flat, θ and ρ stuck at their limits with a vanishing gradient.)
         output_scale : float ≥ 0
             Scale of the head weights; 0 gives exactly ``theta_init`` and ``rho_init``.
         """
         rng = check_random_state(random_state)
-        theta_init = self._check_scalar(theta_init, "theta_init", 0.0, 1.0)
-        rho_init = self._check_scalar(rho_init, "rho_init", -1.0, 1.0)
+        theta_init = self._check_scalar(theta_init, "theta_init", _INIT_MARGIN, 1.0 - _INIT_MARGIN,
+                                        True, True)
+        rho_init = self._check_scalar(rho_init, "rho_init", -1.0 + _INIT_MARGIN, 1.0 - _INIT_MARGIN,
+                                      True, True)
         output_scale = self._check_scalar(output_scale, "output_scale", 0.0, np.inf, True)
         K, Hg = self.n_inputs, self._n_hidden
         self._U[...] = rng.standard_normal(self._U.shape) / np.sqrt(K)
@@ -274,14 +280,14 @@ class RecognitionNet:
         return self
 
     @staticmethod
-    def _check_scalar(value, name, lo, hi, closed_lo=False):
+    def _check_scalar(value, name, lo, hi, closed_lo=False, closed_hi=False):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
             raise ValueError(f"{name} must be a real number, got {value!r}")
         v = float(value)
-        ok = (lo <= v if closed_lo else lo < v) and v < hi
+        ok = (lo <= v if closed_lo else lo < v) and (v <= hi if closed_hi else v < hi)
         if not ok or np.isnan(v):
-            lb = "[" if closed_lo else "("
-            raise ValueError(f"{name} must lie in {lb}{lo}, {hi}), got {value!r}")
+            lb, rb = "[" if closed_lo else "(", "]" if closed_hi else ")"
+            raise ValueError(f"{name} must lie in {lb}{lo:g}, {hi:g}{rb}, got {value!r}")
         return v
 
     # ----------------------------------------------------------------- scaler

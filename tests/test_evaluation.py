@@ -88,3 +88,20 @@ def test_evaluation_input_errors():
         posterior_mae([[0.5, 0.0]], [[2.0, 0.0]])
     with pytest.raises(ValueError, match="theta must be real-valued"):
         posterior_mae([[0.5 + 0j]], [[0.5]])
+
+
+def test_loglik_per_step_and_posterior_mae_values():
+    """The figures themselves: the exact log-likelihood of several sequences over all
+    their steps (T = 20 rows, D = 3 features), and the mean (not the largest) of
+    non-uniform absolute differences."""
+    from streamfhmm import exact
+    from streamfhmm.evaluation import loglik_per_step
+    seed = 6
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 3, random_state=seed)
+    X, _ = p.sample(20, random_state=seed)
+    want = (exact.log_likelihood(p, X[:8]) + exact.log_likelihood(p, X[8:])) / 20
+    assert loglik_per_step(p, X, [8, 12]) == pytest.approx(want, rel=1e-12)
+    a = np.array([[0.0, 0.5], [1.0, 0.25], [0.5, 0.5]])
+    b = np.array([[0.1, 0.5], [0.7, 0.25], [0.5, 0.0]])
+    assert posterior_mae(a, b) == pytest.approx((0.1 + 0.3 + 0.5) / 6, rel=1e-12)

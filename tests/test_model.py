@@ -95,6 +95,17 @@ def test_params_are_immutable():
     q = p.replace(W=p.W + 1)
     assert q is not p and np.allclose(q.W, p.W + 1)
 
+    # so are copies: pickle (the river adapter pickles its engine) and deepcopy made the
+    # arrays writeable, and parameters the constructor refuses could be written into them
+    import copy
+    import pickle
+    for c in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p), copy.copy(p)):
+        assert isinstance(c, FHMMParams)
+        for name in ("W", "L", "alpha", "beta", "startprob"):
+            np.testing.assert_array_equal(getattr(c, name), getattr(p, name))
+            with pytest.raises(ValueError, match="read-only"):
+                getattr(c, name)[0] = 7.0
+
 
 def test_sample_reproduces_statistics():
     seed = 7
@@ -685,3 +696,15 @@ def test_start_score_beyond_12_chains_is_the_smf_bound_below_the_likelihood():
     ll = exact.log_likelihood(p, X) / 60
     assert np.isfinite(bound) and bound <= ll + 1e-9
     assert bound > ll - 5.0
+
+
+def test_sample_starts_from_startprob():
+    """The first state of a sample is drawn from startprob, not from the stationary
+    probabilities (here far apart)."""
+    seed = 21
+    print(f"seed={seed}")
+    A = np.array([[[0.9, 0.1], [0.1, 0.9]], [[0.9, 0.1], [0.1, 0.9]]])    # stationary 0.5
+    p = FHMMParams.from_natural(np.zeros((3, 1)), np.eye(1), A, startprob=[0.05, 0.9])
+    rng = np.random.default_rng(seed)
+    first = np.array([p.sample(1, random_state=rng)[1][0] for _ in range(4000)])
+    np.testing.assert_allclose(first.mean(axis=0), [0.05, 0.9], atol=0.02)   # 5 SD: 0.017

@@ -335,6 +335,10 @@ def test_fit_scaler():
     Y2 = np.array([[0.0], [4.0]])
     net2 = RecognitionNet(1, 1).fit_scaler(Y2)
     assert net2.mean[0] == 2.0 and net2.scale[0] == 2.0
+    # a constant 0.1 has a standard deviation of about 1e-17 in floating point, not 0:
+    # still constant (a scale of 1e-17 would blow its inputs up to about 1)
+    net3 = RecognitionNet(1, 2).fit_scaler(np.array([[0.1, 1.0], [0.1, 2.0], [0.1, 4.0]]))
+    assert net3.scale[0] == 1.0 and net3.scale[1] == pytest.approx(np.std([1.0, 2.0, 4.0]), rel=1e-14)
 
 
 def _bad(**kw):
@@ -359,9 +363,13 @@ _NET = RecognitionNet(2, 3, window=5, n_hidden=4)
     (lambda: setattr(_NET, "weights", np.full(84, np.inf)), "weights must be finite"),
     (lambda: _NET.set_scaler(np.zeros(2), np.ones(3)), r"mean must have shape \(3,\)"),
     (lambda: _NET.set_scaler(np.zeros(3), [1.0, 0.0, 1.0]), "scale must be finite and positive"),
-    (lambda: _NET.init(rho_init=1.0), r"rho_init must lie in \(-1.0, 1.0\)"),
-    (lambda: _NET.init(theta_init=0.0), r"theta_init must lie in \(0.0, 1.0\)"),
-    (lambda: _NET.init(output_scale=-1.0), r"output_scale must lie in \[0.0, inf\)"),
+    (lambda: _NET.init(rho_init=1.0), r"rho_init must lie in \[-0.999, 0.999\], got 1.0"),
+    (lambda: _NET.init(theta_init=0.0), r"theta_init must lie in \[0.001, 0.999\], got 0.0"),
+    # (θ stuck at its bound: a head bias of -690 and a gradient of 1e-300)
+    (lambda: _NET.init(theta_init=1e-8), r"theta_init must lie in \[0.001, 0.999\], got 1e-08"),
+    (lambda: _NET.init(theta_init=0.9999), r"theta_init must lie in \[0.001, 0.999\]"),
+    (lambda: _NET.init(rho_init=-0.9999999), r"rho_init must lie in \[-0.999, 0.999\]"),
+    (lambda: _NET.init(output_scale=-1.0), r"output_scale must lie in \[0, inf\)"),
     (lambda: _NET.init(random_state="x"), "random_state must be None, an int"),
     (lambda: _NET.forward(np.zeros((4, 2))), r"Y must have 3 features"),
     (lambda: _NET.forward(np.zeros((4, 3)), lengths=[2, 1]), "lengths must sum"),

@@ -372,6 +372,8 @@ def test_sampler_uses_every_position_once_per_epoch():
         counts[a:b] += 1
     assert (counts == 1).all()
     assert (s.q_stop - s.q_start).max() <= 5
+    # in a shuffled order, not the order they were cut in (8 blocks: 1 in 40,320 to be sorted)
+    assert n_blocks == 8 and not (np.diff(s.q_start) > 0).all()
     # batches hand the blocks out without replacement, context rows in the same sequence
     seen = []
     for _ in range(n_blocks // 3):
@@ -1197,3 +1199,16 @@ def test_log_every_is_checked(correlated_data, log_every):
     with pytest.raises(ValueError, match="log_every must be"):
         fit_svi(X, np.array([0, len(X)]), p, net, max_iter=20, rng=np.random.default_rng(0),
                 progress=False, log_every=log_every)
+
+
+def test_expected_subchains_checks_its_arguments():
+    from streamfhmm.learn.sampler import expected_subchains
+    # an empty sequence is cut into no block; one of up to L positions into one
+    np.testing.assert_array_equal(expected_subchains([0, 3, 5], 5), [0.0, 1.0, 1.0])
+    for lengths, L, message in (([5, -1], 3, "lengths must be a 1-d sequence of non-negative integers"),
+                                ([[5]], 3, "lengths must be a 1-d sequence"),
+                                ([2.5], 3, "lengths must be a 1-d sequence"),
+                                ([5], 0, "subchain_length must be"),
+                                ([5], 2.5, "subchain_length must be")):
+        with pytest.raises(ValueError, match=message):
+            expected_subchains(lengths, L)
