@@ -553,7 +553,9 @@ class FHMM:
         check_client(client)  # before the initialisation, which takes a while
         if method != "svi":
             raise ValueError(f"a Dask client trains with method='svi' only, got method={method!r}")
-        if isinstance(X, (list, tuple)):
+        # a list of chunks (.npy paths or 2-D arrays); a nested list of numbers is one (T, D) array
+        if isinstance(X, (list, tuple)) and X and all(
+                isinstance(c, (str, os.PathLike)) or np.ndim(c) == 2 for c in X):
             if lengths is not None:
                 raise ValueError("lengths must be None when X is a list of chunks (each chunk is a sequence)")
             chunks = list(X)

@@ -763,3 +763,16 @@ def test_a_step_sums_every_shards_gradient(problem, client, monkeypatch):
     assert counted == c_ref == n
     np.testing.assert_allclose(value, v_ref, rtol=1e-12)
     np.testing.assert_allclose(grad, g_ref, rtol=1e-10, atol=1e-12)
+
+
+def test_a_nested_list_is_one_array_not_chunks(problem, client):
+    """fit(X.tolist(), client=...) is fit(X, client=...), as without a client: a list of
+    rows of numbers was taken for a list of chunks (and refused: 'chunks[0] must be a
+    2-D array')."""
+    print(f"seed={SEED}")
+    X = problem[0][:400]
+    kw = dict(max_iter=20, progress=False, client=client)
+    a = FHMM(n_chains=2, window=3, n_hidden=4, random_state=SEED).fit(X.tolist(), **kw)
+    b = FHMM(n_chains=2, window=3, n_hidden=4, random_state=SEED).fit(X, **kw)
+    assert a.n_features_in_ == 2 and a.history_[-1]["iteration"] == 20
+    np.testing.assert_array_equal(a.W_, b.W_)
