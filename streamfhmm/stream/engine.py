@@ -1,6 +1,6 @@
 """The streaming engine: one sample in, the posteriors that became available out.
 
-Data flow (ARCHITECTURE.md)::
+Data flow::
 
     push(x) ──▶ RingBuffer ──▶ window kernel (recognition) or exact forward step ──▶ Posterior
                     │
