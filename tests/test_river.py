@@ -815,8 +815,10 @@ def test_engine_params_and_features_are_checked_when_built():
     tr.close()
 
 
-def test_learning_switch_takes_booleans_only():
-    """`learning = "false"` switched learning ON (bool("false") is True)."""
+def test_learning_switch_takes_booleans_only_and_not_once_closed():
+    """`learning = "false"` switched learning ON (bool("false") is True). A closed adapter
+    refused learn_one but took `learning = ...`, which its pickled copy then did not keep:
+    the switch is refused as well, and the copy learns as the adapter did when closed."""
     X, _ = _model(seed=36).params_.sample(80, random_state=37)
     print("data seed=37")
     tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=40, warmup_steps=10,
@@ -830,19 +832,6 @@ def test_learning_switch_takes_booleans_only():
         assert tr.learning is False
     tr.learning = np.bool_(True)
     assert tr.learning is True
-    tr.close()
-
-
-def test_learning_cannot_be_switched_on_a_closed_adapter():
-    """A closed adapter refused learn_one but took `learning = ...`, which its pickled
-    copy then did not keep: the switch is refused as well, and the copy learns as the
-    adapter did when it was closed."""
-    X, _ = _model(seed=36).params_.sample(80, random_state=37)
-    print("data seed=37, adapter seed=6")
-    tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=40, warmup_steps=10,
-                         learn=True, seed=6)
-    for x in _dicts(X):
-        tr.learn_one(x)
     tr.close()
     for value in (False, True):
         with pytest.raises(RuntimeError, match="this FHMMTransformer is closed"):
