@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,8 +35,8 @@ from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
 from streamfhmm.datasets import load_household_power  # noqa: E402
-from streamfhmm.power import (N_SCORED, N_TRAIN, PAPER_COLUMNS, PAPER_TABLE2, _interpolate_missing,  # noqa: E402
-                              mse_per_dimension)
+from streamfhmm.power import (N_TRAIN, PAPER_COLUMNS, PAPER_TABLE2, power_split,  # noqa: E402
+                              protocol_mse)
 
 _SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
 
@@ -47,25 +48,24 @@ def main(argv=None):
     args = ap.parse_args(argv)
     header("household power: SMF-EM (last 5,000 training rows) under three standardisations")
     data = load_household_power()
+    protocol = power_split(data)          # the training rows' mean and standard deviation
     X = data.select(PAPER_COLUMNS)
-    train, test = X[:N_TRAIN], X[N_TRAIN:]
-    stats = {"train": (np.nanmean(train, 0), np.nanstd(train, 0)),
-             "whole": (np.nanmean(X, 0), np.nanstd(X, 0)),
-             "test": (np.nanmean(test, 0), np.nanstd(test, 0))}
-    mu, sd = stats["train"]
+    test = X[N_TRAIN:]
+    whole = (np.nanmean(X, 0), np.nanstd(X, 0))
+    own = (np.nanmean(test, 0), np.nanstd(test, 0))
     print("# test mean in training standard deviations: "
-          + " ".join(f"{s} {v:+.2f}" for s, v in zip(_SHORT, (stats['test'][0] - mu) / sd)))
+          + " ".join(f"{s} {v:+.2f}" for s, v in zip(_SHORT, protocol.standardise(own[0]))))
+    splits = (("training rows' (the protocol)", protocol),
+              ("whole series'", replace(protocol, train=(X[:N_TRAIN] - whole[0]) / whole[1],
+                                        test=(test - whole[0]) / whole[1], mean=whole[0], std=whole[1])),
+              ("each part its own", replace(protocol, test=(test - own[0]) / own[1])))
     print(f"{'standardisation':<34}" + " ".join(f"{s:>8}" for s in _SHORT) + f"  {'sum':>6}  {'fit s':>5}")
-    for label, tr_key, te_key in (("training rows' (the protocol)", "train", "train"),
-                                  ("whole series'", "whole", "whole"),
-                                  ("each part its own", "train", "test")):
-        (m_tr, s_tr), (m_te, s_te) = stats[tr_key], stats[te_key]
+    for label, split in splits:
         model = FHMM(n_chains=10, random_state=args.seed, covariance_type=args.covariance_type)
         t0 = time.perf_counter()
-        model.fit(((train - m_tr) / s_tr)[-5000:], method="smf", progress=False)
+        model.fit(split.train[-5000:], method="smf", progress=False)
         seconds = time.perf_counter() - t0
-        Y = ((test - m_te) / s_te)[:N_SCORED]
-        mse = mse_per_dimension(Y, model.reconstruct(_interpolate_missing(Y), method="smf"))
+        mse = protocol_mse(model, split, method="smf")     # the first 300,000 test rows, as Table 2
         print(f"{label:<34}" + " ".join(f"{v:>8.3f}" for v in mse) + f"  {mse.sum():>6.3f}  {seconds:>5.0f}",
               flush=True)
     paper = np.array(PAPER_TABLE2["paper SMF-EM (last 5,000)"])
