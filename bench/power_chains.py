@@ -38,9 +38,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
-from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL, likelihood_per_step,  # noqa: E402
-                              mse_per_dimension, power_split, range_floor_mse, reconstruction_range,
-                              svi_settings)
+from streamfhmm.power import (N_SCORED, PAPER_COLUMNS, PAPER_MODEL, PAPER_SHORT_NAMES,  # noqa: E402
+                              likelihood_per_step, mse_per_dimension, power_split, range_floor_mse,
+                              reconstruction_range, svi_settings)
 
 ROWS = 100_000
 
@@ -109,7 +109,6 @@ def main(argv=None):
         kw = svi_settings(max_iter=1, net_warmup=1, n_restarts=1)
         m.fit(train, progress=False, **kw)
         models.append((f"the SVI start at seed {seed} ({kw['init']} on {kw['init_samples']:,} rows)", m, "smf"))
-    short = ["active", "reactive", "voltage", "sub 1", "sub 2", "sub 3"]
     for path, m, method in models:
         per = likelihood_per_step(m, X)
         elbo = "-" if per["elbo"] is None or method == "smf" else f"{per['elbo']:.3f}"
@@ -125,7 +124,7 @@ def main(argv=None):
         if fit_elbo:
             print("  the fit's running ELBO per step (its history): " + "; ".join(
                 f"steps {a:,}-{b:,}: {v:.3f}" for (a, b), v in fit_elbo.items()))
-        print(f"  {'m':>2} {'on':>6} {'unsure':>7} {'carried':>8}  " + " ".join(f"{c:>8}" for c in short)
+        print(f"  {'m':>2} {'on':>6} {'unsure':>7} {'carried':>8}  " + " ".join(f"{c:>8}" for c in PAPER_SHORT_NAMES)
               + f"  {'P(0→1)':>7} {'P(1→0)':>7}")
         for r in chain_table(m, X, method):
             print(f"  {r['chain']:>2} {r['on']:6.3f} {r['uncertain']:7.3f} {r['carried']:8.3f}  "

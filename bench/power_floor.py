@@ -41,9 +41,9 @@ from _common import header  # noqa: E402
 
 import streamfhmm.learn.svi as _learn_svi  # noqa: E402
 from streamfhmm import FHMM  # noqa: E402
-from streamfhmm.power import PAPER_MODEL, PAPER_TABLE2, mse_per_dimension, power_split, svi_settings  # noqa: E402
+from streamfhmm.power import (PAPER_MODEL, PAPER_SHORT_NAMES, PAPER_TABLE2, mse_per_dimension,  # noqa: E402
+                              power_split, svi_settings)
 
-_SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
 
 
 class FlooredStep:
@@ -101,7 +101,7 @@ def main(argv=None):
     print(f"# fit on {len(train):,} rows, held out the last {len(valid):,} training rows; "
           f"{args.covariance_type} Σ, seed {args.seed}; settings {kw}")
     print(f"# paper proposed (test rows, for scale): {' '.join(f'{v:.3f}' for v in PAPER_TABLE2['paper proposed'])}")
-    print(f"{'floor':>6}  " + " ".join(f"{s:>8}" for s in _SHORT)
+    print(f"{'floor':>6}  " + " ".join(f"{s:>8}" for s in PAPER_SHORT_NAMES)
           + f"  {'sum':>6}  {'Σ_dd min..max':>14}  {'loglik/step':>11}  {'fit s':>6}")
     for floor in args.floors:
         model, seconds = fit_floored(train, floor, args.seed, args.covariance_type, kw)

@@ -35,10 +35,9 @@ from _common import header  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
 from streamfhmm.datasets import load_household_power  # noqa: E402
-from streamfhmm.power import (N_TRAIN, PAPER_COLUMNS, PAPER_TABLE2, power_split,  # noqa: E402
+from streamfhmm.power import (N_TRAIN, PAPER_COLUMNS, PAPER_SHORT_NAMES, PAPER_TABLE2, power_split,  # noqa: E402
                               protocol_mse)
 
-_SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
 
 
 def main(argv=None):
@@ -54,12 +53,12 @@ def main(argv=None):
     whole = (np.nanmean(X, 0), np.nanstd(X, 0))
     own = (np.nanmean(test, 0), np.nanstd(test, 0))
     print("# test mean in training standard deviations: "
-          + " ".join(f"{s} {v:+.2f}" for s, v in zip(_SHORT, protocol.standardise(own[0]))))
+          + " ".join(f"{s} {v:+.2f}" for s, v in zip(PAPER_SHORT_NAMES, protocol.standardise(own[0]))))
     splits = (("training rows' (the protocol)", protocol),
               ("whole series'", replace(protocol, train=(X[:N_TRAIN] - whole[0]) / whole[1],
                                         test=(test - whole[0]) / whole[1], mean=whole[0], std=whole[1])),
               ("each part its own", replace(protocol, test=(test - own[0]) / own[1])))
-    print(f"{'standardisation':<34}" + " ".join(f"{s:>8}" for s in _SHORT) + f"  {'sum':>6}  {'fit s':>5}")
+    print(f"{'standardisation':<34}" + " ".join(f"{s:>8}" for s in PAPER_SHORT_NAMES) + f"  {'sum':>6}  {'fit s':>5}")
     for label, split in splits:
         model = FHMM(n_chains=10, random_state=args.seed, covariance_type=args.covariance_type)
         t0 = time.perf_counter()

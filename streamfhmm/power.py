@@ -43,7 +43,7 @@ import numpy as np
 from ._validation import check_bool, check_positive_int, check_real
 
 __all__ = [
-    "PAPER_COLUMNS", "AGGREGATE_COLUMNS", "SUBMETER_COLUMNS", "N_TRAIN", "N_SCORED",
+    "PAPER_COLUMNS", "PAPER_SHORT_NAMES", "AGGREGATE_COLUMNS", "SUBMETER_COLUMNS", "N_TRAIN", "N_SCORED",
     "PAPER_TABLE2", "PAPER_MODEL", "SVI_SETTINGS", "NET_WARMUP_FRACTION", "svi_settings",
     "check_svi_kwargs",
     "PowerSplit", "power_split", "mse_per_dimension", "protocol_mse", "likelihood_per_step",
@@ -58,6 +58,8 @@ __all__ = [
 #: the paper's six dimensions, in the order of its Table 2
 PAPER_COLUMNS = ("Global_active_power", "Global_reactive_power", "Voltage",
                  "Sub_metering_1", "Sub_metering_2", "Sub_metering_3")
+#: their short names, the headers of the printed tables
+PAPER_SHORT_NAMES = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
 #: the whole-house channels a disaggregation model sees
 AGGREGATE_COLUMNS = ("Global_active_power", "Global_reactive_power", "Voltage")
 #: the sub-meters (Wh in the minute): kitchen; laundry room; water heater and air conditioner
@@ -410,7 +412,6 @@ def _with_net_warmup(fit_kwargs: dict) -> dict:
     return fit_kwargs
 
 
-_SHORT = ("active", "reactive", "voltage", "sub 1", "sub 2", "sub 3")
 
 
 def format_mse_rows(rows, extra=("fit s",), width: int | None = None) -> list:
@@ -428,7 +429,7 @@ def format_mse_rows(rows, extra=("fit s",), width: int | None = None) -> list:
     """
     if width is None:
         width = max([30] + [len(r[0]) + 1 for r in rows])
-    out = [f"{'':<{width}}" + "".join(f"{c:>9}" for c in (*_SHORT, *extra))]
+    out = [f"{'':<{width}}" + "".join(f"{c:>9}" for c in (*PAPER_SHORT_NAMES, *extra))]
     for name, mse, *values in rows:
         out.append(f"{name:<{width}}" + "".join(f"{v:>9.3f}" for v in mse)
                    + "".join(f"{'-' if v is None else f'{v:,.0f}':>9}" for v in values))
