@@ -237,6 +237,8 @@ class FHMM:
         if self.share_hidden not in _SHARE:
             raise ValueError(f"share_hidden must be one of {_SHARE}, got {self.share_hidden!r}")
         check_covariance_type(self.covariance_type)
+        if not isinstance(self.random_state, (np.random.Generator, np.random.RandomState)):
+            check_random_state(self.random_state)   # (a generator is checked without drawing from it)
 
     @classmethod
     def from_params(cls, W, covariance, transmat, startprob=None, **kwargs) -> "FHMM":
@@ -782,8 +784,7 @@ class FHMM:
         leaves a half-written model behind.
         """
         params = self._require_params()
-        self._check_hyperparameters()
-        check_random_state(self.random_state)       # (what load would refuse, save refuses)
+        self._check_hyperparameters()            # (what load would refuse, save refuses)
         history = getattr(self, "history_", [])
         if not _is_history(history):
             raise ValueError(f"history_ must be a list of records (dicts), got {type(history).__name__}")
@@ -881,7 +882,6 @@ class FHMM:
         model = cls(**hyper)
         try:
             model._check_hyperparameters()
-            check_random_state(model.random_state)
         except ValueError as exc:
             raise ValueError(f"{damaged}: {exc}") from None
         mismatch = _architecture_mismatch(model, params, net)

@@ -259,6 +259,13 @@ def test_save_refuses_hyperparameters_changed_after_the_fit(tmp_path, fitted):
     m.history_ = []
     m.save(tmp_path / "m.npz")
     FHMM.load(tmp_path / "m.npz")
+    # a generator is checked, not drawn from (the check took a number from a RandomState)
+    rs = np.random.RandomState(5)
+    m.set_params(random_state=rs)
+    before = rs.get_state()[1].copy(), rs.get_state()[2]
+    m.save(tmp_path / "m.npz")
+    np.testing.assert_array_equal(rs.get_state()[1], before[0])
+    assert rs.get_state()[2] == before[1]
 
 
 @pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
