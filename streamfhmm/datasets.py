@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._validation import check_bool
+
 __all__ = ["HouseholdPower", "load_household_power", "household_power_path", "cache_directory",
            "HOUSEHOLD_POWER_ROWS", "HOUSEHOLD_POWER_COLUMNS"]
 
@@ -174,8 +176,7 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
     >>> data.values.shape, data.columns[0], int(data.imputed.sum())  # doctest: +SKIP
     ((2075259, 7), 'Global_active_power', 26001)
     """
-    if not isinstance(refresh, (bool, np.bool_)):
-        raise ValueError(f"refresh must be True or False, got {refresh!r}")
+    check_bool(refresh, "refresh")
     directory = cache_directory(cache_dir)
     src = household_power_path()
     key = _source_key(src)

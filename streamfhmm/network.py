@@ -10,13 +10,12 @@ Windows near a sequence's ends are padded by repeating the edge sample.
 """
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 
 import numpy as np
 
 from ._validation import (_as_float_array, check_lengths, check_observations,
-                          check_positive_int, check_random_state)
+                          check_positive_int, check_random_state, check_real)
 from .kernels.bvn import EPS_RHO, EPS_THETA
 from .kernels import recognition as _rk
 
@@ -264,31 +263,18 @@ class RecognitionNet:
             Scale of the head weights; 0 gives exactly ``theta_init`` and ``rho_init``.
         """
         rng = check_random_state(random_state)
-        theta_init = self._check_scalar(theta_init, "theta_init", _INIT_MARGIN, 1.0 - _INIT_MARGIN,
-                                        True, True)
-        rho_init = self._check_scalar(rho_init, "rho_init", -1.0 + _INIT_MARGIN, 1.0 - _INIT_MARGIN,
-                                      True, True)
-        output_scale = self._check_scalar(output_scale, "output_scale", 0.0, np.inf, True)
+        theta_init = check_real(theta_init, "theta_init", _INIT_MARGIN, 1.0 - _INIT_MARGIN)
+        rho_init = check_real(rho_init, "rho_init", -1.0 + _INIT_MARGIN, 1.0 - _INIT_MARGIN)
+        output_scale = check_real(output_scale, "output_scale")
         K, Hg = self.n_inputs, self._n_hidden
         self._U[...] = rng.standard_normal(self._U.shape) / np.sqrt(K)
         self._c[...] = 0.0
         self._V[...] = output_scale * rng.standard_normal(self._V.shape) / np.sqrt(Hg)
-        s = np.clip((theta_init - _EPS_THETA) / (1.0 - 2.0 * _EPS_THETA), 1e-300, 1.0 - 1e-16)
+        # θ = ε + (1 - 2ε) σ(e), ρ = (1 - ε_ρ) tanh(e): the biases giving theta_init, rho_init
+        s = (theta_init - _EPS_THETA) / (1.0 - 2.0 * _EPS_THETA)
         self.e_theta[...] = np.log(s) - np.log1p(-s)
-        r = np.clip(rho_init / (1.0 - _EPS_RHO), -1.0 + 1e-16, 1.0 - 1e-16)
-        self.e_rho[...] = np.arctanh(r)
+        self.e_rho[...] = np.arctanh(rho_init / (1.0 - _EPS_RHO))
         return self
-
-    @staticmethod
-    def _check_scalar(value, name, lo, hi, closed_lo=False, closed_hi=False):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-            raise ValueError(f"{name} must be a real number, got {value!r}")
-        v = float(value)
-        ok = (lo <= v if closed_lo else lo < v) and (v <= hi if closed_hi else v < hi)
-        if not ok or np.isnan(v):
-            lb, rb = "[" if closed_lo else "(", "]" if closed_hi else ")"
-            raise ValueError(f"{name} must lie in {lb}{lo:g}, {hi:g}{rb}, got {value!r}")
-        return v
 
     # ----------------------------------------------------------------- scaler
     @property

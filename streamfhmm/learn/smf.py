@@ -363,14 +363,13 @@ def _m_step(params: FHMMParams, X, theta, xi, starts, floor, cov_mode: int = 0,
     # Σ: the expected residual covariance (1/T) Σ_t E[(y - Wᵀŝ)(y - Wᵀŝ)ᵀ], which equals
     # (1/T) Σ_t (y yᵀ - Wᵀ E[ŝ] yᵀ) at the W above and is positive semi-definite for any W;
     # its eigenvalues are floored, the constrained maximiser of F over Σ.
+    # (1/T) Σ_t E[(y - Wᵀŝ)(y - Wᵀŝ)ᵀ] = (1/T)(Σ_t r_t r_tᵀ + Wᵀ Σ_t Cov[ŝ_t] W), r_t = y_t - Wᵀμ_t:
+    # from the residuals, not as YᵀY - WᵀC - CᵀW + WᵀGW, whose terms grow with the data's
+    # offset and cancel (data at 5e6 with noise 0.1 gave a negative variance)
+    E = X - mu @ W
     if exact_gram:
-        # (1/T) Σ_t E[(y - Wᵀŝ)(y - Wᵀŝ)ᵀ] = (1/T)(Σ_t r_t r_tᵀ + Wᵀ (G - μᵀμ) W), r_t = y_t - Wᵀμ_t:
-        # from the residuals, not as YᵀY - WᵀC - CᵀW + WᵀGW, whose terms grow with the
-        # data's offset and cancel (data at 5e6 with noise 0.1 gave a negative variance)
-        E = X - mu @ W
         S = (E.T @ E + W.T @ (gram - mu.T @ mu) @ W) / T
-    else:
-        E = X - mu @ W
+    else:   # (mean field: Cov[ŝ_t] is diag(θ(1 - θ)) on the chains)
         S = (E.T @ E + (W[:M].T * v) @ W[:M]) / T
     S = 0.5 * (S + S.T)
     floor = np.broadcast_to(np.asarray(floor, dtype=np.float64), (S.shape[0],))
