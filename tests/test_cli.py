@@ -108,13 +108,13 @@ def test_score_matches_the_library(files, capsys):
     assert "ELBO" in out and float(out.splitlines()[1].split()[1]) <= ll
 
 
-
 def test_score_of_one_row_says_one_sample(files, capsys):
     one = _write(files["dir"] / "one.csv", "a,b,c\n" + ",".join(repr(float(v)) for v in files["X"][0]) + "\n")
     code, out, _ = _run(["score", one, "--model", files["model"]], capsys)
     model = FHMM.load(files["model"])
     assert code == 0 and out.rstrip().endswith("per sample, 1 sample)"), out
     assert float(out.split()[1]) == pytest.approx(model.score(files["X"][:1]), abs=1e-6)   # printed to 6 decimals
+
 
 @pytest.mark.parametrize("ext", ["csv", "npy"])
 def test_predict_matches_the_library(files, capsys, ext):
