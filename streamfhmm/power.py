@@ -897,9 +897,14 @@ def disaggregation_metrics(Y_true, Y_est, on_threshold: float = 5.0, mask=None) 
         k = int(np.nonzero((Y < 0).any(axis=0))[0][0])
         raise ValueError(f"Y_true must hold non-negative readings, got {Y[:, k].min():g} in column {k}")
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        energy = Y.sum(axis=0)
-        nde = np.where(energy > 0, ((E - Y) ** 2).sum(axis=0) / (Y ** 2).sum(axis=0), np.nan)
-        acc = np.where(energy > 0, 1.0 - np.abs(E - Y).sum(axis=0) / (2.0 * energy), np.nan)
+        # Both ratios are scale-free: divide each column by its largest true reading
+        # first, so that readings near the float range do not overflow to inf / inf.
+        scale = Y.max(axis=0)
+        scale[scale == 0] = 1.0
+        Ys, Es = Y / scale, E / scale
+        energy = Ys.sum(axis=0)
+        nde = np.where(energy > 0, ((Es - Ys) ** 2).sum(axis=0) / (Ys ** 2).sum(axis=0), np.nan)
+        acc = np.where(energy > 0, 1.0 - np.abs(Es - Ys).sum(axis=0) / (2.0 * energy), np.nan)
         on_t, on_e = Y >= on_threshold, E >= on_threshold
         tp = (on_t & on_e).sum(axis=0).astype(float)
         fp = (~on_t & on_e).sum(axis=0)

@@ -393,6 +393,19 @@ def test_disaggregation_metrics_match_reference():
     assert got["f1"][2] == 0.0 and np.isnan(got["f1"][3])
 
 
+def test_disaggregation_metrics_scale_free_near_float_range():
+    """NDE and energy assigned are ratios: readings scaled by 1e200 (squares and sums
+    beyond the float range; both gave NaN as inf / inf) or by 1e-200 (squares below it)
+    score as the unscaled ones. The on/off scores use the threshold, scaled alike."""
+    Y = np.array([[0.0, 2.0], [10.0, 2.0], [10.0, 0.0], [0.0, 0.0]])
+    E = np.array([[0.0, 2.0], [10.0, 6.0], [5.0, 0.0], [5.0, 0.0]])
+    want = disaggregation_metrics(Y, E, on_threshold=5.0)
+    for c in (1e200, 1e-200):
+        got = disaggregation_metrics(Y * c, E * c, on_threshold=5.0 * c)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-14, err_msg=f"{k} at scale {c:g}")
+
+
 @pytest.mark.parametrize("Y, E, kwargs, message", [
     ([[-5.0], [5.0], [1.0]], [[0.0], [0.0], [1.0]], {},  # energy assigned was -4
      "Y_true must hold non-negative readings, got -5 in column 0"),
