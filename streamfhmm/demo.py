@@ -56,6 +56,9 @@ DEFAULT_RATE = 1250.0
 DEFAULT_SECONDS = 48.0
 #: share of one core the service's background learner may use (the demo has the machine)
 LEARNER_DUTY = 0.5
+#: seconds the demo waits for serve to start, and for its first posterior (a first run
+#: compiles the kernels: 1-2 minutes on an idle 2-core machine, several on a busy one)
+SERVE_START_TIMEOUT = 600.0
 #: the first minute streamed
 DEFAULT_START = "2007-01-01"
 #: samples the service buffers before initialising its model: one week, so that the
@@ -508,8 +511,12 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
             "--warmup", str(warmup), "--bind", "--sub", "tcp://127.0.0.1:*", "--pub", "tcp://127.0.0.1:*",
             "--wait-subscribers", "1", "--status-interval", "1", "--heartbeat", "1"]
             + ([] if learn_samples is None else ["--learn-samples", str(learn_samples)]), children)
-        m = serve.wait_line(_ENDPOINTS, timeout=120.0, on_slow=lambda: out.message(
-            "serve is starting (a first run compiles its kernels first: a minute or two)"))
+        # serve prints its endpoints once its kernels are compiled: a minute or two on a
+        # first run, several on a busy machine. It exits with a message on any error, which
+        # wait_line reports at once, so the deadline only guards against a hung start.
+        m = serve.wait_line(_ENDPOINTS, timeout=SERVE_START_TIMEOUT, on_slow=lambda: out.message(
+            "serve is starting (a first run compiles its kernels first: a minute or two, "
+            "longer on a busy machine)"))
         ep_in, ep_out = m.group(1), m.group(2)
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
@@ -536,7 +543,8 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
         last_draw = 0.0
         last_rate = (time.perf_counter(), 0)
         shown_rate = 0.0
-        stall_limit = 300.0   # the first posterior waits for the warm-up fit (and a first compilation)
+        # the first posterior waits for the warm-up fit (and, on a first run, compilation)
+        first_limit, stall_limit = SERVE_START_TIMEOUT, 300.0
         last_received = 0
         last_progress = time.perf_counter()
         while received < n:
@@ -558,6 +566,8 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
                         continue
                     got[t] = True
                     received += 1
+                    if t_first is None:   # when it arrived, not after the read it came in
+                        t_first = time.perf_counter()
                     last_t = max(last_t, t)
                     theta[t] = msg.theta
                     mean[t] = msg.mean
@@ -570,8 +580,6 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
                 if received > last_received:
                     last_received = received
                     last_progress = t_last = now
-                    if t_first is None:
-                        t_first = now
             if coef is None and warm_end is not None and got[cal].all():
                 keep = ~imputed[cal]
                 coef = fit_submeter_map(theta[cal][keep], Y[cal][keep])
@@ -609,8 +617,9 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
                 replay_done = True
             if replay_done and received and now - last_progress > 15.0:
                 break   # the replay has ended and nothing came for a while: count what is missing
-            if now - last_progress > stall_limit:
-                raise DemoError(f"no posterior for {stall_limit:g} s ({received:,} of {n:,} received)")
+            limit = stall_limit if received else first_limit
+            if now - last_progress > limit:
+                raise DemoError(f"no posterior for {limit:g} s ({received:,} of {n:,} received)")
             if now - last_rate[0] >= 1.0:
                 shown_rate = (received - last_rate[1]) / (now - last_rate[0])
                 last_rate = (now, received)
