@@ -12,7 +12,10 @@ per stream topic into a ``zmq.Poller`` loop:
   or elsewhere: :class:`~streamfhmm.io.zmq.ZmqSource`'s ``resync_after``),
   the first sample after a resume that lost samples) ends the engine's sequence first:
   the posteriors pending in the smoothing lag are emitted from edge-padded windows
-  (flagged ``FLAG_EDGE``) and the next sample starts a new sequence;
+  (flagged ``FLAG_EDGE``) and the next sample starts a new sequence. During an engine's
+  warm-up it is counted but does not end the warm-up: the samples on both sides go
+  into the one warm-up buffer (ending it would start the model from the samples
+  buffered so far);
 * malformed messages, sequence gaps, stale sequence numbers, samples the engine
   refuses and topics past ``max_streams`` are counted and skipped — input never stops
   the loop;
@@ -26,7 +29,9 @@ per stream topic into a ``zmq.Poller`` loop:
 * :meth:`StreamService.request_stop` (e.g. from a signal handler the host installs)
   makes :meth:`StreamService.run` drain the queued input (for at most ``drain_timeout``
   seconds: a publisher that never pauses cannot keep it from stopping), flush the
-  engines, publish, checkpoint and return.
+  engines, publish, checkpoint and return. With a checkpoint directory an engine still
+  in its warm-up is not flushed: its checkpoint keeps the buffer, and the warm-up goes
+  on when the service is started again.
 
 ``wait_subscribers`` counts the subscriptions that reach the output socket. A consumer
 whose SUB socket stays connected while the service restarts resends its subscription
@@ -332,6 +337,12 @@ def _check_seconds(name: str, value):
         raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
 
 
+def _warming_up(engine) -> bool:
+    """Whether ``engine`` is still buffering its warm-up (an engine of the host's own
+    without the ``warming_up`` attribute never is)."""
+    return bool(getattr(engine, "warming_up", False))
+
+
 def _stream_stem(topic: bytes) -> str:
     h = topic.hex()
     if len(h) > 200:
@@ -370,7 +381,7 @@ def read_stream_record(path: str) -> dict:
     """
     try:
         with open(path, "rb") as fh:
-            raw = fh.read(1 << 24)
+            raw = fh.read()   # (a long warm-up's pending samples make it tens of MB)
         rec = json.loads(raw)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path} is not a streamfhmm stream checkpoint record: {exc}") from None
@@ -426,7 +437,8 @@ class StreamService:
     engine_factory : callable
         ``engine_factory(topic: bytes) -> engine`` for a new stream. An engine has
         ``push(x) -> list[Posterior]``, ``flush() -> list[Posterior]``, ``close()``,
-        ``checkpoint(path)`` and ``metrics() -> dict``.
+        ``checkpoint(path)`` and ``metrics() -> dict``; it may have ``warming_up``
+        (bool; False if it has not), as :class:`StreamEngine` has.
     resume_engine : callable, optional
         ``resume_engine(path) -> engine`` (e.g. ``StreamEngine.resume``); needed to
         resume from ``checkpoint_dir``.
@@ -814,9 +826,12 @@ class StreamService:
         seq0 = int(run.seq[0]) if is_run else run[0].seq
         if st.resumed_seq is not None:
             self._report_resume(st, seq0)
-        if st.last_seq >= 0 and seq0 != st.last_seq + 1 and not st.ended:
+        if st.last_seq >= 0 and seq0 != st.last_seq + 1 and not st.ended \
+                and not _warming_up(st.engine):
             # a discontinuity ends the sequence: the smoothing lag is emitted (edge-padded)
-            # and the engine starts a new sequence with this sample
+            # and the engine starts a new sequence with this sample. Not during a warm-up:
+            # flushing would start the model from the few samples buffered so far (one lost
+            # or refused message cut a week's warm-up short); the buffer joins both sides
             self._flush(st)
         engine = st.engine
         n = len(run)
@@ -1037,7 +1052,9 @@ class StreamService:
         except zmq.ZMQError as exc:
             logger.warning("draining the input failed: %s", exc)
         for st in list(self.streams.values()):
-            if not st.ended:
+            # a warm-up the checkpoint keeps goes on after a restart; without a checkpoint
+            # this is its samples' last chance of a posterior: the model starts from them
+            if not st.ended and not (self.checkpoint_dir is not None and _warming_up(st.engine)):
                 self._flush(st)
             if self.checkpoint_dir is not None:
                 self._checkpoint(st)

@@ -1307,6 +1307,14 @@ class StreamEngine:
         return -1 if snap is None else snap.version
 
     @property
+    def warming_up(self) -> bool:
+        """Whether the engine is still buffering its warm-up (a cold engine before its
+        model, a filter-mode engine before its causal network): nothing has been emitted
+        yet, and :meth:`flush` would end the warm-up early, from the samples buffered so
+        far."""
+        return self._phase == "warmup"
+
+    @property
     def lag(self) -> int:
         """Samples between a posterior's position and the newest sample it uses."""
         return self._lag
