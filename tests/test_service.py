@@ -24,7 +24,8 @@ import zmq
 from streamfhmm.io.wire import (Heartbeat, PosteriorMessage, decode_output, encode_heartbeat,
                                 encode_sample)
 from streamfhmm.io.zmq import ZmqSink, ZmqSource
-from streamfhmm.service import CheckpointError, StreamService, read_stream_record
+from streamfhmm.service import (_RECORD_TAG, _RECORD_VERSION, CheckpointError, StreamService, _stream_stem,
+                                read_stream_record)
 from streamfhmm.stream.posterior import FLAG_EDGE, Posterior
 
 SEED = 1234
@@ -398,6 +399,127 @@ def test_status_line_rate_after_serve_resumes_a_checkpoint(tmp_path, harness):
     h.recv(8)
     line = svc.status_line(now=t0 + 2.0)
     assert "learner steps 245 (35/s)" in line, line
+
+
+class WarmupFakeEngine(FakeEngine):
+    """A FakeEngine with a warm-up: it emits nothing until WARMUP samples are buffered
+    (or a flush ends the warm-up early); ``start_at`` records how many the model was
+    started from."""
+
+    WARMUP = 8
+
+    def __init__(self, start_at=-1, **kw):
+        super().__init__(**kw)
+        self.start_at = start_at
+
+    @property
+    def warming_up(self):
+        return self.start_at < 0
+
+    def _start(self):
+        self.start_at = self.t
+        n = max(0, len(self.buf) - self.lag)
+        return [self._post(*self.buf.popleft()) for _ in range(n)]
+
+    def push(self, x):
+        if not self.warming_up:
+            return super().push(x)
+        x = np.asarray(x, dtype=np.float64)
+        if x[0] < 0:
+            raise ValueError("negative first value refused")
+        self.buf.append((self.t, x.copy()))
+        self.t += 1
+        return self._start() if self.t >= self.WARMUP else []
+
+    def flush(self):
+        out = self._start() if self.warming_up else []
+        return out + super().flush()
+
+    def checkpoint(self, path):
+        super().checkpoint(path)
+        with np.load(path) as f:
+            arrays = dict(f)
+        np.savez(path, start_at=self.start_at, **arrays)
+        return path
+
+    @classmethod
+    def resume(cls, path):
+        eng = super().resume(path)
+        with np.load(path) as f:
+            eng.start_at = int(f["start_at"])
+        return eng
+
+
+@pytest.mark.parametrize("break_kind", ["gap", "refused"])
+def test_a_gap_during_the_warm_up_does_not_end_it(break_kind, harness):
+    """A lost or refused sample during a warm-up must not flush the engine: that started
+    the model from the samples buffered so far (here 3 of 8)."""
+    h = harness(engine=WarmupFakeEngine)
+    seqs = [0, 1, 2, 4, 5, 6, 7, 8, 9, 10]          # seq 3 lost, or refused
+    sent = list(range(11)) if break_kind == "refused" else seqs
+    for seq in sent:
+        v = _values(0, seq)
+        if seq == 3:
+            v[0] = -1.0                               # the engine refuses it
+        h.sample(b"s", seq, v)
+        if seq == 3:
+            time.sleep(0.3)                           # the rest in a later read
+    got = h.recv(len(seqs) - 2)                       # all but the lag
+    eng = h.service.streams[b"s"].engine
+    assert eng.start_at == WarmupFakeEngine.WARMUP
+    assert [g.seq for g in got] == seqs[:-2]
+    m = h.service.metrics()
+    assert (m["gaps"], m["engine_rejected"]) == ((1, 0) if break_kind == "gap" else (0, 1))
+
+
+@pytest.mark.parametrize("checkpoints", [True, False])
+def test_shutdown_leaves_a_warm_up_to_its_checkpoint(checkpoints, tmp_path, harness):
+    """With a checkpoint directory, stopping during a warm-up keeps the buffer for the
+    next start (the warm-up goes on); without one, stopping is the samples' last chance:
+    the model starts from them and their posteriors come out."""
+    h = harness(tmp_path if checkpoints else None, engine=WarmupFakeEngine)
+    for seq in range(5):
+        h.sample(b"s", seq, _values(0, seq))
+    deadline = time.monotonic() + 10
+    while h.service.metrics()["samples"] < 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    h.stop()
+    if not checkpoints:
+        assert h.service.streams[b"s"].engine.start_at == 5
+        assert [g.seq for g in h.recv(5)] == list(range(5))
+        return
+    assert not h.sub.poll(300)                        # nothing was emitted
+    rec = read_stream_record(str(tmp_path / "ckpt" / "stream-73.json"))
+    assert rec["t_next"] == 5 and [p[1] for p in rec["pending"]] == list(range(5))
+    h.start()
+    eng = h.service.streams[b"s"].engine
+    assert eng.warming_up and eng.t == 5
+    for seq in range(5, 10):
+        h.sample(b"s", seq, _values(0, seq))
+    h.send(encode_heartbeat(b"s", 9, 0.0, end=True))
+    got = h.recv(10)
+    h.stop()
+    assert eng.start_at == WarmupFakeEngine.WARMUP
+    assert [g.seq for g in got] == list(range(10))
+    np.testing.assert_array_equal(np.array([g.mean for g in got]), np.array([_values(0, s) for s in range(10)]))
+
+
+def test_a_long_warm_ups_stream_record_reads_back(tmp_path):
+    """A warm-up keeps every sample pending: 600,000 of them make a record above 16 MiB,
+    which the reader cut at 16 MiB and then refused as damaged."""
+    stem = _stream_stem(b"s")
+    (tmp_path / f"{stem}.1.npz").write_bytes(b"")
+    n = 600_000
+    pending = ",".join(f"[{t},{t},1700000000.{t:06d}]" for t in range(n))
+    text = (f'{{"format": "{_RECORD_TAG}", "version": {_RECORD_VERSION}, "topic": "73", "seq": {n - 1}, '
+            f'"t_next": {n}, "generation": 1, "file": "{stem}.1.npz", "time": 0.0, "pending": [{pending}]}}')
+    assert len(text) > 1 << 24
+    path = tmp_path / f"{stem}.json"
+    path.write_text(text)
+    rec = read_stream_record(str(path))
+    assert len(rec["pending"]) == n and rec["pending"][-1][:2] == (n - 1, n - 1)
+    assert rec["pending_text"][-1] == b"1700000000.%06d" % (n - 1)
 
 
 def test_max_streams(harness):
