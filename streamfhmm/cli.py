@@ -686,13 +686,14 @@ def _serve(args, state) -> int:
     def resume(path):
         return StreamEngine.resume(path, learn=learn, **learner_kw)
 
-    # fail now, not at the first sample, on a configuration the engine refuses; and load
-    # the compiled kernels before subscribing
-    _warm_engine(StreamEngine, factory, new_model, args, n_features)
-    if state["stop"]:
-        return 0
-
+    # the checks that need no kernel, and the sockets (a port in use, a CURVE key file
+    # that is no certificate), before the warm-up below: on a first run it compiles the
+    # kernels for minutes
     curve = _curve(args)
+    if args.checkpoint is not None:
+        _check_checkpoint_dir(args.checkpoint)
+    if args.metrics_port:
+        _check_metrics_port(args.metrics_addr, args.metrics_port)
     sub_bind = args.bind
     pub_bind = not args.connect
     _warn_exposed(args.sub, sub_bind, curve, prog)
@@ -706,6 +707,7 @@ def _serve(args, state) -> int:
         ctx.term()
         raise
     try:
+        # (not subscribed before the service runs: nothing is read while the kernels warm up)
         source = ZmqSource(args.sub, n_features, topics=args.topics, bind=sub_bind, hwm=args.hwm,
                            linger_ms=args.linger, subscribe=False, curve=curve, context=ctx,
                            max_streams=args.max_streams, resync_after=args.resync_after)
@@ -715,6 +717,11 @@ def _serve(args, state) -> int:
         raise
     server = None
     try:
+        # fail now, not at the first sample, on a configuration the engine refuses; and
+        # load the compiled kernels before subscribing
+        _warm_engine(StreamEngine, factory, new_model, args, n_features)
+        if state["stop"]:
+            return 0
         try:
             service = StreamService(source, sink, factory, resume_engine=resume,
                                     checkpoint_dir=args.checkpoint,
@@ -758,6 +765,38 @@ def _serve(args, state) -> int:
         sink.close()
         ctx.term()
     return 0
+
+
+def _check_checkpoint_dir(path) -> None:
+    """--checkpoint DIR is (or can be made) a directory we can write to: the service's
+    own check, before the kernels are warmed up rather than after."""
+    try:
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise NotADirectoryError(0, "it is a file, not a directory")
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--checkpoint {path}: cannot use it as the checkpoint directory: "
+                       f"{exc.strerror or exc}") from None
+    _check_writable_dir(path, f"--checkpoint {path}")
+
+
+def _check_metrics_port(addr, port) -> None:
+    """prometheus-client is installed and ``addr:port`` can be bound now (the server
+    itself starts with the service, after the kernels are warmed up)."""
+    import importlib
+    try:
+        importlib.import_module("prometheus_client")
+    except ImportError:
+        raise CliError("metrics need the prometheus-client package: "
+                       "pip install 'streamfhmm[metrics]'") from None
+    import socket
+    try:   # (as prometheus-client binds it: the first address, SO_REUSEADDR)
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(sockaddr)
+    except OSError as exc:
+        raise CliError(f"cannot serve metrics on {addr}:{port}: {exc}") from None
 
 
 def _warm_engine(StreamEngine, factory, new_model, args, n_features):

@@ -377,6 +377,42 @@ def test_port_in_use(files, capsys):
                                   "Address already in use")
 
 
+
+def test_serve_checks_files_and_sockets_before_warming_the_kernels(files, tmp_path, capsys, monkeypatch):
+    """A missing or malformed CURVE certificate, a --checkpoint that is a file, a port
+    in use (ZeroMQ or metrics): refused before the kernels are warmed up, which on a
+    first run compiles them for minutes (the CURVE error came only after that)."""
+    import socket
+
+    import streamfhmm.cli as cli
+
+    def no_warm(*a, **k):
+        raise AssertionError("the kernels were warmed up before the cheap checks")
+    monkeypatch.setattr(cli, "_warm_engine", no_warm)
+    junk = _write(tmp_path / "junk.key", "not a certificate\n")
+    blocker = _write(tmp_path / "ckpt", "x")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    serve = ["serve", "--model", files["model"], "--sub", "tcp://127.0.0.1:*", "--bind", "--pub", "tcp://127.0.0.1:*"]
+    try:
+        for extra, message in [
+            (["--curve-secret", str(tmp_path / "nope.key")], f"{tmp_path / 'nope.key'}: no such certificate file"),
+            (["--curve-secret", junk], "junk.key"),
+            (["--checkpoint", blocker], f"--checkpoint {blocker}: cannot use it as the checkpoint directory: "
+                                        "it is a file, not a directory"),
+            (["--checkpoint", blocker + "/sub"], f"--checkpoint {blocker}/sub: cannot use it"),
+            (["--metrics-port", str(port)], f"cannot serve metrics on 127.0.0.1:{port}: "),
+            (["--pub", f"tcp://127.0.0.1:{port}"], f"cannot bind tcp://127.0.0.1:{port}: Address already in use"),
+        ]:
+            code, out, err = _run(serve + extra, capsys)
+            assert code == 1 and out == "", (extra, err)
+            assert err.startswith("streamfhmm serve: error: ") and err.count("\n") == 1, (extra, err)
+            assert message in err, (extra, err)
+    finally:
+        busy.close()
+
 def test_replay_without_subscriber_times_out(files, capsys):
     code, _, err = _run(["replay", files["npy"], "--pub", "tcp://127.0.0.1:*", "--wait-timeout", "0.1"], capsys)
     assert code == 1
