@@ -267,6 +267,21 @@ def _positive_int(s):
     return v
 
 
+#: the longest recognition window (--window): an SVI step's windows take about
+#: 80 x D x window² bytes (D features; 240 MB for 3 features at 1,001, while 99,999 asked
+#: for 2.18 TiB), a stream's engine 32 KiB x D x window
+_MAX_WINDOW = 1001
+
+
+def _window(s):
+    """An argparse type: a recognition window, 2h + 1 samples (odd), at most _MAX_WINDOW."""
+    v = _positive_int(s)
+    if v % 2 == 0 or v > _MAX_WINDOW:
+        raise argparse.ArgumentTypeError(f"expected an odd integer from 1 to {_MAX_WINDOW:,} "
+                                         f"(2h + 1 samples), got {v}")
+    return v
+
+
 def _nonneg_int(s):
     try:
         v = int(s)
@@ -651,6 +666,7 @@ def _serve(args, state) -> int:
     if args.cold:
         if args.features is None:
             raise CliError("--cold needs --features D (values per sample)")
+        _check_window_warmup(args.window, args.warmup)
         n_features = args.features
 
         def new_model():
@@ -901,10 +917,18 @@ def _cmd_replay(args) -> int:
 
 
 # -- demo / disaggregate -------------------------------------------------------------------
+def _check_window_warmup(window, warmup) -> None:
+    """A cold start's window fits in its warm-up (the samples its model and networks
+    start from)."""
+    if window > warmup:
+        raise CliError(f"--window {window} is longer than the warm-up (--warmup {warmup:,} samples)")
+
+
 def _cmd_demo(args) -> int:
     from .demo import DemoError, DemoTerminated, run_demo
     if args.seconds is not None and args.samples is not None:
         raise CliError("give --seconds or --samples, not both")
+    _check_window_warmup(args.window, args.warmup)
     view = False if args.no_view else None
     try:
         res = run_demo(seconds=args.seconds, samples=args.samples, rate=args.rate, start=args.start,
@@ -1028,7 +1052,8 @@ def build_parser() -> argparse.ArgumentParser:
     _data_args(f, model=False)
     f.add_argument("--out", required=True, metavar="MODEL.npz", help="where to write the model")
     f.add_argument("--chains", type=_positive_int, default=4, help="hidden binary chains M (default 4)")
-    f.add_argument("--window", type=_positive_int, default=5, help="odd recognition window (default 5)")
+    f.add_argument("--window", type=_window, default=5,
+                   help=f"odd recognition window, at most {_MAX_WINDOW:,} (default 5)")
     f.add_argument("--hidden", type=_positive_int, default=30, help="hidden units per network (default 30)")
     f.add_argument("--share", choices=("chain", "all"), default="chain",
                    help="one hidden layer per chain, or one for all (default chain)")
@@ -1119,7 +1144,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "stream loads its own copy); each engine still learns from its own stream")
     sv.add_argument("--features", type=_positive_int, help="values per sample (required with --cold)")
     sv.add_argument("--chains", type=_positive_int, default=4, help="with --cold: hidden chains (default 4)")
-    sv.add_argument("--window", type=_positive_int, default=5, help="with --cold: window (default 5)")
+    sv.add_argument("--window", type=_window, default=5,
+                    help="with --cold: odd recognition window, at most --warmup (default 5)")
     sv.add_argument("--hidden", type=_positive_int, default=30, help="with --cold: hidden units (default 30)")
     sv.add_argument("--share", choices=("chain", "all"), default="chain", help="with --cold: network sharing")
     sv.add_argument("--seed", type=_nonneg_int, default=None, help="with --cold: random seed (>= 0)")
@@ -1211,7 +1237,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plain progress lines instead of the live view (also when stdout is not a terminal)")
     d.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the service's cold start (default 0)")
     d.add_argument("--chains", type=_positive_int, default=6, help="hidden chains the service learns (default 6)")
-    d.add_argument("--window", type=_positive_int, default=9, help="recognition window (default 9)")
+    d.add_argument("--window", type=_window, default=9,
+                   help="odd recognition window, at most --warmup (default 9)")
     d.add_argument("--hidden", type=_positive_int, default=32, help="hidden units per network (default 32)")
     d.add_argument("--calibration-days", type=_bounded_float(0.0, _MAX_DAYS), default=14.0,
                    help="days after the warm-up that calibrate the sub-meter map (default 14; a third of "
@@ -1248,7 +1275,8 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--on-threshold", type=_positive_float, default=5.0,
                     help="on/off threshold of the F1 score, Wh per minute (default 5)")
     dg.add_argument("--chains", type=_positive_int, help="hidden chains (default 10, the paper's)")
-    dg.add_argument("--window", type=_positive_int, help="recognition window (default 21)")
+    dg.add_argument("--window", type=_window,
+                    help=f"odd recognition window, at most {_MAX_WINDOW:,} (default 21)")
     dg.add_argument("--hidden", type=_positive_int, help="hidden units, shared by all chains (default 200)")
     dg.add_argument("--out-dir", default="power_plots", metavar="DIR", help="where the PNGs go (default power_plots)")
     dg.add_argument("--no-plot", action="store_true", help="write no PNG")

@@ -244,6 +244,42 @@ def test_demo_and_disaggregate_bad_arguments(argv, message, capsys):
     assert err.startswith(f"streamfhmm {argv[0]}: error: {message}"), err
 
 
+
+@pytest.mark.parametrize("argv, status, message", [
+    (["fit", "DATA", "--out", "x", "--window", "4"], 2,
+     "argument --window: expected an odd integer from 1 to 1,001 (2h + 1 samples), got 4"),
+    (["fit", "DATA", "--out", "x", "--window", "99999"], 2,
+     "argument --window: expected an odd integer from 1 to 1,001 (2h + 1 samples), got 99999"),
+    (["serve", "--cold", "--features", "2", "--window", "4"], 2, "argument --window: expected an odd integer"),
+    (["serve", "--cold", "--features", "2", "--window", "1003"], 2, "argument --window: expected an odd integer"),
+    (["demo", "--window", "4"], 2, "argument --window: expected an odd integer from 1 to 1,001"),
+    (["demo", "--window", "99999"], 2, "argument --window: expected an odd integer from 1 to 1,001"),
+    (["disaggregate", "--window", "0"], 2, "argument --window: expected a positive integer, got 0"),
+    (["disaggregate", "--window", "20"], 2, "argument --window: expected an odd integer"),
+    # a cold start's window fits in its warm-up
+    (["serve", "--cold", "--features", "2", "--warmup", "10", "--window", "11"], 1,
+     "--window 11 is longer than the warm-up (--warmup 10 samples)"),
+    (["demo", "--warmup", "100", "--window", "101"], 1,
+     "--window 101 is longer than the warm-up (--warmup 100 samples)"),
+])
+def test_window_is_checked_before_any_work(files, argv, status, message, capsys, monkeypatch):
+    """An even or huge --window is refused by the parser, not by the library after the
+    data is loaded (fit), a subprocess (demo: after 12 s) or running out of memory
+    (--window 99999: 'Unable to allocate 2.18 TiB' after 9-92 s)."""
+    import streamfhmm.cli as cli
+    import streamfhmm.datasets as ds
+    import streamfhmm.demo as demo
+
+    def no_work(*a, **k):
+        raise AssertionError("work started before --window was checked")
+    for module, name in ((cli, "load_data"), (cli, "_warm_engine"), (cli, "_load_model"), (demo, "run_demo"),
+                         (ds, "load_household_power")):
+        monkeypatch.setattr(module, name, no_work)
+    argv = [files["csv"] if a == "DATA" else a for a in argv]
+    code, out, err = _run(argv, capsys)
+    assert (code, out) == (status, "")
+    assert err.count("\n") == 1 and err.startswith(f"streamfhmm {argv[0]}: error: {message}"), err
+
 def test_load_data_missing_values(tmp_path):
     path = _write(tmp_path / "m.csv", "x,y\n1,2\n,3\nNA,?\n4,nan\n")
     X, names = load_data(path)
@@ -262,6 +298,7 @@ def _errors(tmp_path, files):
     header_only = _write(t / "header_only.csv", "a,b,c\n")
     infinite = _write(t / "inf.csv", "a,b,c\n1,2,3\n\n4,-Infinity,3\n")   # a blank line too
     nan_rows = _write(t / "nan.csv", "a,b,c\n1,2,3\n,2,3\n")
+    two_rows = _write(t / "two.csv", "a,b,c\n1,2,3\n4,5,6\n")
     np.save(t / "cube.npy", np.zeros((2, 2, 2)))
     np.save(t / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     m, csv = files["model"], files["csv"]
@@ -317,8 +354,8 @@ def _errors(tmp_path, files):
          "would never be trained, only its networks"),
         (["fit", csv, "--net-warmup", "20000", "--out", "x"], 1,
          "--net-warmup 20,000 must be less than the 20,000 SVI steps (--max-iter, default 20,000)"),
-        (["fit", csv, "--window", "99999", "--out", "x"], 1,
-         "streamfhmm fit: error: --window 99999 is longer than the data (1,500 samples)"),
+        (["fit", two_rows, "--window", "5", "--out", "x"], 1,
+         "streamfhmm fit: error: --window 5 is longer than the data (2 samples)"),
         (["fit", csv, "--out", str(t / "no_dir" / "m.npz")], 1,
          f"streamfhmm fit: error: --out {t / 'no_dir' / 'm.npz'}: no directory {t / 'no_dir'}"),
         (["fit", csv, "--out", bad_number + "/m"], 1,
