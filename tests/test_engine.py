@@ -761,6 +761,67 @@ def test_periodic_checkpoints_during_the_warmup(tmp_path):
         assert eng.metrics()["phase"] == "running" and eng.metrics()["checkpoint_error"] is None
 
 
+@pytest.mark.parametrize("due", ["every", "seconds"])
+def test_a_checkpoint_due_in_the_warmup_replay_is_written_after_it(due, tmp_path):
+    """A periodic checkpoint that falls due while the warm-up is replayed (through the
+    batch path, 4,096 samples a chunk) is written once the replay is over and its
+    counters restored: written inside it, it counted the warm-up twice (samples with a
+    NaN: 1000 of 5000, not 500) or recorded position 4,096 of a 5,000-sample warm-up.
+    The resumed engine goes on as the uninterrupted one."""
+    seed = 60
+    print(f"seed={seed}")
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=seed)
+    X = _data(model, 5200, seed=seed + 1)
+    X[::10, 0] = np.nan
+    path, kept = tmp_path / "c.npz", tmp_path / "kept.npz"
+    # the warm-up fit's SVI runs for 0.5 s: the 0.2 s checkpoint falls due in the replay
+    kw = (dict(checkpoint_every=5000, warmup_steps=20) if due == "every" else
+          dict(checkpoint_seconds=0.2, warmup_steps=10 ** 6, warmup_time=0.5))
+    # learning ends with the warm-up (learn_samples): both go on with the same snapshot
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), posterior="exact", learn=True,
+                      warmup=5000, learn_samples=5000, checkpoint_path=path, random_state=seed,
+                      **kw) as eng:
+        eng.push_many(X[:5000])
+        assert eng.metrics()["checkpoints"] == 1   # (before the learner started)
+        kept.write_bytes(path.read_bytes())
+        with StreamEngine.resume(kept, checkpoint_path=None, checkpoint_every=None,
+                                 checkpoint_seconds=None) as back:
+            for k in ("samples", "emitted", "imputed", "learning"):
+                assert back.metrics()[k] == eng.metrics()[k], k
+            assert back.metrics()["imputed"] == 500 and not back.learning
+            a, b = back.push_many(X[5000:]), eng.push_many(X[5000:])
+    for k in PosteriorBatch.__slots__:
+        np.testing.assert_array_equal(getattr(a, k), getattr(b, k))
+    assert len(a) == 200
+
+
+def test_a_checkpoint_at_the_end_of_the_warmup_keeps_learn_samples(tmp_path):
+    """Resumed from the checkpoint that fell due as the warm-up ended, the engine stops
+    learning after ``learn_samples`` samples as the uninterrupted one does (written in
+    the replay, the checkpoint counted 400 samples after 200, and learning never
+    stopped)."""
+    seed = 62
+    print(f"seed={seed}")
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=seed)
+    X = _data(model, 300, seed=seed + 1)
+    path, kept = tmp_path / "c.npz", tmp_path / "kept.npz"
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), posterior="exact", learn=True,
+                      warmup=200, warmup_steps=20, learn_samples=300, checkpoint_path=path,
+                      checkpoint_every=200, random_state=seed) as eng:
+        for x in X[:200]:
+            eng.push(x)
+        assert eng.metrics()["checkpoints"] == 1   # (before the learner started)
+        kept.write_bytes(path.read_bytes())
+        with StreamEngine.resume(kept, checkpoint_path=None, checkpoint_every=None) as back:
+            assert back.n_samples == 200 and back.metrics()["samples"] == 200
+            for engine in (eng, back):
+                for x in X[200:299]:
+                    engine.push(x)
+                assert engine.learning
+                engine.push(X[299])
+                assert not engine.learning
+
+
 def test_a_warmup_with_too_few_values_goes_on():
     """A warm-up whose samples mostly hold no value (dead sensors) goes on past
     ``warmup`` until a start is possible: every sample is kept once, none refused.

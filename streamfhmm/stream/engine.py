@@ -731,14 +731,17 @@ class StreamEngine:
         n_before = self._n_samples
         try:
             batch = self._process(Y, FLAG_WARMUP, feed=False)
-        finally:  # (the model is initialised: the learner runs whatever the replay did)
+        finally:
             self._n_samples = n_before  # already counted while buffering
             self._n_imputed = n_imputed
             self._ready = True
             if self._learn_stop is not None:
                 self._check_learn_samples()
-            if self._learner is not None:
-                self._start_thread()
+        # a periodic checkpoint due by now (the replay writes none, see _process) is
+        # written here, with the counters restored, before the learner starts
+        self._periodic_checkpoint_due()
+        if self._learner is not None:
+            self._start_thread()
         return batch
 
     def _start_params(self, Y):
@@ -1083,7 +1086,13 @@ class StreamEngine:
         return PosteriorBatch.concat(parts)
 
     def _process(self, X, extra_flags, feed):
-        """The batch path over X (n, D), no infinities; returns a PosteriorBatch."""
+        """The batch path over X (n, D), no infinities; returns a PosteriorBatch.
+
+        ``feed``: new samples (the learner gets their subchains, ``learn_samples`` and
+        the periodic checkpoints are checked after each chunk); False for the warm-up's
+        replay, whose samples were counted while buffered: a checkpoint written inside
+        it recorded them twice, or a position inside the warm-up (:meth:`_initialise`
+        checks for one once its counters are restored)."""
         n = X.shape[0]
         out = _Builder(n, self._M, self._D)
         pos = 0
@@ -1093,9 +1102,10 @@ class StreamEngine:
             m = min(_CHUNK, n - pos)
             self._process_chunk(X[pos:pos + m], out, extra_flags, feed)
             pos += m
-            if feed and self._learn_stop is not None:
-                self._check_learn_samples()
-            self._periodic_checkpoint_due()
+            if feed:
+                if self._learn_stop is not None:
+                    self._check_learn_samples()
+                self._periodic_checkpoint_due()
         batch = out.finish()
         if extra_flags & FLAG_WARMUP:
             self._last_init_batch = batch
