@@ -861,7 +861,9 @@ def _warm_cold_engine(StreamEngine, args, n_features):
     from . import FHMM
     from .model import FHMMParams
     params = FHMMParams.random(args.chains, n_features, random_state=0, noise=0.3)
-    n_warm = max(200, 8 * args.window)
+    # (its own warm-up, not the user's --warmup: long enough to initialise the chains,
+    # which takes n_chains + 2 samples)
+    n_warm = max(200, 8 * args.window, args.chains + 2)
     model = FHMM(n_chains=args.chains, window=args.window, n_hidden=args.hidden,
                  share_hidden=args.share, random_state=0)
     try:

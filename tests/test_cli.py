@@ -450,6 +450,20 @@ def test_serve_checks_files_and_sockets_before_warming_the_kernels(files, tmp_pa
     finally:
         busy.close()
 
+
+def test_serve_cold_warms_its_kernels_with_enough_samples_for_the_chains(capsys, monkeypatch):
+    """The kernels are warmed up on an internal stream long enough to initialise the
+    chains, whatever --warmup says: --chains 400 --warmup 5000 was refused with "the
+    warm-up holds 304 samples ... initialising 400 chains needs at least 402" (the
+    internal stream's 304, not the user's warm-up)."""
+    import streamfhmm.learn.smf as smf
+    monkeypatch.setattr(smf, "fit_smf", lambda X, params=None, **k: (params, []))   # (fast: the start as is)
+    code, _, err = _run(["serve", "--cold", "--features", "2", "--chains", "303", "--hidden", "2", "--warmup",
+                         "5000", "--sub", "tcp://127.0.0.1:*", "--bind", "--pub", "tcp://127.0.0.1:*",
+                         "--time-budget", "0", "--status-interval", "0", "--no-lane"], capsys)
+    assert code == 0 and "error" not in err, err
+    assert "streamfhmm serve: stopped after 0 samples" in err
+
 def test_replay_without_subscriber_times_out(files, capsys):
     code, _, err = _run(["replay", files["npy"], "--pub", "tcp://127.0.0.1:*", "--wait-timeout", "0.1"], capsys)
     assert code == 1
