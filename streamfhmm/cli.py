@@ -303,8 +303,8 @@ def _n_jobs(s):
     return v
 
 
-def _int_at_least(low: int):
-    """An argparse type: an integer >= ``low``."""
+def _int_at_least(low: int, high: int | None = None):
+    """An argparse type: an integer >= ``low`` (and at most ``high``)."""
     def parse(s):
         try:
             v = int(s)
@@ -312,8 +312,15 @@ def _int_at_least(low: int):
             raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {s!r}") from None
         if v < low:
             raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {v}")
+        if high is not None and v > high:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low} and at most {high:,}, got {v}")
         return v
     return parse
+
+
+#: ZeroMQ's socket options are C ints; sequence numbers are below 2**63 (the wire's)
+_MAX_SOCKOPT = 2**31 - 1
+_SEQ_END = 2**63
 
 
 def _nonneg_float(s):
@@ -894,6 +901,11 @@ def _cmd_replay(args) -> int:
         X = X[:args.limit]
     if X.shape[0] == 0:
         raise CliError(f"{args.data}: no rows left to replay")
+    if args.start_seq + X.shape[0] > _SEQ_END:
+        room = _SEQ_END - args.start_seq
+        raise CliError(f"--start-seq {args.start_seq} leaves room for {_plural(room, 'row')} (sequence "
+                       f"numbers are below 2**63) and {args.data} has {_plural(X.shape[0], 'row')} to "
+                       f"replay: lower --start-seq, or give --limit {room}")
     curve = _curve(args)
     _warn_exposed(args.pub, not args.connect, curve, "streamfhmm replay")
     stop = {"flag": False}
@@ -1034,9 +1046,9 @@ def _progress_args(p):
 
 
 def _zmq_args(p, linger):
-    p.add_argument("--hwm", type=_nonneg_int, default=100_000,
+    p.add_argument("--hwm", type=_int_at_least(0, _MAX_SOCKOPT), default=100_000,
                    help="ZeroMQ high-water mark per socket and peer, messages (default 100000)")
-    p.add_argument("--linger", type=_nonneg_int, default=linger, metavar="MS",
+    p.add_argument("--linger", type=_int_at_least(0, _MAX_SOCKOPT), default=linger, metavar="MS",
                    help=f"ZeroMQ LINGER at close, milliseconds (default {linger})")
     p.add_argument("--curve-secret", metavar="FILE",
                    help="CURVE certificate with this side's secret key (zmq.auth.create_certificates); "
@@ -1209,7 +1221,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--wait-timeout", type=_bounded_float(0.0, _MAX_WAIT, low_open=False), metavar="SECONDS",
                    help="give up if they have not come after this long (at most a year, "
                         f"{_MAX_WAIT:,.0f})")
-    r.add_argument("--start-seq", type=_nonneg_int, default=0, help="sequence number of the first row")
+    r.add_argument("--start-seq", type=_int_at_least(0, _SEQ_END - 1), default=0,
+                   help="sequence number of the first row (sequence numbers are below 2**63)")
     r.add_argument("--start-row", type=_nonneg_int, default=0, help="skip the first rows")
     r.add_argument("--limit", type=_positive_int, help="publish at most N rows")
     r.add_argument("--no-end", action="store_true", help="do not send the end-of-stream heartbeat")

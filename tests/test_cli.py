@@ -464,6 +464,46 @@ def test_serve_cold_warms_its_kernels_with_enough_samples_for_the_chains(capsys,
     assert code == 0 and "error" not in err, err
     assert "streamfhmm serve: stopped after 0 samples" in err
 
+
+@pytest.mark.parametrize("argv, message", [
+    (["replay", "DATA", "--start-seq", "99999999999999999999999", "--limit", "100"],
+     "argument --start-seq: expected an integer >= 0 and at most 9,223,372,036,854,775,807, "
+     "got 99999999999999999999999"),
+    (["replay", "DATA", "--start-seq", str(2**63)], "argument --start-seq: expected an integer >= 0 and at most"),
+    (["replay", "DATA", "--hwm", str(2**31)],
+     "argument --hwm: expected an integer >= 0 and at most 2,147,483,647, got 2147483648"),
+    (["serve", "--model", "MODEL", "--linger", "99999999999"],
+     "argument --linger: expected an integer >= 0 and at most 2,147,483,647, got 99999999999"),
+    (["serve", "--model", "MODEL", "--hwm", str(2**31)], "argument --hwm: expected an integer >= 0 and at most"),
+])
+def test_out_of_range_socket_options_and_sequence_numbers(files, argv, message, capsys):
+    """Refused by the parser, by the option's name: a --start-seq past 2**63 was reported
+    as sent while serve refused every message as malformed; --hwm or --linger past a C
+    int failed with 'value too large to convert to int' (serve: after warming the
+    kernels), naming no option."""
+    argv = [{"DATA": files["npy"], "MODEL": files["model"]}.get(a, a) for a in argv]
+    code, out, err = _run(argv, capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith(f"streamfhmm {argv[0]}: error: {message}"), err
+
+
+def test_replay_refuses_rows_past_the_last_sequence_number(files, capsys, monkeypatch):
+    """The sequence numbers of the rows to send must stay below 2**63: checked before
+    anything is sent."""
+    import streamfhmm.io.zmq as zmq_io
+
+    def no_send(*a, **k):
+        raise AssertionError("replay started before --start-seq was checked against the rows")
+    monkeypatch.setattr(zmq_io, "replay", no_send)
+    start = 2**63 - 8
+    code, out, err = _run(["replay", files["npy"], "--start-seq", str(start)], capsys)
+    assert (code, out) == (1, "")
+    assert err == (f"streamfhmm replay: error: --start-seq {start} leaves room for 8 rows (sequence numbers "
+                   f"are below 2**63) and {files['npy']} has 1,500 rows to replay: lower --start-seq, or give "
+                   "--limit 8\n")
+    with pytest.raises(AssertionError, match="replay started"):   # 8 rows fit
+        _run(["replay", files["npy"], "--start-seq", str(start), "--limit", "8"], capsys)
+
 def test_replay_without_subscriber_times_out(files, capsys):
     code, _, err = _run(["replay", files["npy"], "--pub", "tcp://127.0.0.1:*", "--wait-timeout", "0.1"], capsys)
     assert code == 1
