@@ -673,6 +673,66 @@ def test_a_rejected_first_sample_does_not_fix_D():
                 eng.push([0.0, 1.0])
 
 
+@pytest.mark.parametrize("posterior", ["recognition", "exact"])
+def test_a_network_of_another_D_is_refused(posterior):
+    """A cold engine's ``net`` (the inference network, or in exact mode the learner's
+    start) must read the stream's D: given by ``n_features`` or by the first sample.
+    It was taken: the warm-up replay then failed inside the kernels at every push (and
+    each retry left a learner thread running), and in exact mode the learner trained the
+    network of D=3 on samples of D=2."""
+    seed = 64
+    print(f"seed={seed}")
+    net = RecognitionNet(2, 3, window=3, n_hidden=4, mode="centred").init(random_state=seed)
+    kw = dict(net=net, posterior=posterior, learn=True, warmup=20, warmup_steps=5)
+    with pytest.raises(ValueError, match=r"reads samples of D=3 values, n_features is 2: pass "
+                                         r"a network of n_features=2"):
+        StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), n_features=2, **kw)
+    X = np.random.default_rng(seed).standard_normal((30, 3))
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), **kw) as eng:
+        with pytest.raises(ValueError, match=r"push: the network \(net\) reads samples of "
+                                             r"D=3 values, the first sample holds 2"):
+            eng.push(X[0, :2])
+        with pytest.raises(ValueError, match=r"push_many: .*D=3 values, the first block's "
+                                             r"rows hold 2"):
+            eng.push_many(X[:5, :2])
+        m = eng.metrics()
+        assert eng.n_features is None and m["samples"] == 0 and m["rejected"] == 6
+        out = eng.push_many(X)          # the network's D: accepted
+        assert eng.n_features == 3 and len(out) == 30 - eng.lag
+
+
+@pytest.mark.parametrize("where", ["replay", "block"])
+def test_a_refused_end_of_warmup_leaves_no_learner_thread(where, monkeypatch):
+    """A push_many that ends the warm-up and then fails (in the warm-up's replay, or in
+    the block's rows after it) puts the warm-up back and stops the learner thread it
+    started: the thread ran on, and each retry of the block started another."""
+    seed = 66
+    print(f"seed={seed}")
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=seed)
+    X = _data(model, 60, seed=seed + 1)
+    real = StreamEngine._process
+
+    def failing(self, Y, extra_flags, feed):
+        if feed == (where == "block"):
+            raise ValueError("the batch path failed")
+        return real(self, Y, extra_flags, feed)
+
+    def learners():
+        return sum(t.name == "streamfhmm-learner" and t.is_alive() for t in threading.enumerate())
+
+    before = learners()
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), posterior="exact", learn=True,
+                      warmup=50, warmup_steps=5, random_state=seed) as eng:
+        monkeypatch.setattr(StreamEngine, "_process", failing)
+        for _ in range(3):
+            with pytest.raises(ValueError, match="the batch path failed"):
+                eng.push_many(X)
+            assert eng.warming_up and eng._thread is None and learners() == before
+        monkeypatch.setattr(StreamEngine, "_process", real)
+        assert len(eng.push_many(X)) == 59 and learners() == before + 1
+    assert learners() == before
+
+
 @pytest.mark.parametrize("setting,value,match", [
     ("learning_rate", None, "learning_rate must be a finite number in \\(0, inf\\)"),
     ("learning_rate", 0.0, "learning_rate must be"),

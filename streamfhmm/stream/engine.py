@@ -442,6 +442,8 @@ class StreamEngine:
             check_positive_int(n_features, "n_features") if n_features is not None else None)
         self._D = D
         self._init_counters()
+        if D is not None:
+            self._check_net_features(D, f"n_features is {D}")
         self._learner = None
         self._thread = None
         self._snapshot = None
@@ -585,6 +587,18 @@ class StreamEngine:
             self._wbuf = np.empty((self._warmup, D))
         self._D = D
         self._schedule_checkpoints(reset=True)
+
+    def _check_net_features(self, D: int, source: str, caller: str = "", n: int = 1):
+        """Refuse (:meth:`_reject`, ``n`` samples) a stream of D values per sample when
+        the given network (``net``: the inference network, or in exact mode the
+        learner's) reads another D; ``source`` says where D comes from. A cold engine
+        took one: its warm-up replay then failed inside the kernels at every push, and
+        in exact mode the learner trained a network of one D on samples of another."""
+        net = self._net if self._net is not None else self._learner_net
+        if net is not None and net.n_features != D:
+            self._reject(f"{caller}the network (net) reads samples of D={net.n_features} "
+                         f"values, {source}: pass a network of n_features={D}, or samples "
+                         f"of {net.n_features} values", n)
 
     @property
     def model_window(self) -> int:
@@ -783,7 +797,8 @@ class StreamEngine:
         """``fn()``; if it raises ValueError, the engine is put back as it was before
         (buffered warm-up rows, D, counters, attributes, the random state) but for the
         ``rejected`` count, which grows by the ``n_rows()`` samples refused (unless the
-        error was counted where it was raised), and the error propagates.
+        error was counted where it was raised), and the error propagates. A learner
+        thread ``fn`` started is stopped (it ran on, and each retry started another).
 
         For the calls that may end the warm-up: ``_initialise`` can refuse the warm-up
         (too few samples with a value) after rows were buffered, and a caller that retries
@@ -793,6 +808,8 @@ class StreamEngine:
         try:
             return fn()
         except ValueError:
+            if self._thread is not saved["_thread"]:
+                self._finalizer()   # (stops it)
             counted = self._n_rejected - saved["_n_rejected"]
             self.__dict__.clear()
             self.__dict__.update(saved)
@@ -862,6 +879,7 @@ class StreamEngine:
             if x.ndim != 1 or x.shape[0] < 1:
                 self._reject(f"push expects one sample (a 1-D array of D >= 1 numbers), got an "
                              f"array of shape {x.shape}")
+            self._check_net_features(x.shape[0], f"the first sample holds {x.shape[0]}", "push: ")
             if _ko.check_sample(np.ascontiguousarray(x)) == _ko.STATUS_INFINITE:
                 self._reject_inf(x)
             if self._phase == "warmup" and (np.abs(x) > _MAX_WARMUP_ABS).any():
@@ -898,6 +916,8 @@ class StreamEngine:
             self._reject(f"push_many: X must not contain infinities (use NaN for a missing value); "
                          f"found {X[r, c]} at row {r}, column {c}; nothing was processed", X.shape[0])
         if D is None and X.shape[0]:
+            self._check_net_features(X.shape[1], f"the first block's rows hold {X.shape[1]}",
+                                     "push_many: ", X.shape[0])
             self._configure(X.shape[1])
         return X
 
