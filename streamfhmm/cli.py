@@ -492,8 +492,16 @@ def _cmd_fit(args) -> int:
     if os.path.isdir(args.out) or os.path.isdir(out):
         raise CliError(f"--out {args.out} is a directory; give a file name such as model.npz")
     _check_out_file(out, "--out", "; give a file name such as model.npz")
-    if args.n_restarts > 1 and args.method != "svi":
-        raise CliError(f"--n-restarts applies to --method svi, got --method {args.method}")
+    if args.method != "svi":   # (the other methods train no networks, with one thread)
+        for option, given in (("--n-restarts", args.n_restarts > 1), ("--net-warmup", args.net_warmup),
+                              ("--n-jobs", args.n_jobs != 1)):
+            if given:
+                raise CliError(f"{option} applies to --method svi, got --method {args.method}")
+    if args.method == "em":
+        from .learn.em import MAX_EM_CHAINS
+        if args.chains > MAX_EM_CHAINS:
+            raise CliError(f"--method em enumerates the 2^M joint states: at most {MAX_EM_CHAINS} --chains, "
+                           f"got {args.chains} (use --method svi or smf)")
     _check_restarts_option(args.n_restarts, "--max-iter", args.max_iter, args.time_budget)
     if args.net_warmup and args.method == "svi":
         from .learn.svi import DEFAULT_MAX_ITER
@@ -585,9 +593,34 @@ def _engine_class():
     return StreamEngine
 
 
+def _check_posterior(model, path, mode, posterior, learn) -> None:
+    """What StreamEngine refuses about --mode, --posterior and --learn for the model
+    ``path`` (fitted), in those options' names rather than the engine's arguments."""
+    if posterior == "exact":
+        _check_exact_chains(model.n_chains, path)
+        return
+    net = getattr(model, "net_", None)
+    if learn or (mode == "smooth" and net is not None and net.mode == "centred"):
+        return
+    if mode == "filter":   # (the engine never takes a model's network for filtering)
+        need = "--mode filter needs a causal recognition network, which a model file does not provide"
+    else:
+        need = (f"--mode smooth needs a centred recognition network and {path} has "
+                + (f"a {net.mode} one" if net is not None else "none (it was not fitted with --method svi)"))
+    raise CliError(f"{need}: add --learn (each stream then trains one online) or use --posterior exact")
+
+
+def _check_exact_chains(n_chains, source) -> None:
+    from .exact import MAX_EXACT_CHAINS
+    if n_chains > MAX_EXACT_CHAINS:
+        raise CliError(f"--posterior exact is limited to {MAX_EXACT_CHAINS} chains (2^M joint states per "
+                       f"sample), got {n_chains} ({source}): use --posterior recognition")
+
+
 def _cmd_bench(args) -> int:
     StreamEngine = _engine_class()
     model = _load_model(args.model)
+    _check_posterior(model, args.model, args.mode, args.posterior, args.learn)
     X, _ = load_data(args.data, _split_columns(args.columns))
     _check_features(model, X, args.data)
     if args.samples is not None:
@@ -674,6 +707,8 @@ def _serve(args, state) -> int:
         if args.features is None:
             raise CliError("--cold needs --features D (values per sample)")
         _check_window_warmup(args.window, args.warmup)
+        if args.posterior == "exact":
+            _check_exact_chains(args.chains, "--chains")
         n_features = args.features
 
         def new_model():
@@ -687,6 +722,7 @@ def _serve(args, state) -> int:
         n_features = base.n_features_in_
         if args.features is not None and args.features != n_features:
             raise CliError(f"--features {args.features} differs from the model's {n_features} features")
+        _check_posterior(base, args.model, args.mode, args.posterior, args.learn)
 
         def new_model():
             from . import FHMM as _F
@@ -1078,9 +1114,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="learning method: svi (default), smf (structured mean-field EM) or em (exact EM, "
                         "at most 14 chains)")
     f.add_argument("--max-iter", type=_positive_int, help="SVI steps or EM iterations")
-    f.add_argument("--time-budget", type=_nonneg_float, metavar="SECONDS", help="stop learning after this long")
+    f.add_argument("--time-budget", type=_positive_float, metavar="SECONDS", help="stop learning after this long")
     f.add_argument("--batch-size", type=_positive_int, default=10, help="subchains per SVI step (default 10)")
-    f.add_argument("--learning-rate", type=_nonneg_float, default=1e-2, help="RMSprop learning rate (default 0.01)")
+    f.add_argument("--learning-rate", type=_positive_float, default=1e-2, help="RMSprop learning rate (default 0.01)")
     f.add_argument("--net-warmup", type=_nonneg_int, metavar="STEPS",
                    help="svi: first steps training the recognition networks only, the model held (default 0)")
     f.add_argument("--n-jobs", type=_n_jobs, default=1, metavar="N",

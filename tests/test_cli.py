@@ -342,12 +342,12 @@ def _errors(tmp_path, files):
         (["fit", str(t / "objects.npy"), "--out", "x"], 1, "is not a readable .npy array"),
         (["fit", csv, "--out", str(t)], 1, "is a directory; give a file name such as model.npz"),
         (["fit", csv, "--method", "smf", "--net-warmup", "5", "--out", "x"], 1,
-         "net_warmup applies to method='svi' only (it has no networks)"),
+         "--net-warmup applies to --method svi, got --method smf"),
         (["fit", csv, "--net-warmup", "-1", "--out", "x"], 2, "argument --net-warmup: expected an integer >= 0, got -1"),
         (["fit", csv, "--n-jobs", "0", "--out", "x"], 2, "argument --n-jobs: expected an integer >= 1 or -1, got 0"),
         (["fit", csv, "--n-jobs", "two", "--out", "x"], 2, "argument --n-jobs: expected an integer >= 1 or -1, got 'two'"),
         (["fit", csv, "--method", "em", "--n-jobs", "2", "--out", "x"], 1,
-         "n_jobs applies to method='svi' without a client"),
+         "--n-jobs applies to --method svi, got --method em"),
         # checkable before the fit: refused before it
         (["fit", csv, "--max-iter", "5", "--net-warmup", "10", "--out", "x"], 1,
          "streamfhmm fit: error: --net-warmup 10 must be less than the 5 SVI steps (--max-iter): the model "
@@ -588,6 +588,62 @@ def test_fit_checks_restarts_before_loading(files, capsys, monkeypatch, options,
     code, out, err = _run(["fit", files["csv"], "--out", str(files["dir"] / "r.npz")] + options, capsys)
     assert code == 1 and out == "" and err.startswith(f"streamfhmm fit: error: {message}"), err
 
+
+
+@pytest.fixture(scope="module")
+def no_net_models(tmp_path_factory):
+    """Model files without recognition networks (as --method smf or em writes them): 2
+    chains, and 21 (more than --posterior exact takes)."""
+    d = tmp_path_factory.mktemp("no_net")
+    paths = []
+    for M in (2, 21):
+        W = np.vstack([np.eye(M, 3), np.zeros((1, 3))])
+        FHMM.from_params(W=W, covariance=0.1 * np.eye(3), transmat=np.tile([[0.9, 0.1], [0.2, 0.8]], (M, 1, 1))
+                         ).save(d / f"m{M}.npz")
+        paths.append(str(d / f"m{M}.npz"))
+    return paths
+
+
+@pytest.mark.parametrize("argv, status, message", [
+    (["fit", "DATA", "--out", "x", "--learning-rate", "0"], 2, "argument --learning-rate: expected a finite number > 0, got 0"),
+    (["fit", "DATA", "--out", "x", "--time-budget", "0"], 2, "argument --time-budget: expected a finite number > 0, got 0"),
+    (["fit", "DATA", "--out", "x", "--chains", "30", "--method", "em"], 1,
+     "--method em enumerates the 2^M joint states: at most 14 --chains, got 30 (use --method svi or smf)"),
+    (["fit", "DATA", "--out", "x", "--net-warmup", "5", "--method", "smf"], 1,
+     "--net-warmup applies to --method svi, got --method smf"),
+    (["fit", "DATA", "--out", "x", "--n-jobs", "-1", "--method", "em"], 1, "--n-jobs applies to --method svi, got --method em"),
+    (["serve", "--model", "MODEL", "--mode", "filter"], 1,
+     "--mode filter needs a causal recognition network, which a model file does not provide: add --learn (each "
+     "stream then trains one online) or use --posterior exact"),
+    (["serve", "--model", "NO_NET", "--mode", "filter"], 1, "--mode filter needs a causal recognition network"),
+    (["serve", "--model", "NO_NET"], 1,
+     "--mode smooth needs a centred recognition network and NO_NET has none (it was not fitted with --method "
+     "svi): add --learn (each stream then trains one online) or use --posterior exact"),
+    (["bench", "DATA", "--model", "NO_NET"], 1, "--mode smooth needs a centred recognition network and NO_NET has none"),
+    (["serve", "--model", "NO_NET_21", "--posterior", "exact"], 1,
+     "--posterior exact is limited to 20 chains (2^M joint states per sample), got 21 (NO_NET_21): use --posterior "
+     "recognition"),
+    (["serve", "--cold", "--features", "2", "--chains", "21", "--posterior", "exact"], 1,
+     "--posterior exact is limited to 20 chains (2^M joint states per sample), got 21 (--chains)"),
+])
+def test_library_errors_in_the_options_names(files, no_net_models, argv, status, message, capsys, monkeypatch):
+    """What the library would refuse, checked before any work and said in the command
+    line's terms: 'window must be odd', 'learning_rate ... (0, inf)', 'n_chains must be at
+    most 14', 'net_warmup applies to method='svi'', and for serve a model without the
+    network its mode needs: '... pass net=..., use learn=True ..., or use posterior='exact''."""
+    import streamfhmm.cli as cli
+
+    def no_work(*a, **k):
+        raise AssertionError("work started before the options were checked")
+    for name in ("load_data", "_warm_engine"):
+        monkeypatch.setattr(cli, name, no_work)
+    names = {"DATA": files["csv"], "MODEL": files["model"], "NO_NET": no_net_models[0], "NO_NET_21": no_net_models[1]}
+    argv = [names.get(a, a) for a in argv]
+    for k in sorted(names, key=len, reverse=True):
+        message = message.replace(k, names[k])
+    code, out, err = _run(argv, capsys)
+    assert (code, out) == (status, "")
+    assert err.count("\n") == 1 and err.startswith(f"streamfhmm {argv[0]}: error: {message}"), err
 
 def test_fit_checks_out_before_learning(files, tmp_path, capsys, monkeypatch):
     """An unwritable --out is reported before the fit, not after it."""
