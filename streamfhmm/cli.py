@@ -530,6 +530,9 @@ def _cmd_fit(args) -> int:
 
 def _cmd_score(args) -> int:
     model = _load_model(args.model)
+    if args.elbo and getattr(model, "net_", None) is None:
+        raise CliError(f"--elbo needs a model fitted with --method svi (the ELBO is its recognition "
+                       f"networks'); {args.model} has none")
     X, _ = load_data(args.data, _split_columns(args.columns))
     _check_features(model, X, args.data)
     if np.isnan(X).any():

@@ -645,6 +645,20 @@ def test_library_errors_in_the_options_names(files, no_net_models, argv, status,
     assert (code, out) == (status, "")
     assert err.count("\n") == 1 and err.startswith(f"streamfhmm {argv[0]}: error: {message}"), err
 
+
+def test_score_elbo_needs_networks_before_scoring(files, no_net_models, capsys, monkeypatch):
+    """score --elbo with a model without networks: refused before the data is loaded (it
+    printed the log-likelihood, then failed with 'this FHMM has no recognition networks')."""
+    import streamfhmm.cli as cli
+
+    def no_load(*a, **k):
+        raise AssertionError("the data was loaded before --elbo was checked")
+    monkeypatch.setattr(cli, "load_data", no_load)
+    code, out, err = _run(["score", files["csv"], "--model", no_net_models[0], "--elbo"], capsys)
+    assert (code, out) == (1, "")
+    assert err == (f"streamfhmm score: error: --elbo needs a model fitted with --method svi (the ELBO is its "
+                   f"recognition networks'); {no_net_models[0]} has none\n")
+
 def test_fit_checks_out_before_learning(files, tmp_path, capsys, monkeypatch):
     """An unwritable --out is reported before the fit, not after it."""
     def no_fit(self, *a, **k):
