@@ -748,6 +748,8 @@ def test_a_refused_end_of_warmup_leaves_no_learner_thread(where, monkeypatch):
     ("recency_half_life", -5, r"recency_half_life \(samples, or None\) must be a finite number in \(0"),
     ("recency_half_life", 0, "recency_half_life"),
     ("checkpoint_seconds", "x", "checkpoint_seconds must be a finite number"),
+    ("reservoir_size", 5, r"reservoir_size must be >= batch_size \(.*\), got reservoir_size=5 "
+                          r"< batch_size=10"),
 ])
 @pytest.mark.parametrize("fitted", [True, False])
 def test_constructor_checks_every_numeric_setting(setting, value, match, fitted, tmp_path):
@@ -762,6 +764,25 @@ def test_constructor_checks_every_numeric_setting(setting, value, match, fitted,
     with pytest.raises(ValueError, match=match):
         StreamEngine(model, mode="filter", posterior="exact", learn=True, warmup=30,
                      warmup_steps=2, **kw)
+
+
+def test_a_reservoir_smaller_than_a_batch_is_refused_on_resume(tmp_path):
+    """The learner waits for ``batch_size`` segments before its first step: a reservoir
+    that holds fewer is refused where the learner would run (it never took a step, and
+    nothing said so), also when a checkpoint of an engine without one is resumed with
+    ``learn=True``; without a learner it does not matter."""
+    seed = 68
+    print(f"seed={seed}")
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=seed)
+    X = _data(model, 50, seed=seed + 1)
+    with StreamEngine(model, posterior="exact", learn=False, reservoir_size=5,
+                      batch_size=10) as eng:
+        eng.push_many(X)
+        path = eng.checkpoint(tmp_path / "c.npz")
+    StreamEngine.resume(path).close()
+    with pytest.raises(ValueError, match=r"reservoir_size must be >= batch_size .*got "
+                                         r"reservoir_size=5 < batch_size=10"):
+        StreamEngine.resume(path, learn=True)
 
 
 def test_learn_samples_limits_what_the_warmup_learns(monkeypatch):

@@ -482,11 +482,16 @@ class StreamEngine:
         # used to raise TypeError, be accepted silently (lr_decay_steps=0: NaN step
         # sizes, a frozen model) or fail only when the warm-up ended (recency_half_life)
         self._warmup_time = check_real(cfg["warmup_time"], "warmup_time (seconds)")
-        check_positive_int(cfg["reservoir_size"], "reservoir_size")
+        capacity = check_positive_int(cfg["reservoir_size"], "reservoir_size")
         if cfg["recency_half_life"] is not None:
             check_real(cfg["recency_half_life"], "recency_half_life (samples, or None)",
                        low_open=True)
-        check_positive_int(cfg["batch_size"], "batch_size")
+        batch = check_positive_int(cfg["batch_size"], "batch_size")
+        if self._learn and capacity < batch:
+            # (the learner thread waits for batch_size segments: it never took a step)
+            raise ValueError(f"reservoir_size must be >= batch_size (the learner takes its "
+                             f"first step once the reservoir holds batch_size segments), got "
+                             f"reservoir_size={capacity} < batch_size={batch}")
         if cfg["subchain_length"] is not None:
             check_positive_int(cfg["subchain_length"], "subchain_length")
         check_positive_int(cfg["snapshot_interval"], "snapshot_interval")
