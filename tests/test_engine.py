@@ -785,6 +785,32 @@ def test_a_reservoir_smaller_than_a_batch_is_refused_on_resume(tmp_path):
         StreamEngine.resume(path, learn=True)
 
 
+@pytest.mark.parametrize("fitted", [False, True])
+def test_resume_refuses_learn_false_while_a_new_network_waits_for_its_warmup(fitted, tmp_path):
+    """A warm-up checkpoint of an engine that creates its recognition network (a cold
+    model, or a fitted one in filter mode without a causal network) resumed with
+    ``learn=False``: refused with the constructor's message (it was taken, and streamed
+    posteriors from the untrained, randomly initialised network)."""
+    seed = 70
+    print(f"seed={seed}")
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=seed)
+    X = _data(model, 40, seed=seed + 1)
+    start = model if fitted else FHMM(n_chains=2, window=3, n_hidden=4)
+    mode = "filter" if fitted else "smooth"
+    match = (r"mode='filter' with posterior='recognition' needs a causal recognition network"
+             if fitted else "an unfitted FHMM in recognition mode needs learn=True")
+    with pytest.raises(ValueError, match=match):
+        StreamEngine(start, mode=mode, learn=False)
+    with StreamEngine(start, mode=mode, learn=True, warmup=100, random_state=seed) as eng:
+        eng.push_many(X)
+        assert eng.warming_up
+        path = eng.checkpoint(tmp_path / "w.npz")
+    with pytest.raises(ValueError, match=match):
+        StreamEngine.resume(path, learn=False)
+    with StreamEngine.resume(path) as back:
+        assert back.warming_up and back.learning
+
+
 def test_learn_samples_limits_what_the_warmup_learns(monkeypatch):
     """learn_samples < warmup: the start fit and the reservoir see only the first
     learn_samples samples (they saw the whole warm-up); the replay sees them all."""

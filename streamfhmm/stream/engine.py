@@ -423,15 +423,7 @@ class StreamEngine:
                 raise ValueError(f"the recognition network has {model_net.n_features} features, "
                                  f"the model {params.n_features}")
         self._new_net = posterior == "recognition" and net is None
-        if self._new_net and not self._learn:
-            if params is None:
-                raise ValueError("an unfitted FHMM in recognition mode needs learn=True: the engine "
-                                 "creates its recognition network and trains it online (or use "
-                                 "posterior='exact')")
-            raise ValueError(f"mode={mode!r} with posterior='recognition' needs a {want} recognition "
-                             f"network (RecognitionNet(mode={want!r})) and this model has none: "
-                             f"pass net=..., use learn=True so that the engine creates one and "
-                             f"trains it online, or use posterior='exact'")
+        self._check_new_net_learns(fitted=params is not None)
         # the network inference uses (recognition) and the one the learner trains
         self._net = net.copy() if (net is not None and posterior == "recognition") else None
         self._learner_net = (self._net if posterior == "recognition"
@@ -519,6 +511,23 @@ class StreamEngine:
         if (every is not None or secs is not None) and self._ckpt_path is None:
             raise ValueError("checkpoint_every / checkpoint_seconds need checkpoint_path")
         self._rng = check_random_state(random_state)
+
+    def _check_new_net_learns(self, fitted: bool):
+        """ValueError when the engine is to create its recognition network (no suitable
+        one given) and has no learner to train it (``learn=False``): its posteriors
+        would come from a randomly initialised network. ``fitted``: the model has
+        parameters."""
+        if not self._new_net or self._learn:
+            return
+        if not fitted:
+            raise ValueError("an unfitted FHMM in recognition mode needs learn=True: the engine "
+                             "creates its recognition network and trains it online (or use "
+                             "posterior='exact')")
+        mode, want = self.mode, _net_mode(self.mode)
+        raise ValueError(f"mode={mode!r} with posterior='recognition' needs a {want} recognition "
+                         f"network (RecognitionNet(mode={want!r})) and this model has none: "
+                         f"pass net=..., use learn=True so that the engine creates one and "
+                         f"trains it online, or use posterior='exact'")
 
     def _init_counters(self):
         self._ready = False
@@ -1776,6 +1785,8 @@ class StreamEngine:
             # (only a cold engine before its first sample leaves D open)
             raise ValueError(f"n_features is null, but the checkpoint is in phase "
                              f"{self._phase!r}{' with parameters' if self._params0 is not None else ''}")
+        if self._phase == "warmup":   # (as the constructor: resume(learn=False) was taken)
+            self._check_new_net_learns(fitted=self._params0 is not None)
         if self._params0 is not None:
             model._set_params(self._params0, self._net if (self._net is not None
                                                            and self._net.mode == "centred") else None)
