@@ -602,15 +602,23 @@ def _check_posterior(model, path, mode, posterior, learn) -> None:
     if posterior == "exact":
         _check_exact_chains(model.n_chains, path)
         return
-    net = getattr(model, "net_", None)
-    if learn or (mode == "smooth" and net is not None and net.mode == "centred"):
+    if learn or not _needs_new_net(model, mode, posterior):
         return
+    net = getattr(model, "net_", None)
     if mode == "filter":   # (the engine never takes a model's network for filtering)
         need = "--mode filter needs a causal recognition network, which a model file does not provide"
     else:
         need = (f"--mode smooth needs a centred recognition network and {path} has "
                 + (f"a {net.mode} one" if net is not None else "none (it was not fitted with --method svi)"))
     raise CliError(f"{need}: add --learn (each stream then trains one online) or use --posterior exact")
+
+
+def _needs_new_net(model, mode, posterior) -> bool:
+    """Whether a StreamEngine of a fitted ``model`` starts a recognition network of its
+    own (trained on a warm-up of the stream, then online): the model has none for
+    ``mode`` (the engine takes a model's centred network for smoothing, none for filtering)."""
+    net = getattr(model, "net_", None)
+    return posterior == "recognition" and not (mode == "smooth" and net is not None and net.mode == "centred")
 
 
 def _check_exact_chains(n_chains, source) -> None:
@@ -697,6 +705,10 @@ def _cmd_serve(args) -> int:
         sys.setswitchinterval(old_switch)
 
 
+#: serve's options of the model --cold learns, and their defaults (None in the parser)
+_SERVE_COLD_OPTIONS = {"chains": 4, "window": 5, "hidden": 30, "share": "chain", "seed": None}
+
+
 def _serve(args, state) -> int:
     from .io.zmq import ZmqSink, ZmqSource
     from .service import CheckpointError, StreamService, start_metrics_server
@@ -706,6 +718,19 @@ def _serve(args, state) -> int:
     prog = "streamfhmm serve"
     if args.checkpoint_every is not None and args.checkpoint is None:
         raise CliError("--checkpoint-every needs --checkpoint DIR")
+    if args.metrics_addr is not None and not args.metrics_port:
+        raise CliError("--metrics-addr needs --metrics-port")
+    args.metrics_addr = args.metrics_addr or "127.0.0.1"
+    for option, value in (("--learner-duty", args.learner_duty), ("--learn-samples", args.learn_samples)):
+        if value is not None and not (args.learn or args.cold):
+            raise CliError(f"{option} needs --learn (or --cold)")
+    for dest, default in _SERVE_COLD_OPTIONS.items():   # (None in the parser: given or not)
+        if getattr(args, dest) is not None and not args.cold:
+            raise CliError(f"--{dest} applies to --cold (the model it learns), not to --model")
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+    warmup_given = args.warmup is not None
+    args.warmup = 2000 if args.warmup is None else args.warmup
     if args.cold:
         if args.features is None:
             raise CliError("--cold needs --features D (values per sample)")
@@ -726,19 +751,23 @@ def _serve(args, state) -> int:
         if args.features is not None and args.features != n_features:
             raise CliError(f"--features {args.features} differs from the model's {n_features} features")
         _check_posterior(base, args.model, args.mode, args.posterior, args.learn)
+        new_net = args.learn and _needs_new_net(base, args.mode, args.posterior)
+        if warmup_given and not new_net:
+            raise CliError(f"--warmup applies to --cold, or to --model --learn when the streams start a "
+                           f"recognition network of their own (--mode filter, or a model fitted without "
+                           f"--method svi); the streams of {args.model} start at once")
 
         def new_model():
             from . import FHMM as _F
             return _F.load(args.model)
         learn = args.learn
     shared = new_model() if args.share_model else None
-    extra = {"n_features": n_features, "warmup": args.warmup} if args.cold else {}
+    extra = ({"n_features": n_features, "warmup": args.warmup} if args.cold
+             else {"warmup": args.warmup} if new_net else {})
     # --learner-duty, --learn-samples: new engines get them, resumed ones too; without them
     # they keep the engine's defaults (new) or their checkpoint's settings (resumed)
     learner_kw = {} if args.learner_duty is None else {"learner_duty": args.learner_duty}
     if args.learn_samples is not None:
-        if not learn:
-            raise CliError("--learn-samples needs --learn (or --cold)")
         learner_kw["learn_samples"] = args.learn_samples
 
     def factory(topic):
@@ -1196,21 +1225,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="build every stream's engine from one model object loaded once (default: each "
                          "stream loads its own copy); each engine still learns from its own stream")
     sv.add_argument("--features", type=_positive_int, help="values per sample (required with --cold)")
-    sv.add_argument("--chains", type=_positive_int, default=4, help="with --cold: hidden chains (default 4)")
-    sv.add_argument("--window", type=_window, default=5,
-                    help="with --cold: odd recognition window, at most --warmup (default 5)")
-    sv.add_argument("--hidden", type=_positive_int, default=30, help="with --cold: hidden units (default 30)")
-    sv.add_argument("--share", choices=("chain", "all"), default="chain", help="with --cold: network sharing")
+    sv.add_argument("--chains", type=_positive_int, help="with --cold: hidden chains (default 4)")
+    sv.add_argument("--window", type=_window,
+                    help=f"with --cold: odd recognition window, at most {_MAX_WINDOW:,} and --warmup (default 5)")
+    sv.add_argument("--hidden", type=_positive_int, help="with --cold: hidden units (default 30)")
+    sv.add_argument("--share", choices=("chain", "all"), help="with --cold: network sharing (default chain)")
     sv.add_argument("--seed", type=_nonneg_int, default=None, help="with --cold: random seed (>= 0)")
-    sv.add_argument("--warmup", type=_int_at_least(2), default=2000, metavar="N",
-                    help="with --cold: samples per stream before the model is initialised (default 2000)")
+    sv.add_argument("--warmup", type=_int_at_least(2), metavar="N",
+                    help="with --cold: samples per stream before the model is initialised (default 2000); "
+                         "also with --model and --learn when the streams start a recognition network of "
+                         "their own (--mode filter, or a model fitted without --method svi)")
     sv.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory; streams found there are resumed")
     sv.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                     help="checkpoint each stream every N samples (default 10000 with --checkpoint)")
     sv.add_argument("--format", choices=("binary", "json"), default="binary", help="output format")
     sv.add_argument("--metrics-port", type=_port, metavar="P",
                     help="serve Prometheus metrics on http://127.0.0.1:P/metrics (needs prometheus-client)")
-    sv.add_argument("--metrics-addr", default="127.0.0.1", help="address of the metrics server")
+    sv.add_argument("--metrics-addr", help="with --metrics-port: address of the metrics server (default 127.0.0.1)")
     sv.add_argument("--heartbeat", type=_nonneg_float, default=1.0, metavar="SECONDS",
                     help="heartbeat after this long idle (default 1; 0: none)")
     sv.add_argument("--status-interval", type=_nonneg_float, default=10.0, metavar="SECONDS",
@@ -1292,7 +1323,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the service's cold start (default 0)")
     d.add_argument("--chains", type=_positive_int, default=6, help="hidden chains the service learns (default 6)")
     d.add_argument("--window", type=_window, default=9,
-                   help="odd recognition window, at most --warmup (default 9)")
+                   help=f"odd recognition window, at most {_MAX_WINDOW:,} and --warmup (default 9)")
     d.add_argument("--hidden", type=_positive_int, default=32, help="hidden units per network (default 32)")
     d.add_argument("--calibration-days", type=_bounded_float(0.0, _MAX_DAYS), default=14.0,
                    help="days after the warm-up that calibrate the sub-meter map (default 14; a third of "

@@ -504,6 +504,59 @@ def test_replay_refuses_rows_past_the_last_sequence_number(files, capsys, monkey
     with pytest.raises(AssertionError, match="replay started"):   # 8 rows fit
         _run(["replay", files["npy"], "--start-seq", str(start), "--limit", "8"], capsys)
 
+
+@pytest.mark.parametrize("extra, message", [
+    (["--learner-duty", "0.9"], "--learner-duty needs --learn (or --cold)"),
+    (["--learn-samples", "100"], "--learn-samples needs --learn (or --cold)"),
+    (["--chains", "9"], "--chains applies to --cold (the model it learns), not to --model"),
+    (["--learn", "--window", "11"], "--window applies to --cold (the model it learns), not to --model"),
+    (["--hidden", "8"], "--hidden applies to --cold (the model it learns), not to --model"),
+    (["--share", "all"], "--share applies to --cold (the model it learns), not to --model"),
+    (["--seed", "3"], "--seed applies to --cold (the model it learns), not to --model"),
+    (["--learn", "--warmup", "7"], "--warmup applies to --cold, or to --model --learn when the streams start a "
+     "recognition network of their own (--mode filter, or a model fitted without --method svi); the streams of "
+     "MODEL start at once"),
+    (["--mode", "filter", "--posterior", "exact", "--learn", "--warmup", "7"], "--warmup applies to --cold"),
+    (["--metrics-addr", "0.0.0.0"], "--metrics-addr needs --metrics-port"),
+])
+def test_serve_refuses_options_without_effect(files, extra, message, capsys, monkeypatch):
+    """Options that would do nothing are refused, naming what they need (--learner-duty
+    without --learn, and --chains, --window, --hidden, --share, --seed with --model, were
+    accepted and ignored), before the kernels are warmed up."""
+    import streamfhmm.cli as cli
+
+    def no_warm(*a, **k):
+        raise AssertionError("the kernels were warmed up before the options were checked")
+    monkeypatch.setattr(cli, "_warm_engine", no_warm)
+    code, out, err = _run(["serve", "--model", files["model"]] + extra, capsys)
+    assert (code, out) == (1, "")
+    message = message.replace("MODEL", files["model"])
+    assert err.count("\n") == 1 and err.startswith(f"streamfhmm serve: error: {message}"), err
+
+
+def test_serve_warmup_reaches_a_model_whose_streams_train_a_network(files, capsys, monkeypatch):
+    """--model --mode filter --learn: each stream trains a causal network from a warm-up
+    of --warmup samples (it was not passed on: the engine's 2000 applied whatever
+    --warmup said)."""
+    import streamfhmm.cli as cli
+    seen = {}
+
+    def warm(StreamEngine, factory, new_model, args, n_features):
+        eng = factory(b"")
+        try:
+            X, _ = new_model().sample(7, random_state=0)
+            for x in X:
+                eng.push(x)
+            seen["warming_up"] = eng.warming_up
+        finally:
+            eng.close()
+        raise cli.CliError("checked")
+    monkeypatch.setattr(cli, "_warm_engine", warm)
+    code, _, err = _run(["serve", "--model", files["model"], "--mode", "filter", "--learn", "--warmup", "7",
+                         "--sub", "tcp://127.0.0.1:*", "--bind", "--pub", "tcp://127.0.0.1:*"], capsys)
+    assert (code, err) == (1, "streamfhmm serve: error: checked\n")
+    assert seen == {"warming_up": False}
+
 def test_replay_without_subscriber_times_out(files, capsys):
     code, _, err = _run(["replay", files["npy"], "--pub", "tcp://127.0.0.1:*", "--wait-timeout", "0.1"], capsys)
     assert code == 1
