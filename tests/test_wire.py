@@ -1,6 +1,7 @@
 """The ZeroMQ wire format: round trips and every kind of malformed message."""
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -132,6 +133,43 @@ def test_encode_refuses_bad_topic_and_format():
         encode_sample(b"\xff", 0, 0.0, [1.0])
     with pytest.raises(ValueError, match="format"):
         encode_sample(b"x", 0, 0.0, [1.0], format="xml")
+
+
+@pytest.mark.parametrize("fmt", ["binary", "json"])
+def test_encoders_take_numpy_numbers_and_refuse_what_the_wire_cannot_carry(fmt):
+    """NumPy scalars encode as Python numbers do (the binary posterior header wrote
+    ``"ts":np.float64(1.5)``, which no decoder reads); a seq outside [0, 2**63) or a
+    non-finite ts is a ValueError (binary wrote them, and the decoder refused them)."""
+    from streamfhmm.io.wire import encode_posterior_batch
+    from streamfhmm.stream.engine import PosteriorBatch
+    post = _post(M=2, D=3)
+    batch = PosteriorBatch(np.array([post.t]), post.theta[None], post.rho[None], post.mean[None],
+                           np.array([post.version]), np.array([post.flags]))
+    for seq, ts in ((np.int64(7), np.float64(1.5)), (np.uint64(7), np.float32(1.5)), (7, np.int64(3))):
+        s = decode_input(encode_sample(b"s", seq, ts, [1.0], format=fmt), 1)
+        assert (s.seq, s.ts) == (7, float(ts))
+        for frames in (encode_posterior(b"s", seq, ts, post, format=fmt),
+                       encode_posterior_batch(b"s", np.array([seq]), np.array([ts]), batch, format=fmt)[0]):
+            m = decode_output(frames)
+            assert (m.seq, m.ts, m.t) == (7, float(ts), post.t)
+    bad = [(-1, 0.0, "seq must be an integer in [0, 2**63), got -1"),
+           (2**63, 0.0, "seq must be an integer in [0, 2**63), got 9223372036854775808"),
+           (1.0, 0.0, "seq must be an integer in [0, 2**63), got 1.0"),
+           (True, 0.0, "seq must be an integer in [0, 2**63), got True"),
+           (0, float("nan"), "ts must be a finite number, got nan"),
+           (0, np.inf, "ts must be a finite number, got inf"),
+           (0, "1.5", "ts must be a finite number, got '1.5'")]
+    for seq, ts, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            encode_sample(b"s", seq, ts, [1.0], format=fmt)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            encode_posterior(b"s", seq, ts, post, format=fmt)
+    for seqs, tss, message in (([-1], [0.0], "seqs must be integers in [0, 2**63)"),
+                               ([1.5], [0.0], "seqs must be integers in [0, 2**63)"),
+                               ([0], [np.nan], "tss must be finite numbers"),
+                               ([0, 1], [0.0, 1.0], "seqs and tss must have shape (1,)")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            encode_posterior_batch(b"s", seqs, tss, batch, format=fmt)
 
 
 # -- malformed messages: each gives its own kind -------------------------------------------
@@ -287,7 +325,7 @@ def test_json_posterior_batch_is_what_encode_posterior_writes(nonfinite):
     if nonfinite:
         batch.rho[3, 1] = np.nan
         batch.mean[7, 0] = np.inf
-    seqs = rng.integers(-1, 2**62, n).tolist()
+    seqs = rng.integers(0, 2**62, n).tolist()
     tss = (rng.normal(size=n) * 1e9).tolist()
     for topic in (b"house/1", "\u00e9t\u00e9 \"q\" 50%d".encode()):
         got = encode_posterior_batch(topic, seqs, tss, batch, format="json")

@@ -1,13 +1,14 @@
 """ZmqSource, ZmqSink and replay over real sockets on 127.0.0.1 (in one process)."""
 import logging
 import threading
+import time
 
 import numpy as np
 import pytest
 import zmq
 
-from streamfhmm.io.wire import (Heartbeat, PosteriorMessage, Sample, decode_output, encode_heartbeat,
-                                encode_sample, max_frame_bytes)
+from streamfhmm.io.wire import (Heartbeat, PosteriorMessage, Sample, decode_input, decode_output,
+                                encode_heartbeat, encode_sample, max_frame_bytes)
 from streamfhmm.io.zmq import (CurveConfig, RateLimitedLog, StreamSeq, ZmqSink, ZmqSource, replay)
 from streamfhmm.stream.posterior import Posterior
 
@@ -269,6 +270,67 @@ def test_replay_waits_for_subscriber_and_loses_nothing(ctx, fmt):
     assert result["sent"] == len(X) and result["last_seq"] == 100 + len(X) - 1
     assert src.n_malformed == 0 and src.streams[b"dev"].gap_samples == 0
     src.close(0)
+
+
+def _small_buffered_subscriber(ctx, endpoint):
+    """A SUB socket with a high-water mark of 10 and a small kernel buffer: a publisher
+    reaches its high-water mark soon after this stops reading."""
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 10)
+    sub.setsockopt(zmq.RCVBUF, 4096)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(endpoint)
+    sub.subscribe(b"")
+    return sub
+
+
+@pytest.mark.parametrize("fmt", ["binary", "json"])
+def test_replay_blocks_for_a_stalled_subscriber_and_loses_nothing(ctx, fmt):
+    """nodrop (the default) in both formats: a consumer that stalls for 3 s with a high-
+    water mark of 10 gets every message and the end of the stream (the JSON path gave
+    up on a message after the 1 s send timeout, dropped it and counted it as sent)."""
+    print(f"seed={SEED}")
+    n, D = 2000, 500           # large messages: the socket buffers fill within the stall
+    X = np.random.default_rng(SEED).standard_normal((n, D))
+    res, ep = {}, {}
+    ready = threading.Event()
+    th = threading.Thread(target=lambda: res.update(replay(
+        X, ANY, format=fmt, hwm=10, context=ctx, wait_timeout=10.0,
+        announce=lambda e: (ep.setdefault("e", e), ready.set()))))
+    th.start()
+    assert ready.wait(10.0)
+    sub = _small_buffered_subscriber(ctx, ep["e"])
+    assert sub.poll(10_000)
+    time.sleep(3.0)                       # the consumer stalls
+    seqs, end = [], False
+    while not end and sub.poll(10_000):
+        m = decode_input(sub.recv_multipart(), D)
+        if type(m) is Sample:
+            seqs.append(m.seq)
+        else:
+            end = m.end
+    th.join(10.0)
+    assert seqs == list(range(n)) and end
+    assert res["sent"] == n and res["dropped"] == 0
+    sub.close(0)
+
+
+def test_replay_time_budget_holds_while_blocked(ctx):
+    """A subscriber that never reads: the time budget still ends a nodrop replay, and
+    ``sent`` counts only the messages sent."""
+    X = np.zeros((100_000, 500))
+    res, ep = {}, {}
+    ready = threading.Event()
+    th = threading.Thread(target=lambda: res.update(replay(
+        X, ANY, format="json", hwm=10, context=ctx, wait_timeout=10.0, time_budget=2.0, end=False,
+        announce=lambda e: (ep.setdefault("e", e), ready.set()))))
+    th.start()
+    assert ready.wait(10.0)
+    sub = _small_buffered_subscriber(ctx, ep["e"])
+    th.join(30.0)
+    assert not th.is_alive()
+    assert 0 < res["sent"] < len(X) and res["dropped"] == 0 and res["seconds"] < 6.0, res
+    sub.close(0)
 
 
 def test_replay_paces_at_the_rate(ctx):

@@ -387,6 +387,34 @@ def decode_input(frames, n_features: int) -> Sample | Heartbeat:
                               "or 1 (JSON)")
 
 
+_SEQ_END = 1 << 63
+
+
+def _check_seq_ts(seq, ts) -> tuple[int, float]:
+    """``seq`` and ``ts`` of a message to encode, as int and float: an integer in
+    [0, 2**63) and a finite number (what the decoders accept), else ValueError."""
+    if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, (int, np.integer)) \
+            or not 0 <= seq < _SEQ_END:
+        raise ValueError(f"seq must be an integer in [0, 2**63), got {seq!r}")
+    if isinstance(ts, (bool, np.bool_)) or not isinstance(ts, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(ts):
+        raise ValueError(f"ts must be a finite number, got {ts!r}")
+    return int(seq), float(ts)
+
+
+def _check_seqs_tss(seqs, tss, n: int) -> tuple[list, list]:
+    """:func:`_check_seq_ts` for the n sequence numbers and time stamps of a batch, as lists."""
+    seqs, tss = np.asarray(seqs), np.asarray(tss)
+    if seqs.shape != (n,) or tss.shape != (n,):
+        raise ValueError(f"seqs and tss must have shape ({n},) (one per posterior), got "
+                         f"{seqs.shape} and {tss.shape}")
+    if n and (seqs.dtype.kind not in "iu" or seqs.min() < 0 or seqs.max() >= _SEQ_END):
+        raise ValueError(f"seqs must be integers in [0, 2**63), got {seqs[:5].tolist()!r}...")
+    if n and (tss.dtype.kind not in "iuf" or not np.isfinite(tss).all()):
+        raise ValueError(f"tss must be finite numbers, got {tss[:5].tolist()!r}...")
+    return seqs.tolist(), tss.astype(np.float64).tolist()
+
+
 def encode_sample(topic, seq: int, ts: float, values, format: str = "binary") -> list[bytes]:
     """The frames of one input sample (what ``streamfhmm replay`` publishes).
 
@@ -394,13 +422,21 @@ def encode_sample(topic, seq: int, ts: float, values, format: str = "binary") ->
     ----------
     topic : bytes or str
     seq : int
+        In [0, 2**63).
     ts : float
+        Finite.
     values : array_like, shape (D,)
     format : {"binary", "json"}
+
+    Raises
+    ------
+    ValueError
+        For a ``seq``, ``ts`` or ``format`` the wire does not carry.
     """
     topic = _topic_bytes(topic)
+    seq, ts = _check_seq_ts(seq, ts)
     if format == "binary":
-        return [topic, b'{"seq":%d,"ts":%r}' % (seq, float(ts)),
+        return [topic, b'{"seq":%d,"ts":%r}' % (seq, ts),
                 np.ascontiguousarray(values, dtype=_LE_F8).tobytes()]
     if format == "json":
         vals = [None if v != v else v for v in np.asarray(values, dtype=np.float64).tolist()]
@@ -464,11 +500,13 @@ def encode_posterior(topic: bytes, seq: int, ts: float, post, format: str = "bin
     ----------
     topic : bytes
     seq, ts :
-        Sequence number and time stamp of the input sample the posterior is about.
+        Sequence number and time stamp of the input sample the posterior is about
+        (an integer in [0, 2**63), a finite number: else ValueError).
     post : Posterior
         With ``t``, ``theta`` (M,), ``rho`` (M,), ``mean`` (D,), ``version``, ``flags``.
     format : {"binary", "json"}
     """
+    seq, ts = _check_seq_ts(seq, ts)
     theta, rho, mean = post.theta, post.rho, post.mean
     if format == "binary":
         header = b'{"seq":%d,"t":%d,"ts":%r,"version":%d,"flags":%d,"n_chains":%d}' % (
@@ -487,9 +525,11 @@ def encode_posterior_batch(topic: bytes, seqs, tss, batch, format: str = "binary
 
     ``batch`` has arrays ``t`` (n,), ``theta`` (n, M), ``rho`` (n, M), ``mean`` (n, D),
     ``version`` (n,), ``flags`` (n,) (a :class:`~streamfhmm.stream.engine.PosteriorBatch`);
-    ``seqs`` and ``tss`` (n,) are the input sequence numbers and time stamps.
+    ``seqs`` and ``tss`` (n,) are the input sequence numbers and time stamps (integers
+    in [0, 2**63) and finite numbers: else ValueError).
     """
-    n = len(seqs)
+    n = len(batch.t)
+    seqs, tss = _check_seqs_tss(seqs, tss, n)
     t, version, flags = batch.t.tolist(), batch.version.tolist(), batch.flags.tolist()
     M = batch.theta.shape[1]
     if format == "binary":
@@ -499,7 +539,6 @@ def encode_posterior_batch(topic: bytes, seqs, tss, batch, format: str = "binary
                 for k in range(n)]
     if format == "json":
         name = topic.decode("utf-8")
-        tss = [float(v) for v in tss]
         if (np.isfinite(batch.theta).all() and np.isfinite(batch.rho).all()
                 and np.isfinite(batch.mean).all() and math.isfinite(sum(tss))):
             # what json.dumps writes for these (floats as repr), from one template

@@ -852,6 +852,28 @@ class ZmqSink:
         self.socket.close(linger_ms)
 
 
+#: seconds :func:`replay` tries to send its end-of-stream heartbeat on a blocked socket
+_END_TIMEOUT = 10.0
+
+
+def _send_until(send, frames, give_up) -> bool:
+    """Send one message with ``send`` (a socket's), retrying while a ``nodrop`` socket's
+    send times out (``zmq.Again``: a subscriber at its high-water mark) until
+    ``give_up()`` is true; whether it was sent. (Once the first frame is taken, ZeroMQ
+    takes the rest of the message.)"""
+    last = len(frames) - 1
+    while True:
+        try:
+            send(frames[0], _SNDMORE if last else 0)
+            break
+        except zmq.Again:
+            if give_up():
+                return False
+    for k in range(1, last + 1):
+        send(frames[k], _SNDMORE if k < last else 0)
+    return True
+
+
 def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: str = "binary",
            bind: bool = True, wait_subscribers: int = 1, wait_timeout: float | None = None,
            start_seq: int = 0, hwm: int = DEFAULT_HWM, linger_ms: int = 60_000,
@@ -885,9 +907,10 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
     end : bool
         Finish with an end-of-stream heartbeat.
     nodrop : bool
-        Block rather than drop when a subscriber falls behind its high-water mark.
+        Block rather than drop when a subscriber falls behind its high-water mark (in
+        both formats; the end-of-stream heartbeat waits for at most 10 s).
     time_budget : float, optional
-        Stop after this many seconds.
+        Stop after this many seconds (also while blocked by a subscriber).
     progress : bool
         Show a progress bar.
     should_stop : callable, optional
@@ -947,6 +970,11 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
         i = 0
         seq = start_seq
         shown = 0
+
+        def stopping() -> bool:   # polled while a nodrop send waits for a subscriber
+            return (should_stop is not None and should_stop()) or (
+                deadline is not None and time.perf_counter() >= deadline)
+
         while i < n:
             now = time.perf_counter()
             if deadline is not None and now >= deadline:
@@ -969,7 +997,7 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
                             send(tb, _SNDMORE)
                             break
                         except zmq.Again:  # nodrop: a subscriber is at its high-water mark
-                            if should_stop is not None and should_stop():
+                            if stopping():
                                 stop_at = i
                                 break
                     if stop_at == i:
@@ -980,7 +1008,9 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
                     seq += 1
             else:
                 while i < stop_at:
-                    sink.send_frames(encode_sample(topic, seq, time.time(), X[i], format))
+                    if not _send_until(send, encode_sample(topic, seq, time.time(), X[i], format), stopping):
+                        stop_at = i
+                        break
                     i += 1
                     seq += 1
             last_send = time.perf_counter()
@@ -988,8 +1018,13 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
                 bar.update(i - shown)
                 shown = i
         seconds = time.perf_counter() - t0
-        if end:
-            sink.send_frames(encode_heartbeat(topic, seq - 1, time.time(), end=True, format=format))
+        if end:   # (a nodrop socket blocked by a subscriber: try for at most END_TIMEOUT s)
+            give_up = time.perf_counter() + _END_TIMEOUT
+            if not _send_until(send, encode_heartbeat(topic, seq - 1, time.time(), end=True, format=format),
+                               lambda: (should_stop is not None and should_stop())
+                               or time.perf_counter() > give_up):
+                logger.warning("the end-of-stream heartbeat was not sent: a subscriber stayed at its "
+                               "high-water mark for %g s", _END_TIMEOUT)
         if bar is not None:
             bar.update(i - shown)
         return {"sent": i, "seconds": seconds, "rate": i / seconds if seconds > 0 else math.inf,
