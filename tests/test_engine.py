@@ -75,6 +75,12 @@ def _expected_flags(X, starts, ends, t, window, off, lag):
 def test_push_equals_batch_path(mode, share):
     model = _model(share=share, seed=1)
     X = _data(model, 157, seed=2, nan_fraction=0.05)
+    # at each sequence's end, whatever the seed: a NaN in the oldest of the 5 samples
+    # ending at the last (the flushed posteriors use them all: flagged), one just before
+    # them (not flagged)
+    clean, _ = model.sample(157, random_state=2)
+    X[95:100], X[151:157] = clean[95:100], clean[151:157]
+    X[95, 0] = X[151, 1] = np.nan
     net = _net(model, "centred" if mode == "smooth" else "causal", X, seed=3)
     lengths = [100, 57]
     with StreamEngine(model, mode=mode, learn=False, net=net) as eng:
@@ -99,6 +105,8 @@ def test_push_equals_batch_path(mode, share):
     starts, ends = np.array([0, 100]), np.array([100, 157])
     np.testing.assert_array_equal(flags, _expected_flags(X, starts, ends, t, net.window,
                                                          net.offset, net.lag))
+    if mode == "smooth":   # the flushed posteriors: 98, 99 and 155, 156
+        assert (flags[98:100] & FLAG_IMPUTED).all() and not (flags[155:] & FLAG_IMPUTED).any()
     assert m["samples"] == 157 and m["emitted"] == 157
     assert m["imputed"] == int(np.isnan(X).any(axis=1).sum())
 
@@ -186,6 +194,9 @@ def test_exact_filter_equals_filtered_marginals():
 def test_exact_smooth_is_fixed_lag_and_flush_is_smoothing():
     model = _model(M=2, D=2, window=7, seed=12)
     X = _data(model, 40, seed=13, nan_fraction=0.1, all_missing=(5,))
+    clean, _ = model.sample(40, random_state=13)
+    X[33:40] = clean[33:40]
+    X[33, 0] = np.nan   # the oldest of the 7 samples ending at the last: all 4 flagged
     with StreamEngine(model, mode="smooth", learn=False, posterior="exact") as eng:
         posts = [p for x in X for p in eng.push(x)]
         assert [p.t for p in posts] == list(range(37))
@@ -200,6 +211,7 @@ def test_exact_smooth_is_fixed_lag_and_flush_is_smoothing():
     np.testing.assert_array_equal(flags & FLAG_EDGE, [0] * 37 + [FLAG_EDGE] * 3)
     np.testing.assert_array_equal(flags & FLAG_IMPUTED, _expected_flags(
         X, np.array([0]), np.array([40]), t, 7, 3, 3) & FLAG_IMPUTED)
+    assert (flags[36:] & FLAG_IMPUTED).all()   # (36 from push, 37-39 from flush)
 
 
 def test_exact_smooth_flush_on_long_sequence():

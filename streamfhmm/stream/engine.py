@@ -1269,7 +1269,9 @@ class StreamEngine:
 
         In smooth mode these are the last ``h`` positions, from windows padded by
         repeating the last sample (exact mode: the exact smoothing marginals
-        ``p(s_τ | y_1..y_T)``), flagged ``FLAG_EDGE``; in filter mode nothing is pending.
+        ``p(s_τ | y_1..y_T)``), flagged ``FLAG_EDGE``, and ``FLAG_IMPUTED`` when one of
+        the last ``window`` samples (ending at the newest, which they all use) had a
+        missing value; in filter mode nothing is pending.
         The next :meth:`push` starts a new sequence. During the warm-up, the model is
         first initialised from the samples buffered so far.
 
@@ -1312,9 +1314,12 @@ class StreamEngine:
                                     snap.weights, self._layout, self._nmean, self._nscale,
                                     self._scratch, theta[k], rho[k])
                     _ko.reconstruct(theta[k], snap.params.W, mean[k])
-            for k in range(n):
-                if self._last_nan >= tau0 + k - lag:
-                    flags[k] |= FLAG_IMPUTED
+            # each uses the samples up to t_last (recognition: windows padded with it;
+            # exact: smoothing to t_last): flagged, as the posterior pushed with t_last,
+            # when a NaN lies in the `window` samples ending there (the window ending at
+            # tau + lag missed one that exact smoothing of tau used)
+            if self._last_nan >= t_last - self._window + 1:
+                flags |= FLAG_IMPUTED
             batch = PosteriorBatch(np.arange(tau0, t_last + 1, dtype=np.int64), theta, rho, mean,
                                    np.full(n, snap.version, np.int64), flags)
             posts.extend(batch)
