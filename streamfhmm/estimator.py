@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from . import exact
-from .io.checkpoint import npz_read_error, write_atomically
+from .io.checkpoint import npz_read_error, npz_target, write_atomically
 from ._validation import (check_lengths, check_observations, check_positive_int,
                           check_random_state, check_real)
 from .learn.objective import (COVARIANCE_TYPES, check_covariance_matches, check_covariance_type,
@@ -782,6 +782,19 @@ class FHMM:
         fit's ``history_`` and, when the fit left them, ``init_scores_`` and
         ``restart_scores_``. The file is written to a temporary name and moved into place, so a crash never
         leaves a half-written model behind.
+
+        Parameters
+        ----------
+        path : str or path-like
+            The file; ``.npz`` is appended when missing (as :meth:`load` finds it).
+
+        Raises
+        ------
+        ValueError
+            ``path`` names a directory, or the model cannot be saved (not fitted, bad
+            hyper-parameters or ``history_``).
+        FileNotFoundError
+            ``path``'s directory does not exist.
         """
         params = self._require_params()
         self._check_hyperparameters()            # (what load would refuse, save refuses)
@@ -812,9 +825,7 @@ class FHMM:
                 arrays[name[:-1]] = _check_scores(scores, name)
         if net is not None:
             arrays.update({f"net.{k}": v for k, v in net.to_arrays().items()})
-        path = os.fspath(path)
-        if not path.endswith(".npz"):
-            path += ".npz"
+        path = npz_target(path)
         write_atomically(path, lambda fh: np.savez(fh, **arrays))   # (a failed write leaves no file)
 
     @classmethod

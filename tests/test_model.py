@@ -365,6 +365,27 @@ def test_save_load_keeps_the_seed_and_finds_the_npz(tmp_path):
     assert FHMM.load(tmp_path / "g.npz").random_state is None  # a Generator is not stored
 
 
+def test_save_refuses_a_directory_and_names_a_missing_one(tmp_path):
+    """A directory, a path ending in a separator or an existing ``<dir>.npz`` directory
+    is a ValueError (save("sub") wrote sub.npz beside the directory, save("sub/") a
+    hidden sub/.npz); a missing directory is named (the error named the temporary
+    file). The engine's checkpoints take the same path rules; nothing is written."""
+    from streamfhmm.io.checkpoint import save_checkpoint
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "box.npz").mkdir()
+    for bad in (tmp_path / "sub", str(tmp_path / "sub") + "/", tmp_path / "box", ""):
+        with pytest.raises(ValueError, match="must name a file|which is a directory"):
+            m.save(bad)
+        with pytest.raises(ValueError, match="must name a file|which is a directory"):
+            save_checkpoint(bad, {"x": np.zeros(2)}, {})
+    missing = tmp_path / "nowhere" / "m"
+    with pytest.raises(FileNotFoundError, match=f"its directory '{tmp_path / 'nowhere'}' does not exist"):
+        m.save(missing)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["box.npz", "sub"]
+    assert list((tmp_path / "sub").iterdir()) == []
+
+
 def test_save_load_keeps_the_fits_start_and_run_scores(tmp_path):
     """n_init's and n_restarts' scores travel with the model file; a file without them
     (a model never fitted with them, or written before they were kept) loads without."""

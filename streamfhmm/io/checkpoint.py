@@ -15,15 +15,35 @@ import os
 import numpy as np
 
 __all__ = ["FORMAT_TAG", "FORMAT_VERSION", "save_checkpoint", "load_checkpoint", "write_atomically",
-           "npz_read_error"]
+           "npz_read_error", "npz_target"]
 
 FORMAT_TAG = "streamfhmm.StreamEngine.checkpoint"
 FORMAT_VERSION = 1
 
 
-def _path(path) -> str:
-    path = os.fspath(path)
-    return path if path.endswith(".npz") else path + ".npz"
+def npz_target(path, what: str = "path") -> str:
+    """The file a save to ``path`` writes: ``path`` with ``.npz`` appended unless it ends
+    so (as ``np.savez`` names it).
+
+    Raises
+    ------
+    ValueError
+        ``path`` names a directory (or ends with a separator, or is empty): a save there
+        wrote ``dir.npz`` beside it, or a hidden ``dir/.npz``.
+    FileNotFoundError
+        The directory it would go in does not exist (the error named the temporary file).
+    """
+    path = os.fsdecode(os.fspath(path))
+    if not path or path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)) \
+            or os.path.isdir(path):
+        raise ValueError(f"{what} must name a file (such as model.npz), got the directory {path!r}")
+    target = path if path.endswith(".npz") else path + ".npz"
+    if os.path.isdir(target):
+        raise ValueError(f"{what} {path!r} would be written as {target!r}, which is a directory")
+    parent = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"cannot write {target!r}: its directory {parent!r} does not exist")
+    return target
 
 
 #: the first bytes of a zip archive (an .npz file is one; an empty archive starts with PK\x05\x06)
@@ -89,7 +109,8 @@ def save_checkpoint(path, arrays: dict, meta: dict) -> str:
     Parameters
     ----------
     path : str or path-like
-        Target file; ``.npz`` is appended when missing.
+        Target file; ``.npz`` is appended when missing (:func:`npz_target`: a
+        directory is a ValueError).
     arrays : dict of str to array_like
         Plain numeric or string arrays (no objects).
     meta : dict
@@ -100,7 +121,7 @@ def save_checkpoint(path, arrays: dict, meta: dict) -> str:
     str
         The path written.
     """
-    path = _path(path)
+    path = npz_target(path)
     payload = {k: np.asarray(v) for k, v in arrays.items()}
     for k, v in payload.items():
         if v.dtype == object:
