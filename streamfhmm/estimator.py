@@ -433,6 +433,9 @@ class FHMM:
         if method != "svi" and net_warmup:
             raise ValueError(f"net_warmup applies to method='svi' only (it has no networks), "
                              f"got net_warmup={net_warmup!r} with method={method!r}")
+        if method == "em":   # (before the start, which takes a while on long data)
+            from .learn.em import check_em_chains
+            check_em_chains(self.n_chains)
         X = check_observations(X, allow_nan=(method == "svi"))
         lengths = check_lengths(lengths, X.shape[0])
         self._check_n_features(X.shape[1], init)

@@ -113,6 +113,19 @@ def test_fit_does_not_depend_on_the_features_units():
     assert ref.score(X) / len(X) > true.score(X) / len(X) - 0.01
 
 
+def test_fhmm_fit_em_refuses_too_many_chains_before_its_start(monkeypatch):
+    """FHMM(n_chains=15).fit(method="em") was refused only after its start (k-means and
+    a short SMF fit: 12 s on 300,000 rows); now before any of it."""
+    from streamfhmm import FHMM
+
+    def no_start(*args, **kw):
+        raise AssertionError("the start was computed before the check")
+    monkeypatch.setattr(FHMM, "_initial_params", no_start)
+    X = np.zeros((50, 2))
+    with pytest.raises(ValueError, match="n_chains must be at most 14, got 15"):
+        FHMM(n_chains=15).fit(X, method="em", progress=False)
+
+
 def test_fit_exact_em_refuses_an_n_chains_that_params_contradict():
     """fit_exact_em(params=2 chains, n_chains=5) fitted 2 chains without a word (fit_smf
     refuses it)."""

@@ -30,10 +30,18 @@ from ..model import FHMMParams, check_params
 from .objective import constrain_params, covariance_mode
 from .smf import _bounds, _check_nonneg_float, _check_params, _default_floor, _m_step, init_params
 
-__all__ = ["ExactEStep", "exact_e_step", "fit_exact_em", "MAX_EM_CHAINS"]
+__all__ = ["ExactEStep", "exact_e_step", "fit_exact_em", "MAX_EM_CHAINS", "check_em_chains"]
 
 #: the most chains :func:`fit_exact_em` accepts (2^M joint states per time step)
 MAX_EM_CHAINS = 14
+
+
+def check_em_chains(n_chains: int) -> int:
+    """``n_chains`` if exact EM can take it (at most :data:`MAX_EM_CHAINS`), else ValueError."""
+    if n_chains > MAX_EM_CHAINS:
+        raise ValueError(f"exact EM enumerates 2^M joint states; n_chains must be at most "
+                         f"{MAX_EM_CHAINS}, got {n_chains}")
+    return n_chains
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,10 +93,7 @@ def exact_e_step(params: FHMMParams, X, lengths=None) -> ExactEStep:
     ``G_k = Σ_t p(s_t = k | y)`` accumulated by the smoother's backward pass.
     """
     check_params(params)
-    M = params.n_chains
-    if M > MAX_EM_CHAINS:
-        raise ValueError(f"exact EM enumerates 2^M joint states; n_chains must be at most "
-                         f"{MAX_EM_CHAINS}, got {M}")
+    M = check_em_chains(params.n_chains)
     X = check_observations(X, n_features=params.n_features)
     lengths = check_lengths(lengths, X.shape[0])
     bounds = _bounds(lengths)
@@ -158,9 +163,7 @@ def fit_exact_em(X, lengths=None, params: FHMMParams | None = None, n_chains: in
     if params is None:
         if n_chains is None:
             raise ValueError("n_chains must be given when params is None")
-        if check_positive_int(n_chains, "n_chains") > MAX_EM_CHAINS:
-            raise ValueError(f"exact EM enumerates 2^M joint states; n_chains must be at most "
-                             f"{MAX_EM_CHAINS}, got {n_chains}")
+        check_em_chains(check_positive_int(n_chains, "n_chains"))
         params = init_params(X, n_chains, lengths, random_state=check_random_state(random_state),
                              covariance_type=covariance_type)
     else:
