@@ -1,4 +1,6 @@
 """FHMMParams and the public FHMM: construction, validation, sampling statistics."""
+import re
+
 import numpy as np
 import pytest
 
@@ -193,6 +195,11 @@ def test_input_errors():
         m.score(np.zeros((2, 3, 4)))
     with pytest.raises(ValueError, match="X must not contain infinities; found inf at row 1, column 0"):
         m.score(np.array([[0.0, 0.0], [np.inf, 0.0]]))
+    # beyond 1e150 the squares overflow (fit failed with "W must be finite")
+    with pytest.raises(ValueError, match=re.escape("X must hold values within ±1e+150 (their squares "
+                                                   "overflow beyond it); found -2e+160 at row 1, column 1")):
+        FHMM(n_chains=2).fit(np.array([[0.0, 1e150], [0.0, -2e160], [np.nan, 1.0]]), progress=False)
+    m.score(np.array([[1e150, -1e150]]))   # (the bound itself is taken)
     with pytest.raises(ValueError, match="lengths must all be positive"):
         m.score(np.zeros((4, 2)), lengths=[4, 0])
     with pytest.raises(ValueError, match="lengths must hold integers"):
