@@ -703,6 +703,11 @@ class FHMM:
         X : array_like, shape (T, D)
         lengths : array_like of int, optional
             Lengths of the sequences concatenated in X.
+
+        Returns
+        -------
+        float
+            ``Σ_sequences log p(y_1..y_T)`` in nats (divide by T for per-step figures).
         """
         params = self._require_params()
         return exact.log_likelihood(params, X, lengths)
@@ -726,6 +731,11 @@ class FHMM:
             ``"exact"``: exact smoothing marginals over the 2^M joint states;
             ``"smf"``: the structured mean-field posterior. Default: ``"recognition"``
             when the model has networks, else ``"exact"`` for M ≤ 12, else ``"smf"``.
+
+        Returns
+        -------
+        theta : ndarray of float64, shape (T, M)
+            ``q(s_t^m = 1)`` per step and chain.
         """
         params = self._require_params()
         method = self._default_method() if method is None else method
@@ -745,6 +755,18 @@ class FHMM:
         """The paper's "smoothed data" ``Wᵀ E[ŝ_t]``, shape (T, D).
 
         ``E[ŝ_t] = [θ_t, 1]`` with θ from :meth:`predict_proba` (same ``method``).
+
+        Parameters
+        ----------
+        X : array_like, shape (T, D)
+        lengths : array_like of int, optional
+        method : {"recognition", "exact", "smf"}, optional
+            As :meth:`predict_proba`.
+
+        Returns
+        -------
+        ndarray of float64, shape (T, D)
+            The posterior mean of the emission mean at each step.
         """
         theta = self.predict_proba(X, lengths, method)
         W = self._require_params().W
@@ -755,6 +777,18 @@ class FHMM:
 
         ``Σ_t ℓ_t`` of MATH.md §4 over every sequence (≤ :meth:`score`). Needs a model
         fitted by SVI.
+
+        Parameters
+        ----------
+        X : array_like, shape (T, D)
+            NaN marks a missing value.
+        lengths : array_like of int, optional
+            Lengths of the sequences concatenated in X.
+
+        Returns
+        -------
+        float
+            The bound in nats, over all T steps.
         """
         from .learn.objective import ModelPacker, Workspace, sequence_elbo
         params = self._require_params()
@@ -838,6 +872,22 @@ class FHMM:
         Files of format version 1 (written before ``covariance_type`` existed) load as
         ``covariance_type="full"``. ``init_scores_`` and ``restart_scores_`` are set when
         the file holds them (files written before they were kept do not).
+
+        Parameters
+        ----------
+        path : str or path-like
+            The file (``.npz`` is tried after ``path`` itself, as :meth:`save` names it).
+
+        Returns
+        -------
+        FHMM
+
+        Raises
+        ------
+        FileNotFoundError
+            No such file.
+        ValueError
+            Not a streamfhmm model file (foreign, damaged, or of a newer version).
         """
         from .network import RecognitionNet
         path = os.fspath(path)

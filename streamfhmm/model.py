@@ -120,6 +120,21 @@ class FHMMParams:
 
         ``startprob=None`` uses each chain's stationary probability ``a / (a + b)``.
         Transition probabilities of exactly 0 or 1 are moved to ``1e-12`` from the bound.
+
+        Parameters
+        ----------
+        W : array_like, shape (M + 1, D)
+            Emission weights, one row per chain, the bias last.
+        covariance : array_like, shape (D, D)
+            Noise covariance Σ (symmetric positive definite).
+        transmat : array_like, shape (M, 2, 2)
+            Per-chain transition matrices (rows sum to 1).
+        startprob : array_like, shape (M,), optional
+            ``p(s_1^m = 1)``.
+
+        Returns
+        -------
+        FHMMParams
         """
         W = check_W(W)
         M, D = W.shape[0] - 1, W.shape[1]
@@ -141,6 +156,18 @@ class FHMMParams:
         ``W`` entries are ``N(0, scale²)`` (``scale`` ≥ 0), the noise covariance is ``noise²``
         times a random correlation-like matrix (``noise`` > 0), switch probabilities are
         uniform in ``switch`` (a pair ``low ≤ high`` in [0, 1]).
+
+        Parameters
+        ----------
+        n_chains, n_features : int
+            M and D.
+        random_state : None, int or numpy Generator, optional
+        scale, noise : float
+        switch : (float, float)
+
+        Returns
+        -------
+        FHMMParams
         """
         M = check_positive_int(n_chains, "n_chains")
         D = check_positive_int(n_features, "n_features")
