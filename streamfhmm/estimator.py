@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import sys
 import time
 
 import numpy as np
 
 from . import exact
 from .io.checkpoint import npz_read_error, npz_target, write_atomically
-from ._validation import (check_lengths, check_observations, check_positive_int,
+from ._validation import (check_bool, check_lengths, check_observations, check_positive_int,
                           check_random_state, check_real)
 from .learn.objective import (COVARIANCE_TYPES, check_covariance_matches, check_covariance_type,
                               constrain_params)
@@ -32,6 +33,14 @@ __all__ = ["FHMM"]
 _SHARE = ("chain", "all")
 _HYPERPARAMETERS = ("n_chains", "window", "n_hidden", "share_hidden", "random_state",
                     "covariance_type")
+
+
+def _stderr_is_terminal() -> bool:
+    """Whether stderr is a terminal (progress bars go there; a log file gets none)."""
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):   # replaced by an object without isatty, or closed
+        return False
 
 
 def _seed_or_none(random_state):
@@ -287,7 +296,7 @@ class FHMM:
             final_lr_ratio: float = 0.01, decay: float = 0.9, tol: float = 1e-6,
             init: str = "auto", init_samples: int = 5000, n_init: int = 1,
             n_restarts: int = 1, restart_steps: int | None = None,
-            net_warmup: int = 0, progress: bool = True, client=None,
+            net_warmup: int = 0, progress: bool | None = None, client=None,
             n_jobs: int = 1) -> "FHMM":
         """Learn the model (and, for SVI, the recognition networks) from data.
 
@@ -372,8 +381,9 @@ class FHMM:
             posterior, instead of moving the model through an untrained one (on the
             household power data, ``bench/power.py``, a tenth of the steps lowers the
             test error and keeps a higher likelihood). Default 0.
-        progress : bool
-            Show a progress bar.
+        progress : bool, optional
+            Show a progress bar (on stderr). Default: when stderr is a terminal (a log
+            file or a pipe gets none).
         client : distributed.Client, optional
             Train on a Dask cluster (``method="svi"`` only): each step the driver sends
             the parameters, every worker returns the gradient sum over the subchains it
@@ -393,6 +403,7 @@ class FHMM:
         self
         """
         self._check_hyperparameters()
+        progress = _stderr_is_terminal() if progress is None else check_bool(progress, "progress")
         # before any initialisation (an SMF start may take seconds)
         net_warmup = check_positive_int(net_warmup, "net_warmup", minimum=0)
         init_samples = check_positive_int(init_samples, "init_samples")

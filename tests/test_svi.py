@@ -1,5 +1,7 @@
 """SVI learning and the FHMM estimator: learning works, is reproducible, round-trips,
 and rejects bad input with clear errors."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -220,6 +222,23 @@ def test_continued_fit_keeps_its_networks(tmp_path, two_chain_data, fitted, monk
         np.testing.assert_array_equal(net.scale, old.scale)
     assert not np.array_equal(seen[2].weights, old.weights)
     assert seen[3].n_hidden == 8
+
+
+def test_progress_bar_only_on_a_terminal_by_default(two_chain_data, capsys, monkeypatch):
+    """fit's progress bar goes to stderr when it is a terminal, not into a log file or a
+    pipe (progress=True was the default); progress=True still shows it; a non-bool is
+    refused."""
+    _, X = two_chain_data
+    kw = dict(max_iter=20, batch_size=2)
+    FHMM(n_chains=2, window=3, n_hidden=4, random_state=0).fit(X, **kw)
+    assert "svi" not in capsys.readouterr().err           # pytest's stderr is no terminal
+    FHMM(n_chains=2, window=3, n_hidden=4, random_state=0).fit(X, progress=True, **kw)
+    assert "svi: " in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    FHMM(n_chains=2, window=3, n_hidden=4, random_state=0).fit(X, **kw)
+    assert "svi: " in capsys.readouterr().err
+    with pytest.raises(ValueError, match="progress must be True or False, got 'no'"):
+        FHMM(n_chains=2).fit(X, progress="no")
 
 
 def test_save_takes_numpy_integer_hyperparameters(tmp_path, two_chain_data):
