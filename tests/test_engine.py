@@ -1,6 +1,7 @@
 """The streaming engine: push against the batch path, exact mode against the exact
 smoother, cold start, drift, stress, bad input, the learner thread."""
 import gc
+import os
 import sys
 import threading
 import time
@@ -957,12 +958,62 @@ def test_a_warmup_with_too_few_values_goes_on():
         assert len(eng.push_many(Y[:25])) == 0
         m = eng.metrics()
         assert m["phase"] == "warmup" and m["samples"] == 25 and m["rejected"] == 0
-        np.testing.assert_array_equal(eng._wbuf[:25], Y[:25])
+        np.testing.assert_array_equal(eng._warmup_samples(), Y[:25])
         assert eng.push(Y[25]) == []
         out = eng.push(X[26])          # a 4th sample with a value: the warm-up starts
         assert eng.metrics()["imputed_start"] is False   # its 4 samples are complete
     assert [p.t for p in out] == list(range(27)) and all(p.flags & FLAG_WARMUP for p in out)
     assert eng.metrics()["samples"] == 27 and eng.metrics()["rejected"] == 0
+
+
+def test_a_warmup_keeps_only_its_samples_with_a_value(tmp_path, monkeypatch):
+    """A warm-up that lacks samples with a value goes on, and kept every sample: 1M
+    all-NaN samples grew its buffer to 50 MB, written whole into each warm-up
+    checkpoint. It keeps the samples with a value and their positions (a checkpoint:
+    ``warmup.rows``, ``warmup.at``); the others are counted, and the start and its
+    replay get every sample back, as from a checkpoint of the old form
+    (``warmup.buf``, every sample)."""
+    from streamfhmm.io.checkpoint import load_checkpoint, save_checkpoint
+    seed = 72
+    print(f"seed={seed}")
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=seed)
+    X = _data(model, 80_100, seed=seed + 1)
+    Y = np.full_like(X, np.nan)
+    for r in (0, 1, 40_000, 80_000):    # 4 with a value: the 4th starts the model
+        Y[r] = X[r]
+    Y[40_000, 1] = np.nan                # (one value of two)
+    Y[80_000:] = X[80_000:]
+    replayed = []
+    real = StreamEngine._process
+    monkeypatch.setattr(StreamEngine, "_process", lambda self, Z, flags, feed: (
+        replayed.append(Z.copy()) if flags & FLAG_WARMUP else None) or real(self, Z, flags, feed))
+    kw = dict(mode="filter", posterior="exact", learn=False, warmup=50)
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), **kw) as eng:
+        eng.push_many(Y[:80_000])
+        m = eng.metrics()
+        assert eng.warming_up and m["samples"] == 80_000 and m["imputed"] == 80_000 - 2
+        assert eng._wbuf.shape == (50, 2) and eng._wn_valued == 3   # (not grown)
+        path = eng.checkpoint(tmp_path / "w.npz")
+        meta, arrays = load_checkpoint(path)
+        old = {k: v for k, v in arrays.items() if not k.startswith("warmup.")}
+        old["warmup.buf"] = Y[:80_000]
+        save_checkpoint(tmp_path / "old.npz", old, meta)
+        bad = dict(arrays, **{"warmup.at": arrays["warmup.at"][::-1].copy()})
+        save_checkpoint(tmp_path / "bad.npz", bad, meta)
+        with pytest.raises(ValueError, match=r"warmup.at must hold the increasing positions "
+                                             r"\(0 to 79999\)"):
+            StreamEngine.resume(tmp_path / "bad.npz")
+        outs = [eng.push_many(Y[80_000:])]
+    assert os.path.getsize(path) < 20_000        # (every sample: over 1.28 MB)
+    for kept in (path, tmp_path / "old.npz"):
+        with StreamEngine.resume(kept) as back:
+            assert back.warming_up and back.n_samples == 80_000
+            assert back.metrics()["imputed"] == 80_000 - 2
+            outs.append(back.push_many(Y[80_000:]))
+    assert len(replayed) == 3
+    for Z, out in zip(replayed, outs):
+        np.testing.assert_array_equal(Z, Y[:80_001])
+        np.testing.assert_array_equal(out.t, np.arange(80_100))
 
 
 def test_an_extended_warmup_keeps_its_checkpoints_and_its_count(tmp_path):

@@ -545,8 +545,8 @@ class StreamEngine:
         self._lat_n = 0
         self._loglik = 0.0
         self._loglik_n = 0
-        self._wn = 0
-        self._wn_valued = 0     # buffered warm-up samples holding at least one value
+        self._wn = 0            # warm-up samples so far
+        self._wn_valued = 0     # those holding at least one value (rows of _wbuf)
         self._ckpt_error = None
         self._next_ckpt_t = None
         self._next_ckpt_ns = None
@@ -598,7 +598,7 @@ class StreamEngine:
             self._ch_mean = np.empty((_CHUNK, D))
             self._ch_tau = np.empty(_CHUNK, np.int64)
         if self._phase == "warmup":
-            self._wbuf = np.empty((self._warmup, D))
+            self._warmup_buffers(D)
         self._D = D
         self._schedule_checkpoints(reset=True)
 
@@ -613,6 +613,26 @@ class StreamEngine:
             self._reject(f"{caller}the network (net) reads samples of D={net.n_features} "
                          f"values, {source}: pass a network of n_features={D}, or samples "
                          f"of {net.n_features} values", n)
+
+    def _warmup_buffers(self, D: int, rows=None, at=None):
+        """The warm-up buffer: ``_wbuf`` holds the warm-up's samples with a value (``rows``,
+        n × D) and ``_wat`` their positions in it (``at``); the others, all NaN, are
+        only counted (``_wn``), and put back for the start (:meth:`_warmup_samples`)."""
+        n = 0 if rows is None else len(rows)
+        self._wbuf = np.empty((max(self._warmup, n + 1), D))
+        self._wat = np.empty(self._wbuf.shape[0], np.int64)
+        if n:
+            self._wbuf[:n] = rows
+            self._wat[:n] = at
+        self._wn_valued = n
+
+    def _warmup_samples(self) -> np.ndarray:
+        """The warm-up's samples (``_wn`` × D): those with a value at their positions,
+        NaN elsewhere."""
+        Y = np.full((self._wn, self._D), np.nan)
+        k = self._wn_valued
+        Y[self._wat[:k]] = self._wbuf[:k]
+        return Y
 
     @property
     def model_window(self) -> int:
@@ -693,7 +713,7 @@ class StreamEngine:
     # ------------------------------------------------------------------ cold start
     def _initialise(self):
         """Initialise from the warm-up buffer; returns the warm-up posteriors."""
-        Y = self._wbuf[:self._wn].copy()
+        Y = self._warmup_samples()
         M, D, rng = self._M, self._D, self._rng
         # learn_samples counts from the stream's start, warm-up included: what is learnt
         # here (the start fit, new networks' scalers, the reservoir and its SVI steps)
@@ -752,7 +772,7 @@ class StreamEngine:
                                  self._exact_mode)
         self._snapshot = snap
         self._phase = "running"
-        self._wbuf = None
+        self._wbuf = self._wat = None
         self._wn = 0
         self._wn_valued = 0
         # replay the warm-up through the batch path (its segments are in the reservoir)
@@ -844,11 +864,18 @@ class StreamEngine:
             self.learning = False
 
     def _push_warmup(self, x, status):
-        if self._wn == self._wbuf.shape[0]:
-            self._wbuf = np.concatenate([self._wbuf, np.empty_like(self._wbuf)])
-        self._wbuf[self._wn] = x
+        # a sample without a value (all NaN) is only counted: a warm-up that lacks
+        # samples with a value (dead sensors) goes on, and kept every one (1M: 50 MB,
+        # written whole into each warm-up checkpoint)
+        if _has_value(x, status):
+            k = self._wn_valued
+            if k == self._wbuf.shape[0]:
+                self._wbuf = np.concatenate([self._wbuf, np.empty_like(self._wbuf)])
+                self._wat = np.concatenate([self._wat, np.empty_like(self._wat)])
+            self._wbuf[k] = x
+            self._wat[k] = self._wn
+            self._wn_valued = k + 1
         self._wn += 1
-        self._wn_valued += _has_value(x, status)
         self._n_samples += 1
         if status == _ko.STATUS_MISSING:
             self._n_imputed += 1
@@ -1544,7 +1571,10 @@ class StreamEngine:
             arrays.update({"exact.alpha": self._alpha_ring.copy(), "exact.le": self._le_ring.copy(),
                            "exact.logc": self._logc_ring.copy()})
         if self._phase == "warmup" and self._wbuf is not None:
-            arrays["warmup.buf"] = self._wbuf[:self._wn].copy()
+            # (the samples with a value and their positions; the count is state[9])
+            k = self._wn_valued
+            arrays["warmup.rows"] = self._wbuf[:k].copy()
+            arrays["warmup.at"] = self._wat[:k].copy()
         meta = {"config": self._cfg, "phase": self._phase, "n_features": self._D,
                 "new_net": self._new_net, "window": self._window,
                 "shared_net": self._learner_net is self._net and self._net is not None,
@@ -1741,6 +1771,31 @@ class StreamEngine:
             raise ValueError(f"the checkpoint's window is {self._window}, its "
                              f"{'network' if net is not None else 'model'}'s {window}")
 
+    @staticmethod
+    def _warmup_from(arrays, D, wn):
+        """``(wn, rows, at)``: the number of warm-up samples, those with a value and their
+        positions, from a checkpoint's arrays and its count ``wn`` (one written before
+        the samples with a value were kept alone has ``warmup.buf``, every sample);
+        ValueError unless they agree with D and the count."""
+        if "warmup.buf" in arrays and "warmup.at" not in arrays:
+            buf = np.asarray(arrays["warmup.buf"], dtype=np.float64)
+            if buf.ndim != 2 or buf.shape[1] != D:
+                raise ValueError(f"warmup.buf has shape {buf.shape}, expected (n, {D})")
+            at = np.flatnonzero(~np.isnan(buf).all(axis=1))
+            return len(buf), buf[at], at
+        rows = np.asarray(arrays["warmup.rows"], dtype=np.float64)
+        at = np.asarray(arrays["warmup.at"])
+        n = len(rows) if rows.ndim == 2 else -1
+        if rows.ndim != 2 or rows.shape[1] != D or at.shape != (n,) or at.dtype.kind not in "iu":
+            raise ValueError(f"warmup.rows and warmup.at have shapes {rows.shape} and {at.shape}, "
+                             f"expected (n, {D}) and (n,) integers")
+        if n and (at[0] < 0 or at[-1] >= wn or (np.diff(at) <= 0).any()
+                  or np.isnan(rows).all(axis=1).any()):
+            raise ValueError(f"warmup.at must hold the increasing positions (0 to {wn - 1}) "
+                             f"of the warm-up's samples with a value, warmup.rows those "
+                             f"samples (each with a value)")
+        return wn, rows, at.astype(np.int64)
+
     @classmethod
     def _from_state(cls, meta, arrays, overrides):
         from ..estimator import FHMM
@@ -1872,13 +1927,8 @@ class StreamEngine:
                                          f"finite, its messages non-negative)")
                     getattr(self, attr)[...] = a
             if self._phase == "warmup":
-                buf = np.asarray(arrays["warmup.buf"], dtype=np.float64)
-                if buf.ndim != 2 or buf.shape[1] != D:
-                    raise ValueError(f"warmup.buf has shape {buf.shape}, expected (n, {D})")
-                self._wbuf = np.empty((max(self._warmup, len(buf) + 1), D))
-                self._wbuf[:len(buf)] = buf
-                self._wn = len(buf)
-                self._wn_valued = _n_valued(buf)
+                self._wn, rows, at = self._warmup_from(arrays, D, wn)
+                self._warmup_buffers(D, rows, at)
                 self._schedule_checkpoints(reset=True)
                 self._ready = True
                 return self
