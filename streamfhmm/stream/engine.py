@@ -268,9 +268,10 @@ class StreamEngine:
         joint states (M ≤ 20; O(M 2^M) per sample, times h for smoothing).
     net : RecognitionNet, optional
         The inference network (its mode must match: ``"centred"`` for smoothing,
-        ``"causal"`` for filtering). Default: ``model.net_`` in smooth mode. Without a
-        suitable network in recognition mode the engine creates one, trains it on the
-        warm-up and then online, which needs ``learn=True``.
+        ``"causal"`` for filtering; its ``n_features`` the stream's D). Default:
+        ``model.net_`` in smooth mode. Without a suitable network in recognition mode
+        the engine creates one, trains it on the warm-up and then online, which needs
+        ``learn=True``. With ``posterior="exact"``: the learner's starting network.
     n_features : int, optional
         D, for an unfitted model (default: the length of the first sample).
     warmup : int
@@ -285,7 +286,8 @@ class StreamEngine:
         ``warmup_time / 2`` seconds, then the SVI steps at most ``warmup_time`` (up to
         1.5 × ``warmup_time`` in all).
     reservoir_size : int
-        Segments the learner keeps.
+        Segments the learner keeps (at least ``batch_size`` when it learns: it takes
+        its first step once the reservoir holds that many).
     recency_half_life : float, optional
         Recency-weighted reservoir: a stored segment's survival halves every so many
         samples (the learner follows drift). ``None``: uniform reservoir (Algorithm R).
