@@ -714,6 +714,17 @@ def test_a_network_of_another_D_is_refused(posterior):
         assert eng.n_features == 3 and len(out) == 30 - eng.lag
 
 
+def test_n_features_must_be_the_fitted_models():
+    """n_features beside a fitted model of another D was ignored (the first push of its
+    D then failed); it is refused, and the model's own D is taken."""
+    p = FHMMParams.random(2, 2, random_state=0)
+    m = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat)
+    with pytest.raises(ValueError, match=r"n_features is 3, but the model has 2 features"):
+        StreamEngine(m, n_features=3, posterior="exact")
+    with StreamEngine(m, n_features=2, posterior="exact") as eng:
+        assert eng.n_features == 2
+
+
 @pytest.mark.parametrize("where", ["replay", "block"])
 def test_a_refused_end_of_warmup_leaves_no_learner_thread(where, monkeypatch):
     """A push_many that ends the warm-up and then fails (in the warm-up's replay, or in

@@ -273,7 +273,8 @@ class StreamEngine:
         the engine creates one, trains it on the warm-up and then online, which needs
         ``learn=True``. With ``posterior="exact"``: the learner's starting network.
     n_features : int, optional
-        D, for an unfitted model (default: the length of the first sample).
+        D, for an unfitted model (default: the length of the first sample); with a
+        fitted one it must be the model's.
     warmup : int
         Samples buffered before an unfitted model (or a new network) is initialised;
         more when fewer than ``max(n_chains + 2, 4)`` of them hold a value (one, for a
@@ -432,8 +433,12 @@ class StreamEngine:
                              else (model_net.copy() if model_net is not None else None))
         self._window = self._net.window if self._net is not None else model.window
         self._params0 = params
-        D = params.n_features if params is not None else (
-            check_positive_int(n_features, "n_features") if n_features is not None else None)
+        if n_features is not None:
+            n_features = check_positive_int(n_features, "n_features")
+            if params is not None and n_features != params.n_features:
+                raise ValueError(f"n_features is {n_features}, but the model has {params.n_features} "
+                                 "features (leave n_features out for a fitted model)")
+        D = params.n_features if params is not None else n_features
         self._D = D
         self._init_counters()
         if D is not None:
