@@ -53,6 +53,7 @@ def test_against_hmmlearn_product_space(M, seed):
 
 def test_loops_reference_agrees():
     p = _model(3, 2, 5)
+    print("seed=5")
     X, _ = p.sample(40, random_state=5)
     assert exact.log_likelihood(p, X) == pytest.approx(naive.forward_loglik_loops(p, X), rel=1e-10)
 
@@ -79,6 +80,7 @@ def test_smoother_block_size_does_not_matter(block):
 
 def test_several_sequences_are_independent():
     p = _model(2, 2, 31)
+    print("seed=31")
     X, _ = p.sample(60, random_state=31)
     whole = exact.log_likelihood(p, X, [20, 40])
     parts = exact.log_likelihood(p, X[:20]) + exact.log_likelihood(p, X[20:])
@@ -91,6 +93,7 @@ def test_several_sequences_are_independent():
 def test_extreme_observation_does_not_underflow():
     # an outlier far from every joint mean: every emission underflows in linear space
     p = _model(3, 2, 41, noise=0.05)
+    print("seed=41")
     X, _ = p.sample(20, random_state=41)
     X[10] += 50.0
     ll, theta = exact.smoothed_marginals(p, X)

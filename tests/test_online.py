@@ -57,6 +57,7 @@ def test_check_sample_codes():
 @pytest.mark.parametrize("M", [1, 3, 5])
 def test_filtering_equals_batch_forward(M):
     p = _params(M, 3, seed=M)
+    print(f"seed={10 + M}")
     X, _ = p.sample(200, random_state=10 + M)
     theta, mean, tau, ll, _, _ = _run(p, X, lag=0, t0=7)
     ll_ref, theta_ref = exact.filtered_marginals(p, X)
@@ -87,6 +88,7 @@ def test_fixed_lag_against_dense_reference(lag, nan_fraction):
 
 def test_tail_equals_smoothing_marginals():
     p = _params(4, 2, seed=21)
+    print("seed=22")
     X, _ = p.sample(300, random_state=22)
     lag = 6
     theta, _, _, _, tail, _ = _run(p, X, lag)
@@ -99,6 +101,7 @@ def test_tail_equals_smoothing_marginals():
 
 def test_short_sequence_tail():
     p = _params(2, 2, seed=5)
+    print("seed=6")
     X, _ = p.sample(3, random_state=6)
     theta, _, _, _, tail, _ = _run(p, X, lag=5)
     assert theta.shape == (0, 2)
@@ -121,6 +124,7 @@ def test_log_emission_missing_matches_scipy(seed, M, D):
 
 def test_log_emission_missing_without_missing_equals_whitened_kernel():
     p = _params(4, 5, seed=8)
+    print("seed=8")
     y = np.random.default_rng(8).normal(size=5)
     Linv, Ut, half_c, const = kx.prepare_emission(p.W, p.L)
     a, b = np.empty(16), np.empty(16)
@@ -300,6 +304,7 @@ def test_svi_run_freeze_keeps_model_part():
     sc = _svi_scratch(net, 2, L, x, p.n_chains, p.n_features)
     x1, sq = x.copy(), np.zeros_like(x)
     values = np.empty(5)
+    print("seed=0")
     slots = np.random.default_rng(0).integers(0, 12, size=(5, 2))
     assert _call_svi_run(Y, slots, S, L, net, x1, nm, p.n_features, sq, np.full(5, 1e-2), True,
                          sc, values) == 5
@@ -337,6 +342,7 @@ def test_svi_run_keeps_the_covariance_family(cov_mode):
     p, net, Y, S, L, x, nm = _svi_setup(seed=51, D=3)
     M, D = p.n_chains, p.n_features
     constrain_model(x, np.empty(0), M, D, cov_mode)
+    print("seed=51")
     slots = np.random.default_rng(51).integers(0, 12, size=(6, 2))
     sc = _svi_scratch(net, 2, L, x, M, D)
     x1, sq1 = x.copy(), np.zeros_like(x)
@@ -403,6 +409,7 @@ def test_huge_sample_keeps_the_messages_finite(lag, missing):
     the posteriors equal those of 1e140 and of a sample with nothing observed;
     log p(y_t | y_<t) is -inf."""
     p = _params(2, 3, seed=60)
+    print("seed=61")
     X, _ = p.sample(40, random_state=61)
     Z = X.copy()
     Z[10] = np.nan
@@ -426,6 +433,7 @@ def test_sample_beyond_the_float_range_after_whitening_is_left_out():
     """Even ỹ overflows (|y| near the float maximum, small noise: NaN log emissions):
     that emission is left out, the message stays a distribution."""
     p = _params(2, 2, seed=62, noise=0.01)
+    print("seed=63")
     X, _ = p.sample(30, random_state=63)
     Y = X.copy()
     Y[10] = [1.7e308, -1.7e308]

@@ -63,6 +63,24 @@ def test_forward_matches_naive(share, mode, nan_fraction, lengths):
     assert theta.std() > 0.1 and rho.std() > 0.1
 
 
+@pytest.mark.parametrize("share", SHARES)
+def test_forward_matches_naive_over_several_blocks(share):
+    """One forward_batch call of 600 windows spans three of the kernel's blocks of 256
+    (every other test's calls hold fewer than 256): windows 256 on must match too (a
+    second block that read the first block's hidden units was let through)."""
+    from streamfhmm.kernels.recognition import _FORWARD_BLOCK
+    seed = 12
+    print(f"seed={seed}")
+    lengths = [600]
+    assert lengths[0] > 2 * _FORWARD_BLOCK
+    net = _net(3, 2, 5, 4, share, "centred", seed=seed)
+    Y = _data(lengths, 2, seed=seed + 1, nan_fraction=0.1)
+    theta, rho = net.forward(Y, lengths, chunk_size=len(Y))     # one call
+    theta_ref, rho_ref = _naive_forward(net, Y, lengths)
+    np.testing.assert_allclose(theta, theta_ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(rho, rho_ref, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_build_windows_matches_naive(mode):
     seed = 3
@@ -111,6 +129,7 @@ def test_forward_batch_at_arbitrary_positions(share, mode):
     net = _net(4, 3, 5, 6, share, mode, seed=4)
     Y = _data(lengths, 3, seed=5, nan_fraction=0.1)
     seq_start, seq_end = _bounds(lengths)
+    print("seed=6")
     positions = np.random.default_rng(6).permutation(Y.shape[0]).astype(np.int64)
     n = positions.size
     Xw = np.empty((n, net.n_inputs))
@@ -141,6 +160,7 @@ def test_forward_one_matches_naive_and_batch(share, mode, nan_fraction):
     seq_start, seq_end = _bounds(lengths)
     theta_ref, rho_ref = _naive_forward(net, Y, lengths)
     theta_batch, rho_batch = net.forward(Y, lengths)
+    print("seed=9")
     rng = np.random.default_rng(9)
     buf = rng.normal(size=400)  # a flat buffer; the window sits at an arbitrary offset
     scratch = np.full(net.scratch_size, np.nan)

@@ -383,8 +383,13 @@ def test_init_params_shapes_and_scale():
     assert p.W.shape == (4, 4)
     np.testing.assert_allclose(p.covariance, 0.5 * np.cov(X, rowvar=False), rtol=1e-4)
     np.testing.assert_allclose(p.transmat[:, 0, 1], 0.1)
-    # the initial model reproduces the data's mean at the initial occupancy
     assert np.isfinite(p.W).all()
+    # each step is oriented so that its standardised coordinates sum to >= 0 (the
+    # docstring's rule), and the data's mean is a mean the chains can reach
+    assert ((p.W[:3] / X.std(axis=0)).sum(axis=1) >= 0).all()
+    lo = p.W[3] + np.minimum(p.W[:3], 0).sum(axis=0)
+    hi = p.W[3] + np.maximum(p.W[:3], 0).sum(axis=0)
+    assert (lo < X.mean(axis=0)).all() and (X.mean(axis=0) < hi).all()
     # constant data and a single row do not break it
     assert np.isfinite(init_params(np.ones((10, 2)), 2, random_state=0).W).all()
     assert np.isfinite(init_params(np.ones((1, 2)), 1, random_state=0).W).all()
