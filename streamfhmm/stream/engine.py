@@ -1348,12 +1348,16 @@ class StreamEngine:
                                     snap.weights, self._layout, self._nmean, self._nscale,
                                     self._scratch, theta[k], rho[k])
                     _ko.reconstruct(theta[k], snap.params.W, mean[k])
-            # each uses the samples up to t_last (recognition: windows padded with it;
-            # exact: smoothing to t_last): flagged, as the posterior pushed with t_last,
-            # when a NaN lies in the `window` samples ending there (the window ending at
-            # tau + lag missed one that exact smoothing of tau used)
-            if self._last_nan >= t_last - self._window + 1:
-                flags |= FLAG_IMPUTED
+            if self._exact_mode:
+                # each is smoothed on the samples up to t_last: flagged, as the posterior
+                # pushed with t_last, when a NaN lies in the `window` samples ending there
+                # (the window ending at tau + lag missed one that smoothing of tau used)
+                if self._last_nan >= t_last - self._window + 1:
+                    flags |= FLAG_IMPUTED
+            else:
+                # the window of tau reads tau - lag .. t_last (then t_last again, as padding):
+                # flagged when it holds a NaN, as the recognition kernels flag
+                flags[self._last_nan >= np.arange(tau0, t_last + 1) - lag] |= FLAG_IMPUTED
             batch = PosteriorBatch(np.arange(tau0, t_last + 1, dtype=np.int64), theta, rho, mean,
                                    np.full(n, snap.version, np.int64), flags)
             posts.extend(batch)
