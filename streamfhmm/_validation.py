@@ -102,8 +102,23 @@ def _as_float_array(x, name: str, keep_scalar: bool = False) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.float64)
 
 
-#: the largest magnitude an observation may have: the models square it (1e150² = 1e300)
+#: the largest magnitude of an observation a fit takes: it squares them (1e150² = 1e300)
 MAX_ABS_VALUE = 1e150
+
+
+def check_fit_magnitude(X: np.ndarray, name: str = "X") -> np.ndarray:
+    """``X`` (checked by :func:`check_observations`) if every value is within
+    ±:data:`MAX_ABS_VALUE`, else a ValueError that names the first one beyond: a fit's
+    sufficient statistics square the observations, and overflowed to an error about
+    non-finite parameters. (Inference with fitted parameters takes such values.)"""
+    with np.errstate(invalid="ignore"):
+        big = np.abs(X) > MAX_ABS_VALUE
+    if big.any():
+        r, c = np.argwhere(big)[0]
+        raise ValueError(f"{name} must hold values within ±{MAX_ABS_VALUE:g} to fit a model (its "
+                         f"statistics square them); found {X[r, c]:g} at row {r}, column {c}: "
+                         "rescale the data")
+    return X
 
 
 def check_observations(X, name: str = "X", n_features: int | None = None,
@@ -117,8 +132,7 @@ def check_observations(X, name: str = "X", n_features: int | None = None,
     n_features : int, optional
         The expected D.
     allow_nan : bool
-        NaN marks a missing value when True; infinities, and values beyond
-        ±:data:`MAX_ABS_VALUE`, are always refused.
+        NaN marks a missing value when True; infinities are always refused.
     min_samples : int
         The least T accepted.
 
@@ -138,14 +152,9 @@ def check_observations(X, name: str = "X", n_features: int | None = None,
         raise ValueError(f"{name} must have at least {min_samples} samples (rows), got {X.shape[0]}")
     if X.shape[1] < 1:
         raise ValueError(f"{name} must have at least one feature (column), got 0")
-    with np.errstate(invalid="ignore"):
-        big = np.abs(X) > MAX_ABS_VALUE     # (one pass for both: infinities are beyond it)
-    if big.any():
-        r, c = np.argwhere(big)[0]
-        if np.isinf(X[r, c]):
-            raise ValueError(f"{name} must not contain infinities; found {X[r, c]} at row {r}, column {c}")
-        raise ValueError(f"{name} must hold values within ±{MAX_ABS_VALUE:g} (their squares overflow "
-                         f"beyond it); found {X[r, c]:g} at row {r}, column {c}: rescale the data")
+    if np.isinf(X).any():
+        r, c = np.argwhere(np.isinf(X))[0]
+        raise ValueError(f"{name} must not contain infinities; found {X[r, c]} at row {r}, column {c}")
     if not allow_nan and np.isnan(X).any():
         r, c = np.argwhere(np.isnan(X))[0]
         raise ValueError(f"{name} must not contain NaN here (missing values are not supported by this "

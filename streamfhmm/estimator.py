@@ -16,8 +16,8 @@ import numpy as np
 
 from . import exact
 from .io.checkpoint import npz_read_error, npz_target, write_atomically
-from ._validation import (check_bool, check_lengths, check_observations, check_positive_int,
-                          check_random_state, check_real)
+from ._validation import (check_bool, check_fit_magnitude, check_lengths, check_observations,
+                          check_positive_int, check_random_state, check_real)
 from .learn.objective import (COVARIANCE_TYPES, check_covariance_matches, check_covariance_type,
                               constrain_params)
 from .model import FHMMParams
@@ -447,7 +447,7 @@ class FHMM:
         if method == "em":   # (before the start, which takes a while on long data)
             from .learn.em import check_em_chains
             check_em_chains(self.n_chains)
-        X = check_observations(X, allow_nan=(method == "svi"))
+        X = check_fit_magnitude(check_observations(X, allow_nan=(method == "svi")))
         lengths = check_lengths(lengths, X.shape[0])
         self._check_n_features(X.shape[1], init)
         if method == "svi" and X.shape[0] < 2:

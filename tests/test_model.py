@@ -195,11 +195,14 @@ def test_input_errors():
         m.score(np.zeros((2, 3, 4)))
     with pytest.raises(ValueError, match="X must not contain infinities; found inf at row 1, column 0"):
         m.score(np.array([[0.0, 0.0], [np.inf, 0.0]]))
-    # beyond 1e150 the squares overflow (fit failed with "W must be finite")
-    with pytest.raises(ValueError, match=re.escape("X must hold values within ±1e+150 (their squares "
-                                                   "overflow beyond it); found -2e+160 at row 1, column 1")):
+    # a fit squares the data: beyond 1e150 it failed with "W must be finite"; inference
+    # with fitted parameters takes such values (as the streaming engine does)
+    with pytest.raises(ValueError, match=re.escape("X must hold values within ±1e+150 to fit a model (its "
+                                                   "statistics square them); found -2e+160 at row 1, "
+                                                   "column 1")):
         FHMM(n_chains=2).fit(np.array([[0.0, 1e150], [0.0, -2e160], [np.nan, 1.0]]), progress=False)
-    m.score(np.array([[1e150, -1e150]]))   # (the bound itself is taken)
+    FHMM(n_chains=1).fit(np.array([[1e150], [-1e150], [0.0]]), max_iter=2, progress=False)   # (the bound)
+    assert np.isfinite(m.predict_proba(np.array([[0.0, 1e151]]), method="exact")).all()
     with pytest.raises(ValueError, match="lengths must all be positive"):
         m.score(np.zeros((4, 2)), lengths=[4, 0])
     with pytest.raises(ValueError, match="lengths must hold integers"):
