@@ -734,7 +734,6 @@ def _serve(args, state) -> int:
     if args.cold:
         if args.features is None:
             raise CliError("--cold needs --features D (values per sample)")
-        _check_window_warmup(args.window, args.warmup)
         if args.posterior == "exact":
             _check_exact_chains(args.chains, "--chains")
         n_features = args.features
@@ -999,18 +998,10 @@ def _cmd_replay(args) -> int:
 
 
 # -- demo / disaggregate -------------------------------------------------------------------
-def _check_window_warmup(window, warmup) -> None:
-    """A cold start's window fits in its warm-up (the samples its model and networks
-    start from)."""
-    if window > warmup:
-        raise CliError(f"--window {window} is longer than the warm-up (--warmup {warmup:,} samples)")
-
-
 def _cmd_demo(args) -> int:
     from .demo import DemoError, DemoTerminated, run_demo
     if args.seconds is not None and args.samples is not None:
         raise CliError("give --seconds or --samples, not both")
-    _check_window_warmup(args.window, args.warmup)
     view = False if args.no_view else None
     try:
         res = run_demo(seconds=args.seconds, samples=args.samples, rate=args.rate, start=args.start,

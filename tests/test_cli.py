@@ -256,11 +256,6 @@ def test_demo_and_disaggregate_bad_arguments(argv, message, capsys):
     (["demo", "--window", "99999"], 2, "argument --window: expected an odd integer from 1 to 1,001"),
     (["disaggregate", "--window", "0"], 2, "argument --window: expected a positive integer, got 0"),
     (["disaggregate", "--window", "20"], 2, "argument --window: expected an odd integer"),
-    # a cold start's window fits in its warm-up
-    (["serve", "--cold", "--features", "2", "--warmup", "10", "--window", "11"], 1,
-     "--window 11 is longer than the warm-up (--warmup 10 samples)"),
-    (["demo", "--warmup", "100", "--window", "101"], 1,
-     "--window 101 is longer than the warm-up (--warmup 100 samples)"),
 ])
 def test_window_is_checked_before_any_work(files, argv, status, message, capsys, monkeypatch):
     """An even or huge --window is refused by the parser, not by the library after the
