@@ -1,5 +1,6 @@
 """ZmqSource, ZmqSink and replay over real sockets on 127.0.0.1 (in one process)."""
 import logging
+import re
 import threading
 import time
 
@@ -318,7 +319,7 @@ def test_replay_blocks_for_a_stalled_subscriber_and_loses_nothing(ctx, fmt):
 def test_replay_time_budget_holds_while_blocked(ctx):
     """A subscriber that never reads: the time budget still ends a nodrop replay, and
     ``sent`` counts only the messages sent."""
-    X = np.zeros((100_000, 500))
+    X = np.zeros((20_000, 500))       # 80 MB of messages: far more than the buffers hold
     res, ep = {}, {}
     ready = threading.Event()
     th = threading.Thread(target=lambda: res.update(replay(
@@ -371,6 +372,11 @@ def test_replay_refuses_bad_arguments(ctx):
         replay(np.zeros(3), ANY, context=ctx)
     with pytest.raises(ValueError, match="rate"):
         replay(np.zeros((3, 1)), ANY, rate=-1.0, context=ctx)
+    # the rows' sequence numbers must stay below 2**63, as the wire carries them (binary
+    # wrote 2**63, which every decoder refuses, and counted it as sent)
+    for start_seq in (-1, 2**63 - 2, 1.0, True):
+        with pytest.raises(ValueError, match=re.escape("start_seq must be an integer in [0, 2**63 - 3]")):
+            replay(np.zeros((3, 1)), ANY, start_seq=start_seq, context=ctx)
 
 
 def test_bind_failure_is_a_clear_error(ctx):

@@ -393,6 +393,8 @@ _SEQ_END = 1 << 63
 def _check_seq_ts(seq, ts) -> tuple[int, float]:
     """``seq`` and ``ts`` of a message to encode, as int and float: an integer in
     [0, 2**63) and a finite number (what the decoders accept), else ValueError."""
+    if type(seq) is int and type(ts) is float and 0 <= seq < _SEQ_END and ts - ts == 0.0:
+        return seq, ts   # (the usual case, on the publish path: no conversion)
     if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, (int, np.integer)) \
             or not 0 <= seq < _SEQ_END:
         raise ValueError(f"seq must be an integer in [0, 2**63), got {seq!r}")
@@ -404,6 +406,10 @@ def _check_seq_ts(seq, ts) -> tuple[int, float]:
 
 def _check_seqs_tss(seqs, tss, n: int) -> tuple[list, list]:
     """:func:`_check_seq_ts` for the n sequence numbers and time stamps of a batch, as lists."""
+    if (type(seqs) is list and type(tss) is list and len(seqs) == n == len(tss)
+            and all(type(v) is int and 0 <= v < _SEQ_END for v in seqs)
+            and all(type(v) is float and v - v == 0.0 for v in tss)):
+        return seqs, tss   # (the usual case, on the publish path: no conversion)
     seqs, tss = np.asarray(seqs), np.asarray(tss)
     if seqs.shape != (n,) or tss.shape != (n,):
         raise ValueError(f"seqs and tss must have shape ({n},) (one per posterior), got "

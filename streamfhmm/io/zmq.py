@@ -934,6 +934,11 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
         raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}")
     if rate is not None and (not rate >= 0 or not math.isfinite(rate)):
         raise ValueError(f"rate must be a positive number of messages per second, got {rate}")
+    if isinstance(start_seq, (bool, np.bool_)) or not isinstance(start_seq, (int, np.integer)) \
+            or not 0 <= start_seq <= (1 << 63) - max(len(X), 1):
+        raise ValueError(f"start_seq must be an integer in [0, 2**63 - {max(len(X), 1)}] (the {len(X):,} "
+                         f"rows' sequence numbers must stay below 2**63), got {start_seq!r}")
+    start_seq = int(start_seq)
     own = context is None   # a private context, terminated at the end: that is what
     context = context or zmq.Context()   # makes LINGER deliver the queued messages
     try:
