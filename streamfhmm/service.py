@@ -204,6 +204,10 @@ class _Pending:
         self._drop_before(t + 1)
         return out
 
+    def holds(self, t: int, k: int) -> bool:
+        """Whether positions t .. t+k-1 are all pending."""
+        return self.n > 0 and self.t0 <= t and t + k <= self.t0 + self.n
+
     def take(self, t: int, k: int):
         """(seq, ts_text, ts_len) of positions t .. t+k-1, dropping them and anything
         before; positions not pending get seq -1 and ts 0. The arrays may be views,
@@ -529,7 +533,7 @@ class StreamService:
         self.streams: dict[bytes, _Stream] = {}
         self.counters = {"samples": 0, "posteriors": 0, "engine_rejected": 0, "streams_full": 0,
                          "heartbeats_in": 0, "heartbeats_out": 0, "checkpoints": 0,
-                         "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0}
+                         "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0, "unmatched": 0}
         self.started = time.monotonic()
         self._last_status = (self.started, 0, 0)   # time, samples, learner steps of this run
         # learner steps the engines held when this service took them (resumed checkpoints):
@@ -947,16 +951,24 @@ class StreamService:
             self._send_each(st, posts)
 
     def _send_each(self, st: _Stream, posts):
+        sent = 0
         for p in posts:
             seq, ts = st.pending.pop(p.t)
+            if seq < 0:   # no pending sample (a host's engine emitting a position twice):
+                # no sequence number to publish it under; counted, never raised
+                self.counters["unmatched"] += 1
+                self._log("unmatched", "stream %r: the engine emitted position %d, which has no "
+                          "pending sample: not published", st.name, p.t)
+                continue
             self.sink.send(st.topic, seq, ts, p)
-        self._published(st, len(posts))
+            sent += 1
+        self._published(st, sent)
 
     def _publish_batch(self, st: _Stream, batch):
         n = len(batch.t)
         t0 = int(batch.t[0])
-        if int(batch.t[-1]) - t0 != n - 1:   # not consecutive (an engine that skips positions)
-            self._send_each(st, batch)
+        if int(batch.t[-1]) - t0 != n - 1 or not st.pending.holds(t0, n):
+            self._send_each(st, batch)   # (an engine that skips or repeats positions)
             return
         seq, text, tlen = st.pending.take(t0, n)
         self.sink.send_block(st.topic, seq, text, tlen, batch)
@@ -1072,6 +1084,7 @@ class StreamService:
         ``malformed_total``, ``gaps``, ``gap_samples``, ``stale``, ``restarts``,
         ``engine_rejected``, ``streams_full``, ``heartbeats_in``, ``heartbeats_out``,
         ``checkpoints``, ``checkpoint_failures``, ``lost_on_resume``, ``ends``,
+        ``unmatched`` (posteriors of positions with no pending sample, not published),
         ``published``, ``subscribers``, ``uptime``; ``engines`` maps a topic (str) to
         its engine's metrics.
         """
@@ -1134,6 +1147,7 @@ def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0
         "stale": "repeated or out-of-order sequence numbers skipped",
         "restarts": "publisher restarts (sequence number back to 0)",
         "engine_rejected": "samples the engine refused",
+        "unmatched": "posteriors of positions with no pending sample (not published)",
         "streams_full": "samples of new topics skipped past max_streams",
         "heartbeats_in": "input heartbeats received",
         "heartbeats_out": "heartbeats published",

@@ -109,6 +109,11 @@ class _Batch:
     def __len__(self):
         return self.t.shape[0]
 
+    def __iter__(self):   # as PosteriorBatch: its posteriors one by one
+        for k in range(len(self)):
+            yield Posterior(int(self.t[k]), self.theta[k], self.rho[k], self.mean[k],
+                            int(self.version[k]), int(self.flags[k]))
+
 
 class BlockFakeEngine(FakeEngine):
     """With a ``push_many`` (block path) returning a batch of arrays."""
@@ -401,6 +406,13 @@ def test_status_line_rate_after_serve_resumes_a_checkpoint(tmp_path, harness):
     assert "learner steps 245 (35/s)" in line, line
 
 
+def _wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 class WarmupFakeEngine(FakeEngine):
     """A FakeEngine with a warm-up: it emits nothing until WARMUP samples are buffered
     (or a flush ends the warm-up early); ``start_at`` records how many the model was
@@ -462,8 +474,10 @@ def test_a_gap_during_the_warm_up_does_not_end_it(break_kind, harness):
         if seq == 3:
             v[0] = -1.0                               # the engine refuses it
         h.sample(b"s", seq, v)
+        if seq == 2:                                  # the rest in later reads
+            _wait_for(lambda: h.service.metrics()["samples"] == 3)
         if seq == 3:
-            time.sleep(0.3)                           # the rest in a later read
+            _wait_for(lambda: h.service.metrics()["engine_rejected"] == 1)
     got = h.recv(len(seqs) - 2)                       # all but the lag
     eng = h.service.streams[b"s"].engine
     assert eng.start_at == WarmupFakeEngine.WARMUP
@@ -480,10 +494,7 @@ def test_shutdown_leaves_a_warm_up_to_its_checkpoint(checkpoints, tmp_path, harn
     h = harness(tmp_path if checkpoints else None, engine=WarmupFakeEngine)
     for seq in range(5):
         h.sample(b"s", seq, _values(0, seq))
-    deadline = time.monotonic() + 10
-    while h.service.metrics()["samples"] < 5:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    _wait_for(lambda: h.service.metrics()["samples"] == 5)
     h.stop()
     if not checkpoints:
         assert h.service.streams[b"s"].engine.start_at == 5
@@ -520,6 +531,43 @@ def test_a_long_warm_ups_stream_record_reads_back(tmp_path):
     rec = read_stream_record(str(path))
     assert len(rec["pending"]) == n and rec["pending"][-1][:2] == (n - 1, n - 1)
     assert rec["pending_text"][-1] == b"1700000000.%06d" % (n - 1)
+
+
+class RepeatingFakeEngine(FakeEngine):
+    """With a block path that emits the previous block's last posterior again before
+    this block's (an at-least-once host engine); its flush repeats its last one too."""
+
+    last = None
+
+    def push_many(self, X):
+        posts = [p for x in X for p in self.push(x)]
+        if self.last is not None:
+            posts.insert(0, self.last)
+        if posts:
+            self.last = posts[-1]
+        return _Batch(posts, self.M, X.shape[1])
+
+    def flush(self):
+        out = super().flush()
+        return out + out[-1:]
+
+
+def test_posteriors_of_positions_not_pending_are_counted_not_raised(harness):
+    """A host engine that emits a position again: that posterior has no pending sample,
+    hence no sequence number (seq -1 reached the encoder, whose ValueError ended the
+    service's run). It is skipped and counted as ``unmatched``; every sample still gets
+    its posterior once."""
+    h = harness(engine=RepeatingFakeEngine, batch_threshold=2)
+    for chunk in (range(0, 6), range(6, 12)):
+        for seq in chunk:
+            h.sample(b"s", seq, _values(0, seq))
+        time.sleep(0.2)
+    h.send(encode_heartbeat(b"s", 11, 0.0, end=True))
+    got = h.recv(12)
+    m = h.stop()
+    assert h.service._stop.is_set() and not h.thread.is_alive()
+    assert [g.seq for g in got] == list(range(12))
+    assert m["unmatched"] >= 1 and m["posteriors"] == 12
 
 
 def test_max_streams(harness):
