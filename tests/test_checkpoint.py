@@ -73,7 +73,7 @@ def test_clear_errors(tmp_path):
     data = dict(np.load(path))
     data["version"] = np.array(FORMAT_VERSION + 1)
     np.savez(tmp_path / "newer.npz", **data)
-    with pytest.raises(ValueError, match="format version 2.*upgrade"):
+    with pytest.raises(ValueError, match=f"format version {FORMAT_VERSION + 1}.*upgrade"):
         load_checkpoint(tmp_path / "newer.npz")
     with pytest.raises(ValueError, match="dtype object"):
         save_checkpoint(tmp_path / "bad.npz", {"o": np.array([None], dtype=object)}, {})

@@ -18,7 +18,9 @@ __all__ = ["FORMAT_TAG", "FORMAT_VERSION", "save_checkpoint", "load_checkpoint",
            "npz_read_error", "npz_target"]
 
 FORMAT_TAG = "streamfhmm.StreamEngine.checkpoint"
-FORMAT_VERSION = 1
+#: 2: a warm-up's samples with a value and their positions (``warmup.rows``, ``warmup.at``);
+#: 1: every warm-up sample (``warmup.buf``), still read
+FORMAT_VERSION = 2
 
 
 def npz_target(path, what: str = "path") -> str:
