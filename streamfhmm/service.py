@@ -615,7 +615,8 @@ class StreamService:
         for st in ([stream] if stream is not None else list(self.streams.values())):
             self._checkpoint(st)
 
-    def _checkpoint(self, st: _Stream):
+    def _checkpoint(self, st: _Stream) -> bool:
+        """Checkpoint one stream (engine file, then its record); whether it was written."""
         stem = os.path.join(self.checkpoint_dir, _stream_stem(st.topic))
         gen = st.generation + 1
         path = f"{stem}.{gen}.npz"
@@ -636,7 +637,7 @@ class StreamService:
             self.counters["checkpoint_failures"] += 1
             st.since_checkpoint = 0   # try again after another checkpoint_every samples
             self._log("checkpoint", "checkpoint of stream %r failed: %s", st.name, exc)
-            return
+            return False
         old = f"{stem}.{st.generation}.npz"
         st.generation = gen
         st.since_checkpoint = 0
@@ -646,6 +647,7 @@ class StreamService:
                 os.remove(old)
             except OSError:
                 pass
+        return True
 
     # -- the loop ----------------------------------------------------------------------
     def run(self, time_budget: float | None = None, max_samples: int | None = None) -> dict:
@@ -1065,11 +1067,13 @@ class StreamService:
             logger.warning("draining the input failed: %s", exc)
         for st in list(self.streams.values()):
             # a warm-up the checkpoint keeps goes on after a restart; without a checkpoint
-            # this is its samples' last chance of a posterior: the model starts from them
-            if not st.ended and not (self.checkpoint_dir is not None and _warming_up(st.engine)):
+            # (or if writing it fails) this is its samples' last chance of a posterior:
+            # the model starts from them
+            keep = self.checkpoint_dir is not None and _warming_up(st.engine)
+            if not st.ended and not keep:
                 self._flush(st)
-            if self.checkpoint_dir is not None:
-                self._checkpoint(st)
+            if self.checkpoint_dir is not None and not self._checkpoint(st) and keep and not st.ended:
+                self._flush(st)
             try:
                 st.engine.close()
             except Exception as exc:  # noqa: BLE001 - closing must go on for every stream

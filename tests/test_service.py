@@ -486,17 +486,24 @@ def test_a_gap_during_the_warm_up_does_not_end_it(break_kind, harness):
     assert (m["gaps"], m["engine_rejected"]) == ((1, 0) if break_kind == "gap" else (0, 1))
 
 
-@pytest.mark.parametrize("checkpoints", [True, False])
+class UnwritableWarmupFakeEngine(WarmupFakeEngine):
+    def checkpoint(self, path):
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("checkpoints", ["written", "none", "failing"])
 def test_shutdown_leaves_a_warm_up_to_its_checkpoint(checkpoints, tmp_path, harness):
     """With a checkpoint directory, stopping during a warm-up keeps the buffer for the
-    next start (the warm-up goes on); without one, stopping is the samples' last chance:
-    the model starts from them and their posteriors come out."""
-    h = harness(tmp_path if checkpoints else None, engine=WarmupFakeEngine)
+    next start (the warm-up goes on); without one, or when writing it fails, stopping is
+    the samples' last chance: the model starts from them and their posteriors come out."""
+    h = harness(None if checkpoints == "none" else tmp_path,
+                engine=UnwritableWarmupFakeEngine if checkpoints == "failing" else WarmupFakeEngine)
     for seq in range(5):
         h.sample(b"s", seq, _values(0, seq))
     _wait_for(lambda: h.service.metrics()["samples"] == 5)
-    h.stop()
-    if not checkpoints:
+    m = h.stop()
+    if checkpoints != "written":
+        assert m["checkpoint_failures"] == (checkpoints == "failing")
         assert h.service.streams[b"s"].engine.start_at == 5
         assert [g.seq for g in h.recv(5)] == list(range(5))
         return
