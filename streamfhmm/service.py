@@ -26,6 +26,8 @@ per stream topic into a ``zmq.Poller`` loop:
   (the sequence numbers between the checkpoint's last one and the first one received
   after the restart). After a crash, the posteriors of samples that were inside the
   smoothing lag at the checkpoint are published again: delivery is at-least-once;
+  what a crash in the middle of a checkpoint left (engine files no record names,
+  temporary files older than an hour) is removed at the start;
 * :meth:`StreamService.request_stop` (e.g. from a signal handler the host installs)
   makes :meth:`StreamService.run` drain the queued input (for at most ``drain_timeout``
   seconds: a publisher that never pauses cannot keep it from stopping), flush the
@@ -78,6 +80,11 @@ logger = logging.getLogger(__name__)
 _RECORD_TAG = "streamfhmm.service-stream"
 _RECORD_VERSION = 1
 _RECORD_RE = re.compile(r"^stream-([0-9a-f]*|h[0-9a-f]{40})\.json$")
+#: an engine file of a checkpoint directory, and a temporary file of an atomic write there
+_ENGINE_FILE_RE = re.compile(r"^(stream-(?:[0-9a-f]*|h[0-9a-f]{40}))\.(\d+)\.npz$")
+_TMP_FILE_RE = re.compile(r"^\.stream-(?:[0-9a-f]*|h[0-9a-f]{40})\.(?:\d+\.npz|json)\.tmp-\d+-\d+$")
+#: seconds after which a temporary file of a checkpoint directory is a crash's leftover
+_TMP_MAX_AGE = 3600.0
 #: a JSON number's text (what a time stamp arrives as, or ``repr`` of a finite float)
 _JSON_NUMBER = re.compile(JSON_NUMBER + rb"\Z").match
 
@@ -574,6 +581,24 @@ class StreamService:
                 st.engine.close()
             self.streams.clear()
             raise
+        self._remove_leftovers()
+
+    def _remove_leftovers(self):
+        """Remove what a crash in the middle of a checkpoint leaves in the directory: engine
+        files no record names (a new generation whose record was not yet written, an old
+        one not yet removed, a first one without a record) and temporary files of atomic
+        writes older than an hour. Only files of the service's own name patterns."""
+        named = {f"{_stream_stem(st.topic)}.{st.generation}.npz" for st in self.streams.values()}
+        now = time.time()
+        for name in os.listdir(self.checkpoint_dir):
+            path = os.path.join(self.checkpoint_dir, name)
+            try:
+                if _ENGINE_FILE_RE.match(name) and name not in named or (
+                        _TMP_FILE_RE.match(name) and now - os.path.getmtime(path) > _TMP_MAX_AGE):
+                    os.remove(path)
+                    logger.info("removed %s, a leftover of an interrupted checkpoint", path)
+            except OSError as exc:   # (gone already, or not ours to remove)
+                logger.warning("could not remove the leftover %s: %s", path, exc)
 
     def _resume_one(self, name: str):
         rec = read_stream_record(os.path.join(self.checkpoint_dir, name))

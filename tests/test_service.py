@@ -664,6 +664,32 @@ def test_checkpoint_resume_and_lost_samples(tmp_path, caplog, harness):
     assert any("5 sample(s) lost since the checkpoint" in x for x in msgs)
 
 
+def test_resume_removes_what_an_interrupted_checkpoint_left(tmp_path, harness):
+    """Engine files no record names (a crash between a new engine file and its record,
+    an old generation not yet removed, a first file without a record) and temporary
+    files older than an hour are removed when a service starts on the directory; a
+    recent temporary file (another writer's) and files of other names stay."""
+    h = harness(tmp_path, checkpoint_every=10)
+    for seq in range(12):
+        h.sample(b"s", seq, _values(0, seq))
+    h.recv(10)
+    h.stop()
+    d = tmp_path / "ckpt"
+    assert sorted(os.listdir(d)) == ["stream-73.2.npz", "stream-73.json"]
+    leftovers = ["stream-73.1.npz", "stream-73.3.npz", "stream-74.1.npz",
+                 ".stream-73.3.npz.tmp-123-456", ".stream-73.json.tmp-123-457"]
+    kept = ["notes.txt", "stream-73.npz", ".stream-73.4.npz.tmp-123-458"]
+    for name in leftovers + kept:
+        (d / name).write_bytes(b"x")
+    old = time.time() - 7200
+    for name in leftovers[3:]:
+        os.utime(d / name, (old, old))
+    h.start()
+    assert sorted(os.listdir(d)) == sorted(["stream-73.2.npz", "stream-73.json"] + kept)
+    assert h.service.streams[b"s"].t_next == 12
+    h.stop()
+
+
 def test_resume_after_a_crash_restores_the_smoothing_lag(tmp_path, harness):
     """A checkpoint taken mid-stream holds the (t, seq, ts) of samples inside the lag."""
     h = harness(tmp_path, checkpoint_every=10)
