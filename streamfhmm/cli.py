@@ -27,6 +27,7 @@ import warnings
 import numpy as np
 
 from .io.checkpoint import write_atomically
+from .io.wire import SEQ_LIMIT
 from .stream import DEFAULT_LEARNER_DUTY
 
 __all__ = ["main", "build_parser", "load_data", "CliError"]
@@ -318,9 +319,8 @@ def _int_at_least(low: int, high: int | None = None):
     return parse
 
 
-#: ZeroMQ's socket options are C ints; sequence numbers are below 2**63 (the wire's)
+#: ZeroMQ's socket options are C ints
 _MAX_SOCKOPT = 2**31 - 1
-_SEQ_END = 2**63
 
 
 def _nonneg_float(s):
@@ -968,8 +968,8 @@ def _cmd_replay(args) -> int:
         X = X[:args.limit]
     if X.shape[0] == 0:
         raise CliError(f"{args.data}: no rows left to replay")
-    if args.start_seq + X.shape[0] > _SEQ_END:
-        room = _SEQ_END - args.start_seq
+    if args.start_seq + X.shape[0] > SEQ_LIMIT:
+        room = SEQ_LIMIT - args.start_seq
         raise CliError(f"--start-seq {args.start_seq} leaves room for {_plural(room, 'row')} (sequence "
                        f"numbers are below 2**63) and {args.data} has {_plural(X.shape[0], 'row')} to "
                        f"replay: lower --start-seq, or give --limit {room}")
@@ -1282,7 +1282,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--wait-timeout", type=_bounded_float(0.0, _MAX_WAIT, low_open=False), metavar="SECONDS",
                    help="give up if they have not come after this long (at most a year, "
                         f"{_MAX_WAIT:,.0f})")
-    r.add_argument("--start-seq", type=_int_at_least(0, _SEQ_END - 1), default=0,
+    r.add_argument("--start-seq", type=_int_at_least(0, SEQ_LIMIT - 1), default=0,
                    help="sequence number of the first row (sequence numbers are below 2**63)")
     r.add_argument("--start-row", type=_nonneg_int, default=0, help="skip the first rows")
     r.add_argument("--limit", type=_positive_int, help="publish at most N rows")

@@ -66,8 +66,8 @@ import zmq
 from .io.checkpoint import write_atomically
 from .io.fastwire import STOP_ERROR, STOP_SLOW
 from .io.lane import LANE_STATUS, serve_lane
-from .io.wire import (JSON_NUMBER, TS_TEXT_BYTES, Heartbeat, SampleRun, check_topic, encode_heartbeat, encode_sample,
-                      topic_name, ts_from_text, ts_text)
+from .io.wire import (JSON_NUMBER, SEQ_LIMIT, TS_TEXT_BYTES, Heartbeat, SampleRun, check_topic,
+                      encode_heartbeat, encode_sample, topic_name, ts_from_text, ts_text)
 from .io.zmq import RateLimitedLog, ZmqSink, ZmqSource
 from .stream.engine import _CHUNK as _ENGINE_CHUNK
 from .stream.engine import PosteriorBatch
@@ -365,13 +365,9 @@ def _atomic_write_text(path: str, text: str):
     write_atomically(path, lambda fh: fh.write(text), mode="w")
 
 
-#: sequence numbers and stream positions are int64 (the wire's ``0 <= seq < 2**63``)
-_INT64_END = 1 << 63
-
-
 def _record_int(v, key: str, low: int) -> int:
     """``v`` (the record's ``key``), an integer in [low, 2**63), else ValueError."""
-    if type(v) is not int or not low <= v < _INT64_END:
+    if type(v) is not int or not low <= v < SEQ_LIMIT:
         raise ValueError(f"{key} must be an integer in [{low}, 2**63), got {v!r}")
     return v
 
@@ -768,7 +764,7 @@ class StreamService:
         engine = st.engine
         state = engine._lane_state() if self._block and hasattr(engine, "_lane_state") else None
         if (state is None or st.resumed_seq is not None or st.ended or st.last_seq < 0
-                or st.last_seq >= _INT64_END - 1):
+                or st.last_seq >= SEQ_LIMIT - 1):
             # (the lane takes the next number as an int64: after 2**63 - 1 there is none,
             # and the general path counts what comes as a restart or stale)
             return 0, False

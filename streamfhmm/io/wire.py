@@ -77,7 +77,7 @@ import numpy as np
 
 __all__ = [
     "ERROR_KINDS", "WireError", "Sample", "SampleRun", "Heartbeat", "PosteriorMessage",
-    "MAX_TOPIC_BYTES", "MAX_HEADER_BYTES", "max_json_bytes", "max_frame_bytes",
+    "MAX_TOPIC_BYTES", "MAX_HEADER_BYTES", "SEQ_LIMIT", "max_json_bytes", "max_frame_bytes",
     "TS_TEXT_BYTES", "ts_text", "ts_from_text", "check_topic", "topic_name",
     "encode_sample", "encode_heartbeat", "encode_posterior", "encode_posterior_batch",
     "encode_service_heartbeat",
@@ -99,7 +99,8 @@ ERROR_KINDS = (
 TS_TEXT_BYTES = 32
 MAX_TOPIC_BYTES = 255
 MAX_HEADER_BYTES = 1024
-_MAX_SEQ = 2**63
+#: sequence numbers are below this (int64 on the compiled paths)
+SEQ_LIMIT = 2**63
 _LE_F8 = np.dtype("<f8")
 #: a JSON number (RFC 8259 §6), as a bytes pattern
 JSON_NUMBER = rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
@@ -273,7 +274,7 @@ def _loads(frame: bytes, limit: int, what: str):
 
 def _seq_ts(obj: dict, what: str, allow_minus_one: bool = False) -> tuple[int, float]:
     seq = obj.get("seq")
-    if type(seq) is not int or not ((-1 if allow_minus_one else 0) <= seq < _MAX_SEQ):
+    if type(seq) is not int or not ((-1 if allow_minus_one else 0) <= seq < SEQ_LIMIT):
         raise WireError("fields", f"{what} needs \"seq\", an integer in [0, 2**63), got {seq!r}")
     ts = obj.get("ts")
     if type(ts) is not float and type(ts) is not int:
@@ -347,7 +348,7 @@ def decode_input(frames, n_features: int) -> Sample | Heartbeat:
             # the compact form every streamfhmm producer writes: parsed without json
             seq = int(m.group(1))
             ts = float(m.group(2))
-            if seq >= _MAX_SEQ or not math.isfinite(ts):
+            if seq >= SEQ_LIMIT or not math.isfinite(ts):
                 raise WireError("fields", f"header needs \"seq\" in [0, 2**63) and a finite \"ts\", "
                                           f"got {header[:80]!r}")
         else:
@@ -387,16 +388,13 @@ def decode_input(frames, n_features: int) -> Sample | Heartbeat:
                               "or 1 (JSON)")
 
 
-_SEQ_END = 1 << 63
-
-
 def _check_seq_ts(seq, ts) -> tuple[int, float]:
     """``seq`` and ``ts`` of a message to encode, as int and float: an integer in
     [0, 2**63) and a finite number (what the decoders accept), else ValueError."""
-    if type(seq) is int and type(ts) is float and 0 <= seq < _SEQ_END and ts - ts == 0.0:
+    if type(seq) is int and type(ts) is float and 0 <= seq < SEQ_LIMIT and ts - ts == 0.0:
         return seq, ts   # (the usual case, on the publish path: no conversion)
     if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, (int, np.integer)) \
-            or not 0 <= seq < _SEQ_END:
+            or not 0 <= seq < SEQ_LIMIT:
         raise ValueError(f"seq must be an integer in [0, 2**63), got {seq!r}")
     if isinstance(ts, (bool, np.bool_)) or not isinstance(ts, (int, float, np.integer, np.floating)) \
             or not math.isfinite(ts):
@@ -407,14 +405,14 @@ def _check_seq_ts(seq, ts) -> tuple[int, float]:
 def _check_seqs_tss(seqs, tss, n: int) -> tuple[list, list]:
     """:func:`_check_seq_ts` for the n sequence numbers and time stamps of a batch, as lists."""
     if (type(seqs) is list and type(tss) is list and len(seqs) == n == len(tss)
-            and all(type(v) is int and 0 <= v < _SEQ_END for v in seqs)
+            and all(type(v) is int and 0 <= v < SEQ_LIMIT for v in seqs)
             and all(type(v) is float and v - v == 0.0 for v in tss)):
         return seqs, tss   # (the usual case, on the publish path: no conversion)
     seqs, tss = np.asarray(seqs), np.asarray(tss)
     if seqs.shape != (n,) or tss.shape != (n,):
         raise ValueError(f"seqs and tss must have shape ({n},) (one per posterior), got "
                          f"{seqs.shape} and {tss.shape}")
-    if n and (seqs.dtype.kind not in "iu" or seqs.min() < 0 or seqs.max() >= _SEQ_END):
+    if n and (seqs.dtype.kind not in "iu" or seqs.min() < 0 or seqs.max() >= SEQ_LIMIT):
         raise ValueError(f"seqs must be integers in [0, 2**63), got {seqs[:5].tolist()!r}...")
     if n and (tss.dtype.kind not in "iuf" or not np.isfinite(tss).all()):
         raise ValueError(f"tss must be finite numbers, got {tss[:5].tolist()!r}...")

@@ -53,7 +53,7 @@ import zmq
 
 from . import _libzmq
 from .fastwire import STOP_ERROR, STOP_SLOW, json_message_bytes, recv_samples, send_posteriors
-from .wire import (ERROR_KINDS, TS_TEXT_BYTES, Heartbeat, Sample, SampleRun, WireError, decode_input,
+from .wire import (ERROR_KINDS, SEQ_LIMIT, TS_TEXT_BYTES, Heartbeat, Sample, SampleRun, WireError, decode_input,
                    encode_heartbeat, topic_name, ts_from_text,
                    encode_posterior, encode_posterior_batch, encode_sample, encode_service_heartbeat,
                    max_frame_bytes, subscription_prefixes)
@@ -935,7 +935,7 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
     if rate is not None and (not rate >= 0 or not math.isfinite(rate)):
         raise ValueError(f"rate must be a positive number of messages per second, got {rate}")
     if isinstance(start_seq, (bool, np.bool_)) or not isinstance(start_seq, (int, np.integer)) \
-            or not 0 <= start_seq <= (1 << 63) - max(len(X), 1):
+            or not 0 <= start_seq <= SEQ_LIMIT - max(len(X), 1):
         raise ValueError(f"start_seq must be an integer in [0, 2**63 - {max(len(X), 1)}] (the {len(X):,} "
                          f"rows' sequence numbers must stay below 2**63), got {start_seq!r}")
     start_seq = int(start_seq)
