@@ -102,7 +102,9 @@ def _as_float_array(x, name: str, keep_scalar: bool = False) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.float64)
 
 
-#: the largest magnitude of an observation a fit takes: it squares them (1e150² = 1e300)
+#: the largest magnitude of an observation a fit takes (a batch fit, a stream's warm-up
+#: start and its learner's subchains): it squares them (1e150² = 1e300; 1e160 made every
+#: start fail with "W must be finite")
 MAX_ABS_VALUE = 1e150
 
 

@@ -37,7 +37,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import exact as _exact
-from .._validation import check_bool, check_positive_int, check_random_state, check_real, unmask
+from .._validation import (MAX_ABS_VALUE, check_bool, check_positive_int, check_random_state, check_real,
+                           unmask)
 from .._blas import limit_blas_threads
 from ..kernels import online as _ko
 from ..kernels import recognition as _rk
@@ -58,10 +59,6 @@ _BLOCK_ROWS = 4096
 #: samples per chunk of the batch path
 _CHUNK = 4096
 _NO_NAN = -(1 << 62)
-#: largest magnitude of a warm-up value: the start fit squares and sums the warm-up's
-#: values, a larger one overflows (1e160 made every start fail with "W must be finite",
-#: and the buffered sample refused every later one)
-_MAX_WARMUP_ABS = 1e150
 #: constructor arguments a checkpoint stores and :meth:`StreamEngine.resume` may override
 _RUNTIME_OVERRIDES = ("learn", "learner_duty", "learn_samples", "learning_rate",
                       "lr_decay_steps", "min_learning_rate", "snapshot_interval",
@@ -930,7 +927,7 @@ class StreamEngine:
             self._check_net_features(x.shape[0], f"the first sample holds {x.shape[0]}", "push: ")
             if _ko.check_sample(np.ascontiguousarray(x)) == _ko.STATUS_INFINITE:
                 self._reject_inf(x)
-            if self._phase == "warmup" and (np.abs(x) > _MAX_WARMUP_ABS).any():
+            if self._phase == "warmup" and (np.abs(x) > MAX_ABS_VALUE).any():
                 self._reject(self._huge_warmup_message(x, "index "))
             self._configure(x.shape[0])
             D = self._D
@@ -1007,7 +1004,7 @@ class StreamEngine:
             status = _ko.check_sample(x)
             if status == _ko.STATUS_INFINITE:
                 self._reject_inf(x)
-            if (np.abs(x) > _MAX_WARMUP_ABS).any():
+            if (np.abs(x) > MAX_ABS_VALUE).any():
                 self._reject(self._huge_warmup_message(x, "index "))
             if (self._wn + 1 >= self._warmup   # this sample ends the warm-up: all or nothing
                     and self._wn_valued + _has_value(x, status) >= self._warmup_needs()):
@@ -1079,8 +1076,8 @@ class StreamEngine:
         return out
 
     def _huge_warmup_message(self, x, where: str, caller: str = "push") -> str:
-        d = int(np.flatnonzero(np.abs(x) > _MAX_WARMUP_ABS)[0])
-        return (f"{caller}: a warm-up sample's values must be at most {_MAX_WARMUP_ABS:g} in "
+        d = int(np.flatnonzero(np.abs(x) > MAX_ABS_VALUE)[0])
+        return (f"{caller}: a warm-up sample's values must be at most {MAX_ABS_VALUE:g} in "
                 f"magnitude (the start fit squares them: a larger one overflows, and no model "
                 f"could start from the warm-up that holds it); found {float(x[d]):g} at {where}{d}")
 
@@ -1133,7 +1130,7 @@ class StreamEngine:
     def _push_many_warmup(self, X):
         parts = []
         k = 0
-        huge = (np.abs(X) > _MAX_WARMUP_ABS).any(axis=1)
+        huge = (np.abs(X) > MAX_ABS_VALUE).any(axis=1)
         while self._phase == "warmup" and k < X.shape[0]:
             if huge[k]:
                 raise ValueError(self._huge_warmup_message(X[k], f"row {k}, column ", "push_many") +
@@ -1259,7 +1256,7 @@ class StreamEngine:
         """Hand the learner a copy of subchain ``seg`` (S samples) ending at ``t``, unless
         it holds a value beyond 1e150 in magnitude: its gradient overflows, and in the
         reservoir it would spoil every minibatch that drew it for a long time."""
-        if not (np.abs(seg) > _MAX_WARMUP_ABS).any():
+        if not (np.abs(seg) > MAX_ABS_VALUE).any():
             self._learner.feed(seg.copy(), t)
 
     def _exact_chunk(self, Xc, out, extra_flags):
