@@ -859,14 +859,11 @@ def _serve(args, state) -> int:
 
 def _check_checkpoint_dir(path) -> None:
     """--checkpoint DIR is (or can be made) a directory we can write to: the service's
-    own check, before the kernels are warmed up rather than after."""
-    try:
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise NotADirectoryError(0, "it is a file, not a directory")
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise CliError(f"--checkpoint {path}: cannot use it as the checkpoint directory: "
-                       f"{exc.strerror or exc}") from None
+    own preparation, before the kernels are warmed up rather than after."""
+    from .service import make_checkpoint_dir
+    problem = make_checkpoint_dir(path)
+    if problem:
+        raise CliError(f"--checkpoint {path}: cannot use it as the checkpoint directory: {problem}")
     _check_writable_dir(path, f"--checkpoint {path}")
 
 

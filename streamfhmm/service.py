@@ -348,6 +348,18 @@ def _check_seconds(name: str, value):
         raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
 
 
+def make_checkpoint_dir(path) -> str | None:
+    """Make ``path`` a checkpoint directory (created if missing); None, or why it cannot
+    be one (a file of that name, no permission)."""
+    try:
+        if os.path.exists(path) and not os.path.isdir(path):
+            return "it is a file, not a directory"
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def _warming_up(engine) -> bool:
     """Whether ``engine`` is still buffering its warm-up (an engine of the host's own
     without the ``warming_up`` attribute never is)."""
@@ -545,13 +557,10 @@ class StreamService:
         self._last_any_out = self.started
         self._closed = False
         if self.checkpoint_dir is not None:
-            try:
-                if os.path.exists(self.checkpoint_dir) and not os.path.isdir(self.checkpoint_dir):
-                    raise NotADirectoryError(0, "it is a file, not a directory")
-                os.makedirs(self.checkpoint_dir, exist_ok=True)
-            except OSError as exc:
+            problem = make_checkpoint_dir(self.checkpoint_dir)
+            if problem:
                 raise CheckpointError(f"cannot use {self.checkpoint_dir} as the checkpoint "
-                                      f"directory: {exc.strerror or exc}") from None
+                                      f"directory: {problem}")
             self._resume_all()
 
     # -- control ---------------------------------------------------------------------
