@@ -616,9 +616,9 @@ def _check_posterior(model, path, mode, posterior, learn) -> None:
 def _needs_new_net(model, mode, posterior) -> bool:
     """Whether a StreamEngine of a fitted ``model`` starts a recognition network of its
     own (trained on a warm-up of the stream, then online): the model has none for
-    ``mode`` (the engine takes a model's centred network for smoothing, none for filtering)."""
-    net = getattr(model, "net_", None)
-    return posterior == "recognition" and not (mode == "smooth" and net is not None and net.mode == "centred")
+    ``mode`` (:func:`~streamfhmm.stream.engine.model_network`)."""
+    from .stream.engine import model_network
+    return posterior == "recognition" and model_network(model, mode, posterior) is None
 
 
 def _check_exact_chains(n_chains, source) -> None:

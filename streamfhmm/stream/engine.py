@@ -50,7 +50,7 @@ from .posterior import FLAG_EDGE, FLAG_IMPUTED, FLAG_WARMUP, Posterior
 from .reservoir import Reservoir
 from .ring import RingBuffer
 
-__all__ = ["StreamEngine", "PosteriorBatch"]
+__all__ = ["StreamEngine", "PosteriorBatch", "model_network"]
 
 _MODES = ("smooth", "filter")
 _POSTERIORS = ("recognition", "exact")
@@ -203,6 +203,17 @@ def _net_mode(mode: str) -> str:
     ``"smooth"`` (the posterior of t - h once sample t is in), a causal one for
     ``"filter"``."""
     return "centred" if mode == "smooth" else "causal"
+
+
+def model_network(model, mode: str, posterior: str):
+    """The recognition network a :class:`StreamEngine` given no ``net`` takes from a
+    fitted ``model``: its centred network, for ``mode="smooth"`` with
+    ``posterior="recognition"``; else None (with ``posterior="recognition"`` the engine
+    then creates one and trains it on the stream's warm-up)."""
+    net = getattr(model, "net_", None)
+    if posterior == "recognition" and mode == "smooth" and net is not None and net.mode == "centred":
+        return net
+    return None
 
 
 def _publish_to(engine_ref):
@@ -410,10 +421,8 @@ class StreamEngine:
             if posterior == "recognition" and net.mode != want:
                 raise ValueError(f"mode={mode!r} needs a {want!r} recognition network, got a "
                                  f"{net.mode!r} one")
-        elif posterior == "recognition" and mode == "smooth":
-            net = getattr(model, "net_", None)
-            if net is not None and net.mode != "centred":
-                net = None
+        else:
+            net = model_network(model, mode, posterior)
         model_net = net if net is not None else getattr(model, "net_", None)
         if model_net is not None:
             if model_net.n_chains != M:
