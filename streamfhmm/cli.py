@@ -254,8 +254,10 @@ def _check_features(model, X, data):
 
 
 def _progress(args) -> bool:
+    """--progress / --no-progress, by default whether stderr is a terminal (as ``fit``)."""
+    from .estimator import _stderr_is_terminal
     p = getattr(args, "progress", None)
-    return sys.stderr.isatty() if p is None else p
+    return _stderr_is_terminal() if p is None else p
 
 
 def _positive_int(s):
