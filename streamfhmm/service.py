@@ -79,10 +79,12 @@ logger = logging.getLogger(__name__)
 
 _RECORD_TAG = "streamfhmm.service-stream"
 _RECORD_VERSION = 1
-_RECORD_RE = re.compile(r"^stream-([0-9a-f]*|h[0-9a-f]{40})\.json$")
-#: an engine file of a checkpoint directory, and a temporary file of an atomic write there
-_ENGINE_FILE_RE = re.compile(r"^(stream-(?:[0-9a-f]*|h[0-9a-f]{40}))\.(\d+)\.npz$")
-_TMP_FILE_RE = re.compile(r"^\.stream-(?:[0-9a-f]*|h[0-9a-f]{40})\.(?:\d+\.npz|json)\.tmp-\d+-\d+$")
+#: a stream's file stem (:func:`_stream_stem`); its record, an engine file, and a
+#: temporary file of an atomic write (:func:`~streamfhmm.io.checkpoint.write_atomically`)
+_STEM = r"stream-(?:[0-9a-f]*|h[0-9a-f]{40})"
+_RECORD_RE = re.compile(rf"^{_STEM}\.json$")
+_ENGINE_FILE_RE = re.compile(rf"^{_STEM}\.\d+\.npz$")
+_TMP_FILE_RE = re.compile(rf"^\.{_STEM}\.(?:\d+\.npz|json)\.tmp-\d+-\d+$")
 #: seconds after which a temporary file of a checkpoint directory is a crash's leftover
 _TMP_MAX_AGE = 3600.0
 #: a JSON number's text (what a time stamp arrives as, or ``repr`` of a finite float)
@@ -574,7 +576,8 @@ class StreamService:
 
     # -- resume / checkpoint -----------------------------------------------------------
     def _resume_all(self):
-        names = sorted(n for n in os.listdir(self.checkpoint_dir) if _RECORD_RE.match(n))
+        listing = os.listdir(self.checkpoint_dir)
+        names = sorted(n for n in listing if _RECORD_RE.match(n))
         if names and self.resume_engine is None:
             raise ValueError(f"{self.checkpoint_dir} holds stream checkpoints but no resume_engine "
                              "was given")
@@ -586,16 +589,17 @@ class StreamService:
                 st.engine.close()
             self.streams.clear()
             raise
-        self._remove_leftovers()
+        self._remove_leftovers(listing)
 
-    def _remove_leftovers(self):
+    def _remove_leftovers(self, listing):
         """Remove what a crash in the middle of a checkpoint leaves in the directory: engine
         files no record names (a new generation whose record was not yet written, an old
         one not yet removed, a first one without a record) and temporary files of atomic
-        writes older than an hour. Only files of the service's own name patterns."""
+        writes older than an hour. Only files of the service's own name patterns, among
+        ``listing`` (the directory's names)."""
         named = {f"{_stream_stem(st.topic)}.{st.generation}.npz" for st in self.streams.values()}
         now = time.time()
-        for name in os.listdir(self.checkpoint_dir):
+        for name in listing:
             path = os.path.join(self.checkpoint_dir, name)
             try:
                 if _ENGINE_FILE_RE.match(name) and name not in named or (
@@ -1102,8 +1106,10 @@ class StreamService:
             keep = self.checkpoint_dir is not None and _warming_up(st.engine)
             if not st.ended and not keep:
                 self._flush(st)
-            if self.checkpoint_dir is not None and not self._checkpoint(st) and keep and not st.ended:
-                self._flush(st)
+            if self.checkpoint_dir is not None:
+                written = self._checkpoint(st)
+                if keep and not written and not st.ended:
+                    self._flush(st)
             try:
                 st.engine.close()
             except Exception as exc:  # noqa: BLE001 - closing must go on for every stream
