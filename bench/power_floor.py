@@ -45,7 +45,6 @@ from streamfhmm.power import (PAPER_MODEL, PAPER_SHORT_NAMES, PAPER_TABLE2, mse_
                               power_split, svi_settings)
 
 
-
 class FlooredStep:
     """``kernels.svi.svi_step`` followed by ``log L_dd ← max(log L_dd, ½ log floor)``."""
 

@@ -39,7 +39,6 @@ from streamfhmm.power import (N_TRAIN, PAPER_COLUMNS, PAPER_SHORT_NAMES, PAPER_T
                               protocol_mse)
 
 
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--covariance-type", default="full", choices=["full", "diag", "spherical"])

@@ -1217,7 +1217,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--features", type=_positive_int, help="values per sample (required with --cold)")
     sv.add_argument("--chains", type=_positive_int, help="with --cold: hidden chains (default 4)")
     sv.add_argument("--window", type=_window,
-                    help=f"with --cold: odd recognition window, at most {_MAX_WINDOW:,} and --warmup (default 5)")
+                    help=f"with --cold: odd recognition window, at most {_MAX_WINDOW:,} (default 5)")
     sv.add_argument("--hidden", type=_positive_int, help="with --cold: hidden units (default 30)")
     sv.add_argument("--share", choices=("chain", "all"), help="with --cold: network sharing (default chain)")
     sv.add_argument("--seed", type=_nonneg_int, default=None, help="with --cold: random seed (>= 0)")
@@ -1313,7 +1313,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the service's cold start (default 0)")
     d.add_argument("--chains", type=_positive_int, default=6, help="hidden chains the service learns (default 6)")
     d.add_argument("--window", type=_window, default=9,
-                   help=f"odd recognition window, at most {_MAX_WINDOW:,} and --warmup (default 9)")
+                   help=f"odd recognition window, at most {_MAX_WINDOW:,} (default 9)")
     d.add_argument("--hidden", type=_positive_int, default=32, help="hidden units per network (default 32)")
     d.add_argument("--calibration-days", type=_bounded_float(0.0, _MAX_DAYS), default=14.0,
                    help="days after the warm-up that calibrate the sub-meter map (default 14; a third of "

@@ -412,8 +412,6 @@ def _with_net_warmup(fit_kwargs: dict) -> dict:
     return fit_kwargs
 
 
-
-
 def format_mse_rows(rows, extra=("fit s",), width: int | None = None) -> list:
     """Lines of a test-MSE table: a header, then one line per row.
 

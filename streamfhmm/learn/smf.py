@@ -360,12 +360,11 @@ def _m_step(params: FHMMParams, X, theta, xi, starts, floor, cov_mode: int = 0,
     keep = lam > GRAM_RCOND * lam[-1]
     Vk = V[:, keep]
     W = params.W + Vk @ ((Vk.T @ (cross - gram @ params.W)) / lam[keep, None])
-    # Σ: the expected residual covariance (1/T) Σ_t E[(y - Wᵀŝ)(y - Wᵀŝ)ᵀ], which equals
-    # (1/T) Σ_t (y yᵀ - Wᵀ E[ŝ] yᵀ) at the W above and is positive semi-definite for any W;
-    # its eigenvalues are floored, the constrained maximiser of F over Σ.
-    # (1/T) Σ_t E[(y - Wᵀŝ)(y - Wᵀŝ)ᵀ] = (1/T)(Σ_t r_t r_tᵀ + Wᵀ Σ_t Cov[ŝ_t] W), r_t = y_t - Wᵀμ_t:
-    # from the residuals, not as YᵀY - WᵀC - CᵀW + WᵀGW, whose terms grow with the data's
-    # offset and cancel (data at 5e6 with noise 0.1 gave a negative variance)
+    # Σ: the expected residual covariance (1/T) Σ_t E[(y - Wᵀŝ)(y - Wᵀŝ)ᵀ]
+    # = (1/T)(Σ_t r_t r_tᵀ + Wᵀ Σ_t Cov[ŝ_t] W), r_t = y_t - Wᵀμ_t, positive semi-definite
+    # for any W; its eigenvalues are floored, the constrained maximiser of F over Σ. From
+    # the residuals, not as YᵀY - WᵀC - CᵀW + WᵀGW, whose terms grow with the data's offset
+    # and cancel (data at 5e6 with noise 0.1 gave a negative variance)
     E = X - mu @ W
     if exact_gram:
         S = (E.T @ E + W.T @ (gram - mu.T @ mu) @ W) / T

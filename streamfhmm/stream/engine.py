@@ -1309,9 +1309,10 @@ class StreamEngine:
 
         In smooth mode these are the last ``h`` positions, from windows padded by
         repeating the last sample (exact mode: the exact smoothing marginals
-        ``p(s_τ | y_1..y_T)``), flagged ``FLAG_EDGE``, and ``FLAG_IMPUTED`` when one of
-        the last ``window`` samples (ending at the newest, which they all use) had a
-        missing value; in filter mode nothing is pending.
+        ``p(s_τ | y_1..y_T)``), flagged ``FLAG_EDGE``, and ``FLAG_IMPUTED`` when a sample
+        they use had a missing value (recognition: the window's samples up to the last;
+        exact mode: the last ``window`` samples, which every one of them is smoothed on);
+        in filter mode nothing is pending.
         The next :meth:`push` starts a new sequence. During the warm-up, the model is
         first initialised from the samples buffered so far.
 
