@@ -329,11 +329,33 @@ def test_replaced_csv_is_parsed_again(tmp_path, monkeypatch):
     assert len(list(cache.glob("householdpower-*.npz"))) == 1     # the old cache removed
 
 
+def test_csv_edited_inside_is_parsed_again(tmp_path, monkeypatch):
+    """An edit that keeps the file's size, past its first and last MiB: the cache was
+    keyed on the size and those two MiB only, and served the old values."""
+    t0 = np.datetime64("2020-01-01T00:00:00")
+    rows = [f"{str(t0 + np.timedelta64(i, 'm')).replace('T', ' ')},{i % 10}.000,2.000" for i in range(100_000)]
+    csv = _tiny(tmp_path, monkeypatch, "date_time,a,b\n" + "\n".join(rows) + "\n")
+    assert csv.stat().st_size > 3 << 20
+    cache = tmp_path / "c"
+    before = load_household_power(cache_dir=cache).values
+    raw = bytearray(csv.read_bytes())
+    i = raw.index(b",2.000", len(raw) // 2)
+    raw[i + 1:i + 6] = b"9.999"
+    csv.write_bytes(bytes(raw))
+    after = load_household_power(cache_dir=cache).values
+    changed = np.flatnonzero((after != before).any(axis=1))
+    assert len(changed) == 1 and after[changed[0], 1] == 9.999
+    np.testing.assert_array_equal(after, parse_household_power_csv(csv)[2])
+
+
 @pytest.mark.parametrize("line,message", [
     (b"2020-01-01 00:00:00.5,1", r"line 2, field 1: expected a date and time \(YYYY-MM-DD HH:MM:SS\), "
                                  r"got '2020-01-01 00:00:00.5'"),
     (b"2020-01-01 00:00:00,1_0", r"line 2, field 2: expected a number or '\?', got '1_0'"),
     (b"2020-01-01 00:00:00,1\r2", r"line \d: expected 2 fields, got 1"),
+    # read as infinities (power_split then called the column constant)
+    (b"2020-01-01 00:00:00,inf", r"line 2, field 2: expected a number or '\?', got 'inf'"),
+    (b"2020-01-01 00:00:00,-1e999", r"line 2, field 2: expected a number or '\?', got '-1e999'"),
 ])
 def test_parser_refuses_what_it_cannot_read_exactly(tmp_path, line, message):
     path = tmp_path / "q.csv"
@@ -355,5 +377,7 @@ def test_bad_arguments_are_value_errors(tmp_path):
         data.select([])
     with pytest.raises(ValueError, match="cache_dir must be a path"):
         load_household_power(cache_dir=123)
+    with pytest.raises(ValueError, match="cache_dir must be a path, got an empty one"):
+        load_household_power(cache_dir="")   # (it wrote the cache to the working directory)
     with pytest.raises(ValueError, match="refresh must be True or False, got 'no'"):
         load_household_power(refresh="no", cache_dir=tmp_path)
