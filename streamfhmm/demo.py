@@ -44,7 +44,8 @@ import numpy as np
 
 from .cli import DIE_WITH_PARENT_ENV, _plural, _restore_handlers, _set_handlers
 from .power import (AGGREGATE_COLUMNS, SUBMETER_COLUMNS, calibration_weights, disaggregation_metrics,
-                    fit_aggregate_baseline, fit_submeter_map, predict_aggregate_baseline, predict_submeters)
+                    fit_aggregate_baseline, fit_submeter_map, metric_table, predict_aggregate_baseline,
+                    predict_submeters)
 
 __all__ = ["DemoError", "DemoResult", "run_demo", "resolve_start", "DEFAULT_RATE", "DEFAULT_SECONDS",
            "DEFAULT_START", "DEFAULT_OUT_DIR", "DEFAULT_WARMUP"]
@@ -778,11 +779,7 @@ def _summary(res: DemoResult, ts, imputed, M, window, rate, on_threshold) -> str
         + ", ".join(f"{c} {v:.3f}" for c, v in zip(AGGREGATE_COLUMNS, res.aggregate_nmse)),
         f"  on/off threshold {on_threshold:g} Wh per minute; baseline: each sub-meter regressed on the "
         "aggregate channels over the same calibration period",
-        f"  {'sub-meter':<16}{'metric':<18}{'FHMM':>8}{'baseline':>10}",
     ]
-    names = {"nde": "NDE (lower)", "energy_accuracy": "energy assigned", "f1": "on/off F1"}
-    for k, sm in enumerate(SUBMETER_COLUMNS):
-        for key, label in names.items():
-            lines.append(f"  {sm:<16}{label:<18}{res.fhmm[key][k]:>8.3f}{res.baseline[key][k]:>10.3f}")
+    lines += metric_table(SUBMETER_COLUMNS, res.fhmm, res.baseline, indent="  ")
     lines += [f"  wrote {p}" for p in res.pngs]
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from streamfhmm.datasets import HOUSEHOLD_POWER_COLUMNS, HouseholdPower
 from streamfhmm.power import (AGGREGATE_COLUMNS, PAPER_COLUMNS, SUBMETER_COLUMNS, PowerSplit,
                               disaggregate_report, disaggregation_metrics, fit_aggregate_baseline,
                               fit_submeter_map, likelihood_per_step, mse_per_dimension,
-                              plot_submeters, power_split, predict_aggregate_baseline,
+                              period_minutes, plot_submeters, power_split, predict_aggregate_baseline,
                               predict_submeters, protocol_mse, protocol_table, range_floor_mse,
                               reconstruction_range, submeter_features, svi_settings)
 
@@ -116,12 +116,16 @@ def test_power_split_synthetic():
     (dict(columns="Voltage"), "columns must be a sequence of column names, got the string 'Voltage'"),
     (dict(columns=()), "columns must be one or more of ['Global_active_power'"),
     (dict(columns=["Voltage", "nope"]), "got ['Voltage', 'nope']"),
+    # (an AttributeError, and for a string 'n_train must be ... (the data has 3 rows)')
+    (dict(data=np.zeros((10, 7))), "data must be a HouseholdPower (streamfhmm.datasets.load_household_power()), "
+                                   "got ndarray"),
+    (dict(data="abc"), "data must be a HouseholdPower"),
 ])
 def test_power_split_refuses_bad_arguments(kwargs, message):
-    kw = dict(n_train=2000)
+    kw = dict(n_train=2000, data=_synthetic_household(3, seed=0))
     kw.update(kwargs)
     with pytest.raises(ValueError, match=re.escape(message)):
-        power_split(_synthetic_household(3, seed=0), **kw)
+        power_split(**kw)
 
 
 def test_mse_per_dimension_known_values():
@@ -276,6 +280,8 @@ def test_reconstruction_range_needs_a_fitted_model():
     (dict(n_scored=True), "n_scored must be an integer >= 1, got True"),
     (dict(exclude_imputed="no"), "exclude_imputed must be True or False, got 'no'"),
     (dict(split=None), "split must be a PowerSplit (power_split()), got NoneType"),
+    (dict(model=None), "model must be an FHMM, got NoneType"),     # (AttributeError)
+    (dict(model=FHMM(n_chains=2)), "this FHMM has no parameters yet"),
 ])
 def test_protocol_mse_refuses_bad_arguments(kwargs, message):
     model = FHMM.from_params(W=[[1.0, 0.0], [0.0, 1.0]], covariance=0.3 * np.eye(2),
@@ -284,10 +290,10 @@ def test_protocol_mse_refuses_bad_arguments(kwargs, message):
     split = PowerSplit(columns=("a", "b"), train=X[:10], test=X[10:], mean=np.zeros(2),
                        std=np.ones(2), train_timestamps=np.arange(10), test_timestamps=np.arange(20),
                        train_imputed=np.zeros(10, dtype=bool), test_imputed=np.zeros(20, dtype=bool))
-    kw = dict(split=split, n_scored=10, method="exact")
+    kw = dict(model=model, split=split, n_scored=10, method="exact")
     kw.update(kwargs)
     with pytest.raises(ValueError, match=re.escape(message)):
-        protocol_mse(model, **kw)
+        protocol_mse(**kw)
 
 
 def test_svi_settings_net_warmup():
@@ -330,7 +336,9 @@ def test_disaggregation_metrics_known_answers():
     # sub-meter 0: errors 0, 0, -5, 5; Σy² = 200, Σy = 20
     # sub-meter 1: errors 0, 4, 0, 0; Σy² = 8, Σy = 4
     np.testing.assert_allclose(m["nde"], [50.0 / 200.0, 16.0 / 8.0], rtol=1e-15)
-    np.testing.assert_allclose(m["energy_accuracy"], [1 - 10.0 / 40.0, 1 - 4.0 / 8.0], rtol=1e-15)
+    # energy assigned, over both together: Σ|error| = 10 + 4, Σy = 20 + 4
+    assert m["energy_accuracy"].shape == ()
+    np.testing.assert_allclose(m["energy_accuracy"], 1 - 14.0 / 48.0, rtol=1e-15)
     # on (≥ 5): truth [0 1 1 0] vs estimate [0 1 1 1] → TP 2, FP 1, FN 0 → F1 = 4/5;
     # sub-meter 1 truth never on, estimate on once → TP 0, FP 1 → F1 = 0, precision 0
     np.testing.assert_allclose(m["f1"], [0.8, 0.0], rtol=1e-15)
@@ -352,22 +360,24 @@ def _metrics_reference(Y, E, on_threshold, mask=None):
     sub-meter's true energy is 0)."""
     rows = [t for t in range(Y.shape[0]) if np.isfinite(Y[t]).all() and np.isfinite(E[t]).all()
             and not (mask is not None and mask[t])]
-    out = {k: [] for k in ("nde", "energy_accuracy", "f1", "precision", "recall")}
+    out = {k: [] for k in ("nde", "f1", "precision", "recall")}
+    total = sum(float(Y[t, k]) for t in rows for k in range(Y.shape[1]))
+    wrong = sum(abs(float(E[t, k]) - float(Y[t, k])) for t in rows for k in range(Y.shape[1]))
     for k in range(Y.shape[1]):
         y = [float(Y[t, k]) for t in rows]
         e = [float(E[t, k]) for t in rows]
         energy = sum(y)
         out["nde"].append(sum((a - b) ** 2 for a, b in zip(e, y)) / sum(b * b for b in y)
                           if energy > 0 else np.nan)
-        out["energy_accuracy"].append(1 - sum(abs(a - b) for a, b in zip(e, y)) / (2 * energy)
-                                      if energy > 0 else np.nan)
         tp = sum(1 for a, b in zip(e, y) if a >= on_threshold and b >= on_threshold)
         fp = sum(1 for a, b in zip(e, y) if a >= on_threshold and b < on_threshold)
         fn = sum(1 for a, b in zip(e, y) if a < on_threshold and b >= on_threshold)
         out["f1"].append(2 * tp / (2 * tp + fp + fn) if 2 * tp + fp + fn else np.nan)
         out["precision"].append(tp / (tp + fp) if tp + fp else np.nan)
         out["recall"].append(tp / (tp + fn) if tp + fn else np.nan)
-    return {k: np.array(v) for k, v in out.items()}
+    out = {k: np.array(v) for k, v in out.items()}
+    out["energy_accuracy"] = np.array(1 - wrong / (2 * total) if total > 0 else np.nan)
+    return out
 
 
 def test_disaggregation_metrics_match_reference():
@@ -389,8 +399,12 @@ def test_disaggregation_metrics_match_reference():
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-12, err_msg=k)
     got = disaggregation_metrics(Y, E, 5.0)
-    assert np.isnan(got["nde"][2:]).all() and np.isnan(got["energy_accuracy"][2:]).all()
+    assert np.isnan(got["nde"][2:]).all() and np.isfinite(got["energy_accuracy"])
     assert got["f1"][2] == 0.0 and np.isnan(got["f1"][3])
+    # energy assigned is joint: an estimate of 0 scores 1/2 whatever the meters; NaN only
+    # when no meter recorded energy
+    assert disaggregation_metrics(Y, np.zeros_like(Y), 5.0)["energy_accuracy"] == 0.5
+    assert np.isnan(disaggregation_metrics(Y[:, 2:], E[:, 2:], 5.0)["energy_accuracy"])
 
 
 def test_disaggregation_metrics_scale_free_near_float_range():
@@ -505,6 +519,50 @@ def test_aggregate_baseline_refuses_undetermined_weights():
     assert predict_aggregate_baseline(A, coef).shape == (10, 2)
 
 
+def test_rows_without_a_value_are_read_interpolated_and_left_out_of_the_scores():
+    """An SVI model's networks impute a missing value in a row, not a row without any:
+    ``protocol_mse`` on a ``power_split(imputed="nan")`` split, and ``disaggregate_report``
+    on data with rows missing every aggregate value, refused them ("X has a row with every
+    value missing"). Such rows are now read interpolated and not scored."""
+    seed = 5
+    print(f"seed={seed}")
+    data = _synthetic_household(5, seed)
+    split = power_split(data, n_train=2900, imputed="nan")     # test rows 80-89 hold NaN
+    agg = power_split(data, AGGREGATE_COLUMNS, n_train=2 * 1440)
+    model = FHMM(n_chains=3, window=3, n_hidden=8, share_hidden="chain", random_state=seed)
+    model.fit(power_split(data, n_train=2900).train, max_iter=60, net_warmup=0, progress=False)
+    empty = np.isnan(split.test[:600]).all(axis=1)
+    assert empty.sum() == 10
+    filled = split.test[:600].copy()
+    t = np.arange(600)
+    for d in range(filled.shape[1]):
+        filled[empty, d] = np.interp(t[empty], t[~empty], filled[~empty, d])
+    want = ((model.reconstruct(filled) - split.test[:600])[~empty] ** 2).mean(axis=0)
+    np.testing.assert_allclose(protocol_mse(model, split, 600), want, rtol=1e-12)
+    # the aggregate, with an hour of the evaluation period missing every value
+    small = FHMM(n_chains=2, window=3, n_hidden=8, share_hidden="chain", random_state=seed)
+    small.fit(agg.train, max_iter=60, net_warmup=0, progress=False)
+    values = data.values.copy()
+    cols = [list(data.columns).index(c) for c in AGGREGATE_COLUMNS]
+    hole = slice(2 * 1440 + 1440 + 200, 2 * 1440 + 1440 + 260)
+    values[hole, cols] = np.nan
+    holed = HouseholdPower(timestamps=data.timestamps, columns=list(data.columns), values=values,
+                           imputed=data.imputed)
+    kw = dict(model=small, n_train=2 * 1440, calibration_days=1, evaluation_days=1.5)
+    full = disaggregate_report(data, **kw)
+    report = disaggregate_report(holed, **kw)
+    assert report.n_evaluation == full.n_evaluation - 60
+    for m in (report.fhmm, report.baseline):
+        assert np.isfinite(m["nde"]).all() and np.isfinite(m["energy_accuracy"])
+
+
+def test_period_minutes():
+    assert period_minutes(1) == 1440 and period_minutes(0.5 / 1440) == 0
+    for bad in (float("inf"), float("nan"), "1", True):     # (inf: OverflowError)
+        with pytest.raises(ValueError, match="days must be a finite number, got"):
+            period_minutes(bad)
+
+
 def test_disaggregate_report_synthetic(tmp_path):
     pytest.importorskip("matplotlib")
     seed = 2
@@ -517,7 +575,7 @@ def test_disaggregate_report_synthetic(tmp_path):
     assert report.submeters == SUBMETER_COLUMNS
     for m in (report.fhmm, report.baseline):
         assert set(m) == {"nde", "energy_accuracy", "f1", "precision", "recall"}
-        assert all(v.shape == (3,) for v in m.values())
+        assert all(v.shape == (() if k == "energy_accuracy" else (3,)) for k, v in m.items())
     assert report.n_calibration == 1440 - 10  # the imputed rows are left out of the fit
     assert report.n_evaluation == 2160
     assert report.aggregate_mse.shape == (len(AGGREGATE_COLUMNS),)
@@ -628,11 +686,12 @@ def test_protocol_table_small():
     seed = 4
     print(f"seed={seed}")
     data = _synthetic_household(3, seed)
-    split = power_split(data, n_train=3000)
+    split = power_split(data, n_train=2900)   # (the ten imputed rows are test rows 80-89)
+    assert split.test_imputed[:600].sum() == 10
     table = protocol_table(split, n_scored=600, train_rows=2000, smf_full=False, random_state=seed,
                            svi_kwargs=dict(max_iter=30, init="kmeans"), n_bound_rows=300)
     names = [r.name for r in table.rows]
-    assert names == ["paper SMF-EM (last 5,000)", "paper proposed", "ours SMF-EM (last 5,000)",
+    assert names == ["paper SMF-EM (last 5,000)", "paper proposed", "ours SMF-EM (last 2,000)",
                      "ours proposed (SVI)"]
     assert table.n_scored == 600
     for r in table.rows[2:]:
@@ -647,8 +706,13 @@ def test_protocol_table_small():
         assert r.info["per_step"] == likelihood_per_step(table.models[r.name], split.train[-300:])
     assert table.rows[2].info["per_step"]["elbo"] is None
     np.testing.assert_allclose(table.rows[-1].mse, protocol_mse(svi, split, 600), rtol=1e-12)
-    smf = table.models["ours SMF-EM (last 5,000)"]
+    smf = table.models["ours SMF-EM (last 2,000)"]
     np.testing.assert_allclose(table.rows[2].mse, protocol_mse(smf, split, 600, method="smf"), rtol=1e-12)
+    # the second table leaves the imputed test rows out
+    for r, model, method in ((table.rows[-1], svi, None), (table.rows[2], smf, "smf")):
+        clean = protocol_mse(model, split, 600, method=method, exclude_imputed=True)
+        np.testing.assert_allclose(r.mse_excluding_imputed, clean, rtol=1e-12)
+        assert not np.allclose(r.mse_excluding_imputed, r.mse, rtol=1e-6)
     n_test = split.test.shape[0]
     assert table.n_test == n_test and n_test > 600
     np.testing.assert_allclose(table.rows[-1].mse_all_test, protocol_mse(svi, split, None), rtol=1e-12)
@@ -656,9 +720,9 @@ def test_protocol_table_small():
                                rtol=1e-12)
     assert table.rows[0].mse_all_test is None  # the paper's rows: published figures only
     text = table.format()
-    assert "0.082" in text and "ours proposed / paper proposed, first 600 test rows" in text
+    assert "0.082" in text and "ours proposed (first 600 test rows) / paper proposed (all its test rows)" in text
     assert f"the same on all {n_test:,} test rows" in text
-    assert f"ours proposed / paper proposed, all {n_test:,} test rows" in text
+    assert f"ours proposed (all {n_test:,} test rows) / paper proposed (all its test rows)" in text
     assert "per step, on the last 300 training rows" in text
 
 
@@ -731,7 +795,7 @@ def test_likelihood_per_step_orders_the_bounds():
     (dict(evaluation_days="1"), "evaluation_days must be a number of days, got '1'"),
     # 3 minutes: the map of 1 chain ([θ, 1]) could be fitted, the baseline's 4 weights not
     (dict(calibration_days=3 / 1440, model_kwargs=dict(n_chains=1)),
-     "the calibration period has 3 usable rows (calibration_days = 0.00208333, imputed rows left out); "
+     "the calibration period has 3 usable rows (calibration_days = 0.00208333, imputed rows and rows missing a value left out); "
      "at least 4 are needed: the sub-meter map has 2 weights per sub-meter, the baseline 4"),
     (dict(calibration_days=1, both_states=True, model_kwargs=dict(n_chains=1000)),
      "the calibration period has 1,430 usable rows"),
