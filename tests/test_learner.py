@@ -431,3 +431,53 @@ def test_load_arrays_refuses_negative_mean_squares_and_bad_counters():
             fresh.load_arrays(bad)
     fresh.load_arrays(good)
     np.testing.assert_array_equal(fresh.sq, good["sq"])
+
+
+def test_an_idle_thread_backs_off_and_wakes_at_once():
+    """A thread with nothing to do (a disabled learner) waited idle_sleep (2 ms) each
+    round: 500 wake-ups a second, about 4 % of a core per idle engine. Its waits now
+    double up to 0.1 s; wake() (as setting an engine's ``learning``) ends one at once
+    and starts the doubling again. The waits asked for are recorded, not timed."""
+    learner = _learner()
+    learner.enabled = False
+    th, _ = _thread(learner, 1.0)
+    waits = []
+    wait = th._wake.wait
+
+    def recording_wait(timeout=None):
+        waits.append(timeout)
+        return wait(timeout)
+    th._wake.wait = recording_wait
+    th.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(waits) < 12 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = list(waits[:12])
+        assert first[:7] == [0.002 * 2 ** k for k in range(6)] + [0.1], first
+        assert all(w == 0.1 for w in first[7:]), first
+        n = len(waits)
+        th.wake()
+        while len(waits) < n + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert waits[n:n + 2] == [0.002, 0.004], waits[n - 2:]
+        assert learner.steps == 0
+    finally:
+        th.stop(10)
+    assert not th.is_alive()
+
+
+def test_enabling_an_engine_s_learner_wakes_its_thread():
+    params = FHMMParams.random(2, 3, random_state=SEED, noise=0.4)
+    model = FHMM.from_params(params.W, params.covariance, params.transmat, params.startprob)
+    X, _ = params.sample(300, random_state=SEED)
+    print(f"seed={SEED}")
+    with StreamEngine(model, learn=True, warmup=100, warmup_steps=2, learner_duty=1.0) as eng:
+        eng.learning = False
+        eng.push_many(X)
+        woken = []
+        eng._thread.wake = lambda: woken.append(1)
+        eng.learning = False
+        assert woken == []
+        eng.learning = True
+        assert woken == [1]

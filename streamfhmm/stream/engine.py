@@ -1442,6 +1442,8 @@ class StreamEngine:
         self._learning_wanted = value
         if self._learner is not None:
             self._learner.enabled = value
+            if value and self._thread is not None:
+                self._thread.wake()   # (an idle thread waits up to 0.1 s)
 
     @property
     def learner_duty(self) -> float:
