@@ -1232,3 +1232,42 @@ def test_masked_entries_are_missing_values():
                           eng.metrics()["imputed"])
     np.testing.assert_array_equal(runs["masked"][0], runs["nan"][0])
     assert runs["masked"][1:] == runs["nan"][1:] and runs["nan"][2] == 4
+
+
+def test_snapshot_weights_are_read_only_and_kernels_get_one_array_type():
+    """A snapshot's weights stay read-only; the kernels read the same memory typed
+    writeable, so that Numba compiles the network's forward pass once for the learner
+    and the inference path (a read-only array is another type: it was compiled twice,
+    4-15 s of a first run)."""
+    from streamfhmm.stream.learner import make_snapshot
+    w = np.arange(6.0)
+    snap = make_snapshot(3, _model().params_, w)
+    w[0] = 99.0
+    assert not snap.weights.flags.writeable and snap.weights[0] == 0.0
+    assert snap.kernel_weights.flags.writeable and np.shares_memory(snap.weights, snap.kernel_weights)
+    with pytest.raises(ValueError, match="read-only"):
+        snap.weights[0] = 1.0
+    # the inference kernels get that writeable alias (the learner's weights are writeable)
+    from streamfhmm.stream import engine as engine_module
+    model = _model(seed=50)
+    X = _data(model, 300, seed=51)
+    net = _net(model, "centred", X, seed=52)
+    seen = []
+
+    def spy(name):
+        kernel = getattr(engine_module._ko, name)
+
+        def call(*args):
+            seen.append([a for a in args if isinstance(a, np.ndarray) and a.shape == (net.n_weights,)])
+            return kernel(*args)
+        return call
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("recognition_push", "recognition_block"):
+            mp.setattr(engine_module._ko, name, spy(name))
+        with StreamEngine(model, learn=False, net=net) as eng:
+            for x in X[:50]:
+                eng.push(x)
+            eng.push_many(X[50:])
+            weights = eng.snapshot.weights
+    assert len(seen) >= 51 and all(len(ws) == 1 for ws in seen)
+    assert all(ws[0].flags.writeable and np.shares_memory(ws[0], weights) for ws in seen)

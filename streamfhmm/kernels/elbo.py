@@ -379,7 +379,9 @@ def _emission(y, theta_row, g_theta_row, W, L, P, WP, c, const, mats, vecs, wmis
               obs, obs_prev, gW, gSigma):
     """Dispatch one row to the fully observed or the missing-value path."""
     D = W.shape[1]
-    n_obs = 0
+    # (an int64 from the start: a literal 0 had the missing-value path compiled twice,
+    # once for the type Literal[int](0) that inference passes through, about 3 s)
+    n_obs = D - D
     for d in range(D):
         if not math.isnan(y[d]):
             obs[n_obs] = d

@@ -191,10 +191,12 @@ def consecutive_windows(Z, window, mean, scale, zs, out):
         for d in range(D):
             v = Z[r, d]
             zs[r, d] = 0.0 if v != v else (v - mean[d]) / scale[d]
-    flat = zs.reshape(-1)
-    K = window * D
+    # (element by element: a slice assignment compiles a shape check whose error message
+    # alone took 3.6 s of a first run's compilation)
     for i in range(n):
-        out[i, :] = flat[i * D:i * D + K]   # a window is a contiguous run of the rows
+        for k in range(window):
+            for d in range(D):
+                out[i, k * D + d] = zs[i + k, d]
 
 
 @jit

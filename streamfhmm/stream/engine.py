@@ -1047,7 +1047,7 @@ class StreamEngine:
                 self._loglik_n += 1
         else:
             status = _ko.recognition_push(x, self._ring.buf, t % C, C, emit, (t - W + 1) % C,
-                                          snap.weights, self._layout, self._nmean, self._nscale,
+                                          snap.kernel_weights, self._layout, self._nmean, self._nscale,
                                           self._scratch, snap.params.W, self._tb, self._rb,
                                           self._mb, i)
         if status == _ko.STATUS_INFINITE:
@@ -1201,7 +1201,7 @@ class StreamEngine:
             info = self._info
             ne = _ko.recognition_block(Xc, self._ring.buf, self._ring.capacity, t, self._seq_start,
                                        self._window, self._lag, self._hist, self._nmean, self._nscale,
-                                       snap.weights, self._layout, snap.params.W, snap.version,
+                                       snap.kernel_weights, self._layout, snap.params.W, snap.version,
                                        extra_flags, self._Z, self._cs, self._Zs, self._Xw, self._hidden,
                                        tau, theta, rho, mean, version, flags, info)
             out.commit(ne)
@@ -1231,7 +1231,7 @@ class StreamEngine:
             return None
         snap = self._snapshot
         return LaneState(self._ring.buf, self._ring.capacity, self._t, self._seq_start, self._window,
-                         self._lag, self._hist, self._nmean, self._nscale, snap.weights, self._layout,
+                         self._lag, self._hist, self._nmean, self._nscale, snap.kernel_weights, self._layout,
                          snap.params.W, snap.version, self._Z, self._cs, self._Zs, self._Xw,
                          self._hidden, self._info)
 
@@ -1352,7 +1352,7 @@ class StreamEngine:
                 for k in range(n):
                     tau = tau0 + k
                     _rk.forward_one(ring.flat, ring.first_row(tau + h, self._window) * D,
-                                    snap.weights, self._layout, self._nmean, self._nscale,
+                                    snap.kernel_weights, self._layout, self._nmean, self._nscale,
                                     self._scratch, theta[k], rho[k])
                     _ko.reconstruct(theta[k], snap.params.W, mean[k])
             if self._exact_mode:

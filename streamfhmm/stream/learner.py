@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -114,12 +114,18 @@ class Snapshot:
         Read-only copy of the inference network's weights (recognition mode).
     exact : ExactTables or None
         Tables of the exact kernels (exact mode).
+    kernel_weights : ndarray or None
+        The memory of ``weights`` as a writeable array, for the compiled kernels only
+        (which never write it): Numba compiles a kernel once per array type, and a
+        read-only argument is another type, so the network's forward pass was compiled
+        twice, for the learner's weights and for these (4-15 s of a first run).
     """
 
     version: int
     params: FHMMParams
     weights: np.ndarray | None
     exact: ExactTables | None
+    kernel_weights: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def W(self) -> np.ndarray:
@@ -128,9 +134,13 @@ class Snapshot:
 
 def make_snapshot(version: int, params: FHMMParams, weights=None, exact: bool = False) -> Snapshot:
     """A :class:`Snapshot`; ``weights`` is copied, the exact tables computed if ``exact``."""
-    return Snapshot(version=int(version), params=params,
-                    weights=None if weights is None else _frozen(weights),
-                    exact=ExactTables.from_params(params) if exact else None)
+    kernel = view = None
+    if weights is not None:
+        kernel = np.array(weights, dtype=np.float64, order="C", copy=True)
+        view = kernel.view()
+        view.setflags(write=False)
+    return Snapshot(version=int(version), params=params, weights=view,
+                    exact=ExactTables.from_params(params) if exact else None, kernel_weights=kernel)
 
 
 class Learner:
