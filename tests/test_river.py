@@ -48,23 +48,27 @@ def _logpdf_obs(y, mean, S):
     return multivariate_normal(mean[obs], S[np.ix_(obs, obs)]).logpdf(y[obs])
 
 
-def naive_filter(p: FHMMParams, X):
+def naive_filter(p, X):
     """Exact filtering by enumerating the joint states with an explicit 2^M x 2^M
     transition matrix and scipy densities over the observed dimensions.
 
+    ``p``: an FHMMParams, or a list of them, the parameters of each step t (the start
+    probabilities are those of step 0; step t's transition leads into s_t).
+
     Returns theta (T, M) = p(s_t^m = 1 | y_1..t) and logc (T,) = log p(y_t | y_<t)."""
-    M = p.n_chains
+    steps = p if isinstance(p, list) else [p] * len(X)
+    M = steps[0].n_chains
     st = _states(M)
     K = len(st)
-    A = p.transmat
-    T = np.array([[np.prod([A[m, st[i, m], st[j, m]] for m in range(M)]) for j in range(K)]
-                  for i in range(K)])
-    pi = np.prod(np.where(st == 1, p.startprob, 1 - p.startprob), axis=1)
-    means = st @ p.W[:-1] + p.W[-1]
-    S = p.covariance
     theta, logc = np.empty((len(X), M)), np.empty(len(X))
     alpha = None
-    for t, y in enumerate(X):
+    for t, (y, q) in enumerate(zip(X, steps)):
+        A = q.transmat
+        T = np.array([[np.prod([A[m, st[i, m], st[j, m]] for m in range(M)])
+                       for j in range(K)] for i in range(K)])
+        pi = np.prod(np.where(st == 1, q.startprob, 1 - q.startprob), axis=1)
+        means = st @ q.W[:-1] + q.W[-1]
+        S = q.covariance
         pred = pi if t == 0 else alpha @ T
         lik = np.exp([_logpdf_obs(y, means[k], S) for k in range(K)])
         joint = pred * lik
@@ -157,36 +161,76 @@ def test_check_estimator(cls, i, monkeypatch):
 # --------------------------------------------------------------------------------------
 # the stream contract
 # --------------------------------------------------------------------------------------
+def _settled(engine, pause=0.2):
+    """No snapshot was published for ``pause`` seconds."""
+    version = engine.version
+    time.sleep(pause)
+    return engine.version == version
+
+
+@pytest.mark.parametrize("learn", [False, True], ids=["fixed", "learning"])
 @pytest.mark.parametrize("posterior", ["exact", "recognition"])
-def test_preview_commits_nothing_and_matches_the_committed_result(posterior):
+def test_preview_commits_nothing_and_matches_the_committed_result(posterior, learn):
+    """A preview of x equals what learning x commits when the parameters are the same for
+    both: always with learn=False; with learning on (a snapshot published after every
+    learner step, at full duty) whenever no snapshot was published in between, and for
+    every sample once learning is paused. In exact mode the adapter stepped a forward
+    message of its own with the snapshot it read after each push: whenever the learner
+    published in between, the previews (and committed scores) drifted from the engine's
+    filter for many samples."""
     m = _model(seed=1)
-    X, _ = m.params_.sample(300, random_state=2)
+    T, pause_at = (1100, 900) if learn else (300, None)
+    X, _ = m.params_.sample(T, random_state=2)
     print("data seed=2")
     X[np.random.default_rng(3).random(X.shape) < 0.1] = np.nan  # some missing values
     xs = _dicts(X)
-    tr = FHMMTransformer(model=m, posterior=posterior, learn=False, warmup=100,
-                         warmup_steps=50, seed=0, features=("x0", "x1", "x2"))
-    assert tr.transform_one(xs[0]) == {}  # nothing learnt yet
-    gaps = []
+    engine_params = ({"snapshot_interval": 1, "learner_duty": 1.0, "net_burnin": 0} if learn
+                     else None)
+    tr = FHMMTransformer(model=m, posterior=posterior, learn=learn, warmup=100,
+                         warmup_steps=50, seed=0, features=("x0", "x1", "x2"),
+                         engine_params=engine_params)
+    # nothing learnt yet: a fitted exact model has no warm-up (x is the first sample)
+    assert (tr.transform_one(xs[0]) == {}) is (posterior == "recognition")
+    gaps, paused = [], []
     for t, x in enumerate(xs):
-        if tr.ready:
-            n = tr.engine.n_samples
-            first = tr.transform_one(x)
-            assert tr.transform_one(x) == first and tr.engine.n_samples == n  # pure
+        if t == pause_at:
+            tr.learning = False
+            assert _wait_for(lambda: _settled(tr.engine))
+        elif learn and t < pause_at:
+            time.sleep(0.002)  # a stream slow enough for the learner to publish in between
+        version = tr.engine.version if tr.engine is not None else 0
+        first = tr.transform_one(x)
+        if first:
+            n = tr.engine.n_samples if tr.engine is not None else 0
+            again = tr.transform_one(x)
+            assert (tr.engine.n_samples if tr.engine is not None else 0) == n  # pure
         assert tr.learn_one(x) is None
         committed = tr.transform_one(x)  # the same dict: the committed posterior
-        if tr.ready and t > 100:
+        if first and tr.engine.version == version:  # the same parameters for both
+            assert again == first
             gaps.append(max(abs(first[k] - committed[k]) for k in committed))
+            if pause_at is not None and t >= pause_at:
+                paused.append(t)
+        if committed:
             # an equal dict that is not the one learnt is the NEXT sample's preview
-            again = tr.transform_one(dict(x))
-            assert again != committed
+            assert tr.transform_one(dict(x)) != committed
     assert tr.engine.metrics()["samples"] == len(xs)  # every sample pushed once
-    print(f"posterior={posterior} max |preview - committed| = {max(gaps):.2e}")
+    print(f"posterior={posterior} learn={learn}: {len(gaps)} previews compared, "
+          f"{tr.engine.version} snapshots published, max |preview - committed| = "
+          f"{max(gaps):.2e}")
+    assert len(gaps) >= (len(xs) if posterior == "exact" and not learn else 150)
+    if learn:
+        assert tr.engine.version >= 100      # the learner published all along
+        assert paused == list(range(pause_at, len(xs)))
     assert max(gaps) < 1e-12
     tr.close()
 
 
 def test_exact_transformer_and_scorer_against_brute_force():
+    """Committed results and previews, the first sample's included: a fitted model with
+    exact filtering has no warm-up, and with the features given the first sample was
+    scored 0.0 (and transformed to {}) before its learn_one, so that the prequential
+    scores missed -log p(x_1)."""
     m = _model(M=2, D=3, seed=4)
     X, _ = m.params_.sample(120, random_state=5)
     print("data seed=5")
@@ -197,10 +241,10 @@ def test_exact_transformer_and_scorer_against_brute_force():
     feats = ("x0", "x1", "x2")
     tr = FHMMTransformer(model=m, posterior="exact", learn=False, features=feats)
     sc = FHMMAnomalyScorer(model=m, learn=False, features=feats)  # "auto": exact for M <= 12
-    got_theta, got_score, previews = [], [], []
-    for t, x in enumerate(xs):
-        if t:
-            previews.append(sc.score_one(x))
+    got_theta, got_score, previews, theta_previews = [], [], [], []
+    for x in xs:
+        previews.append(sc.score_one(x))
+        theta_previews.append([tr.transform_one(x)[f"chain_{j}"] for j in range(2)])
         tr.learn_one(x)
         sc.learn_one(x)
         got_theta.append([tr.transform_one(x)[f"chain_{j}"] for j in range(2)])
@@ -210,19 +254,116 @@ def test_exact_transformer_and_scorer_against_brute_force():
           "max score error", np.abs(got_score + logc).max())
     np.testing.assert_allclose(got_theta, theta, atol=1e-10)
     np.testing.assert_allclose(got_score, -logc, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(previews, got_score[1:], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(previews, got_score, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(theta_previews, got_theta, rtol=0, atol=1e-12)
     assert got_score[17] == 0.0
-    # with nothing missing the scores sum to the exact log-likelihood of the model
+    # with nothing missing the scores sum to the exact log-likelihood of the model, the
+    # committed ones and the prequential ones (each sample scored before it is learnt)
     Y, _ = m.params_.sample(200, random_state=8)
+    print("data seed=8")
     sc2 = FHMMAnomalyScorer(model=m, learn=False)
-    total = 0.0
+    sc3 = FHMMAnomalyScorer(model=m, learn=False, features=feats)
+    total = prequential = 0.0
     for x in _dicts(Y):
+        prequential -= sc3.score_one(x)
+        sc3.learn_one(x)
         sc2.learn_one(x)
         total -= sc2.score_one(x)
-    print(f"sum of -scores {total:.10f}, FHMM.score {m.score(Y):.10f}")
+    print(f"sum of -scores {total:.10f}, prequential {prequential:.10f}, "
+          f"FHMM.score {m.score(Y):.10f}")
     assert total == pytest.approx(m.score(Y), rel=1e-10)
-    for a in (tr, sc, sc2):
+    assert prequential == pytest.approx(m.score(Y), rel=1e-10)
+    for a in (tr, sc, sc2, sc3):
         a.close()
+
+
+def test_exact_committed_state_comes_from_the_parameters_of_the_push():
+    """Exact filtering while the parameters change: the committed posterior, the
+    committed score and the next preview follow the parameters the engine filtered each
+    sample with. The learner thread may publish a snapshot at any time, also between the
+    engine's push and the adapter's reading of it; here one is published right after
+    every push, alternating two parameter sets (as the thread's publish does, by setting
+    the engine's snapshot). The adapter stepped a forward message of its own with the
+    snapshot it read after the push: the next sample's parameters. Against brute-force
+    filtering with the parameters of each step."""
+    from streamfhmm.stream.learner import make_snapshot
+    m = _model(M=2, D=3, seed=41)
+    other = FHMMParams.random(2, 3, random_state=42, noise=0.4, switch=(0.05, 0.2))
+    X, _ = m.params_.sample(60, random_state=43)
+    print("other parameters seed=42, data seed=43")
+    X[np.random.default_rng(44).random(X.shape) < 0.1] = np.nan
+    print("missing values seed=44")
+    xs = _dicts(X)
+    snaps = [make_snapshot(0, m.params_, None, True), make_snapshot(1, other, None, True)]
+    feats = ("x0", "x1", "x2")
+    tr = FHMMTransformer(model=m, posterior="exact", learn=False, features=feats)
+    sc = FHMMAnomalyScorer(model=m, posterior="exact", learn=False, features=feats)
+    used = {tr: [], sc: []}   # the parameters each push filtered with
+
+    def publish_after_every_push(adapter):
+        engine = adapter.engine
+        push = engine.push
+
+        def push_then_publish(x):
+            used[adapter].append(engine.snapshot.params)
+            out = push(x)
+            engine._snapshot = snaps[len(used[adapter]) % 2]
+            return out
+        engine.push = push_then_publish
+
+    got = {tr: [], sc: []}
+    previews = {tr: [], sc: []}
+    for t, x in enumerate(xs):
+        previews[tr].append([tr.transform_one(x)[f"chain_{j}"] for j in range(2)])
+        previews[sc].append(sc.score_one(x))
+        if t == 0:  # (no engine before the first learn_one)
+            used[tr].append(m.params_)
+            used[sc].append(m.params_)
+        for a in (tr, sc):
+            a.learn_one(x)
+            if t == 0:
+                publish_after_every_push(a)
+                a.engine._snapshot = snaps[1]
+        got[tr].append([tr.transform_one(x)[f"chain_{j}"] for j in range(2)])
+        got[sc].append(sc.score_one(x))
+    assert used[tr][1] is other and used[tr][2] is m.params_  # they did change
+    theta, logc = naive_filter(used[tr], X)
+    assert all(p is q for p, q in zip(used[tr], used[sc]))
+    print("max score error", np.abs(np.array(got[sc]) + logc).max(),
+          "max preview error", np.abs(np.array(previews[sc]) + logc).max())
+    np.testing.assert_allclose(got[tr], theta, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(got[sc], -logc, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(previews[tr], theta, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(previews[sc], -logc, rtol=1e-10, atol=1e-10)
+    tr.close()
+    sc.close()
+
+
+def test_exact_cold_start_filters_the_whole_warmup():
+    """A cold exact scorer: the forward message the first scores after the warm-up come
+    from covers every warm-up sample, filtered with the parameters fitted on the
+    warm-up. Against brute-force filtering of the stream from its start with the
+    engine's starting parameters (held fixed: learn=False)."""
+    m = _model(M=2, D=3, seed=45)
+    X, _ = m.params_.sample(130, random_state=46)
+    print("data seed=46, adapter seed=0")
+    sc = FHMMAnomalyScorer(n_chains=2, window=3, n_hidden=4, warmup=100, warmup_steps=20,
+                           learn=False, seed=0)
+    previews, committed = [], []
+    for t, x in enumerate(_dicts(X)):
+        previews.append(sc.score_one(x))
+        sc.learn_one(x)
+        committed.append(sc.score_one(x))
+        if t == 99:
+            version = sc.engine.version  # the warm-up's fit
+    assert sc.engine.version == version  # the starting parameters all along
+    _, logc = naive_filter(sc.engine.params, X)
+    print("first scores after the warm-up", np.round(committed[99:104], 4),
+          "reference", np.round(-logc[99:104], 4))
+    assert previews[:100] == [0.0] * 100 and committed[:99] == [0.0] * 99
+    np.testing.assert_allclose(committed[99:], -logc[99:], rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(previews[100:], -logc[100:], rtol=1e-10, atol=1e-10)
+    sc.close()
 
 
 def test_exact_scores_with_missing_values_and_ill_conditioned_L():
@@ -875,6 +1016,112 @@ def test_clone_with_attributes_and_transformer_union(learn):
     assert {"chain_0", "chain_1", "x0"} <= set(z)
     for a in (tr, c, u2["FHMMTransformer"], u["FHMMTransformer"]):
         a.close()
+
+
+@pytest.mark.parametrize("cls, posterior", [(FHMMTransformer, "exact"),
+                                            (FHMMTransformer, "recognition"),
+                                            (FHMMAnomalyScorer, "exact")])
+def test_clone_with_attributes_has_a_state_of_its_own(cls, posterior):
+    """clone(include_attributes=True) gave the clone the original's window, forward
+    message and warm-up buffer themselves (a shallow copy of the state), which both then
+    updated: each saw the other's samples (in what the previews read: the recognition
+    window, the exact forward message). An original and its clones (one taken in the
+    warm-up, one after it), fed different streams, against pickled copies fed the same."""
+    m = _model(M=2, D=3, seed=48)
+    X, _ = m.params_.sample(200, random_state=49)
+    Y, _ = m.params_.sample(200, random_state=50)
+    print("data seeds=49, 50; adapter seed=7")
+    xs, ys = _dicts(X), _dicts(Y)
+    a = cls(n_chains=2, window=3, n_hidden=4, warmup=100, warmup_steps=20, learn=False,
+            posterior=posterior, seed=7)
+    pairs = [(a, pickle.loads(pickle.dumps(a)))]
+    streams = [xs]
+    out = "transform_one" if cls is FHMMTransformer else "score_one"
+    probe = {"x0": 0.3, "x1": -0.2, "x2": 0.5}
+    for t in range(200):
+        if t in (50, 150):   # in the warm-up, and after it
+            assert a.ready is (t == 150)
+            pairs.append((a.clone(include_attributes=True), pickle.loads(pickle.dumps(a))))
+            streams.append(ys)
+        for (c, ref), stream in zip(pairs, streams):
+            c.learn_one(stream[t])
+            ref.learn_one(stream[t])
+            assert getattr(c, out)(stream[t]) == getattr(ref, out)(stream[t])  # committed
+            assert getattr(c, out)(probe) == getattr(ref, out)(probe)          # preview
+    assert all(c.ready for c, _ in pairs)
+    for c, ref in pairs:
+        c.close()
+        ref.close()
+
+
+def test_clone_with_attributes_writes_no_checkpoints(tmp_path):
+    """engine_params' checkpoint_path and checkpoint_every went into the engine of
+    clone(include_attributes=True): the original and the clone wrote their checkpoints
+    to one file, each overwriting the other's. The clone's engine writes none."""
+    from streamfhmm.io.checkpoint import load_checkpoint
+    m = _model(M=2, D=3, seed=51)
+    X, _ = m.params_.sample(300, random_state=52)
+    print("data seed=52")
+    xs = _dicts(X)
+    path = tmp_path / "engine.npz"
+
+    def position():  # the stream position of the checkpoint in the file
+        return int(load_checkpoint(path)[1]["state"][0])
+
+    a = FHMMTransformer(model=m, posterior="exact", learn=False,
+                        engine_params={"checkpoint_path": str(path), "checkpoint_every": 50})
+    for x in xs[:120]:
+        a.learn_one(x)
+    written = position()
+    assert 50 <= written <= 120
+    c = a.clone(include_attributes=True)
+    for x in xs[120:]:  # past the positions of three more periodic checkpoints
+        c.learn_one(x)
+    c.close()
+    assert position() == written
+    a.close()  # the original's last checkpoint
+    assert position() == 120
+
+
+def test_a_refused_first_sample_fixes_nothing():
+    """A first learn_one the engine refuses (a warm-up value beyond 1e150: the start fit
+    would overflow) raised ValueError, but had fixed the feature set from the refused
+    dict: the next sample's other keys were ignored as unknown."""
+    tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=20, warmup_steps=5,
+                         learn=False, seed=0)
+    with pytest.raises(ValueError, match=r"at most 1e\+150 in magnitude"):
+        tr.learn_one({"a": 1e200})
+    assert tr.features_ is None and tr.engine is None and tr.metrics()["learned"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no UnknownFeatureWarning for "b"
+        tr.learn_one({"a": 1.0, "b": 2.0})
+    assert tr.features_ == ("a", "b") and tr.metrics()["samples"] == 1
+    tr.close()
+
+
+def test_a_closed_adapter_reports_the_engines_final_state():
+    """After close(), `learning` read the adapter's own flag, stale once the engine had
+    switched learning off by itself (learn_samples), and metrics() lost every engine
+    counter. A closed adapter reports what the engine last had, as its pickled copy
+    does."""
+    X, _ = _model(seed=36).params_.sample(200, random_state=37)
+    print("data seed=37")
+    tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=40, warmup_steps=10,
+                         learn=True, seed=6, engine_params={"learn_samples": 100})
+    for x in _dicts(X):
+        tr.learn_one(x)
+    assert tr.learning is False  # switched off by the engine
+    assert _wait_for(lambda: _settled(tr.engine))  # (a round of steps under way ends)
+    before = tr.metrics()
+    tr.close()
+    after = tr.metrics()
+    copy = pickle.loads(pickle.dumps(tr))
+    assert tr.learning is False and copy.learning is False
+    pickled = copy.metrics()
+    copy.close()
+    for k in ("samples", "emitted", "learner_steps", "snapshot_version", "learning",
+              "phase", "learned", "ready"):
+        assert after[k] == before[k] == pickled[k], k
 
 
 def test_predictive_densities_check_their_arguments():

@@ -22,13 +22,23 @@ river idioms push each sample once:
 
 * prequential: ``s = m.score_one(x); m.learn_one(x)`` (evaluate, then commit);
 * pipelines: ``Pipeline.learn_one`` calls ``learn_one(x)`` then ``transform_one(x)``
-  (commit, then read).
+  on a step that has steps after it (commit, then read).
+
+The committed result is recognised by the dict object only. A transformer that is the
+*last* step of a pipeline is only learnt by ``Pipeline.learn_one``; a later
+``pipe.transform_one(x)`` hands it the dict the steps before it build anew (e.g. the
+output of a ``StandardScaler``), an equal but different object: it returns the preview
+of x taken as the next sample, as if x came twice in a row, not the result committed
+for x. There, read in the prequential order, ``pipe.transform_one(x)`` then
+``pipe.learn_one(x)``: each sample is then read once, as the next sample.
 
 ``learn_one`` advances the stream whether or not the parameters are learning: with
 ``learn=False`` the model is fitted on the warm-up and then held fixed (the
 :attr:`~FHMMTransformer.learning` switch pauses and resumes the learner at run time).
 Before the warm-up is complete ``transform_one`` returns ``{}`` and ``score_one``
-returns ``0.0``.
+returns ``0.0``. A fitted model with ``posterior="exact"`` has no warm-up: given
+``features``, the first sample is evaluated before any ``learn_one`` too (from the
+model's start probabilities).
 
 Features
 --------
@@ -42,17 +52,28 @@ error.
 
 Threads and pickling
 --------------------
-With ``learn=True`` the engine starts a daemon learner thread once the warm-up is
-complete; :meth:`~FHMMTransformer.close` stops it, and so does garbage collection of the
-adapter. Pickling never touches the thread: the state is the engine's checkpoint (model
+The engine's learner runs in a daemon thread from the end of the warm-up (for a fitted
+model with ``posterior="exact"``, from the first ``learn_one``). ``learn=False`` still
+needs the learner to fit the warm-up (the parameters, or a new recognition network):
+the thread is started all the same and stays paused until the
+:attr:`~FHMMTransformer.learning` switch resumes it. Only a fitted model with
+``posterior="exact"`` and ``learn=False``, which needs no fit, runs without a learner
+thread. :meth:`~FHMMTransformer.close` stops the thread, and so does garbage collection
+of the adapter.
+
+Pickling never touches the thread: the state is the engine's checkpoint (model
 parameters, network weights and scaler, optimiser state, reservoir, window and
 forward-message contents, counters) plus the adapter's feature order and counters;
 unpickling rebuilds the engine and restarts the learner thread if it was learning.
-Two pickles of an idle adapter are byte-identical.
+Two pickles of an idle adapter are byte-identical. The engine's settings go with it: an
+unpickled copy of an adapter whose ``engine_params`` set ``checkpoint_path`` writes its
+checkpoints to that same file, as the original does (a
+:meth:`~FHMMTransformer.clone` with ``include_attributes=True`` writes none).
 """
 from __future__ import annotations
 
 import collections.abc
+import copy
 import inspect
 import math
 import numbers
@@ -78,6 +99,7 @@ from ..kernels import online as _ko
 from ..kernels import recognition as _rk
 from ..model import FHMMParams, sigmoid
 from ..stream.engine import StreamEngine
+from ..stream.learner import ExactTables
 
 __all__ = ["FHMMTransformer", "FHMMAnomalyScorer", "UnknownFeatureWarning",
            "predicted_on_probability", "mixture_logpdf", "gaussian_logpdf",
@@ -301,6 +323,14 @@ def _as_value(key, value) -> float:
     return v
 
 
+def _check_model_features(model, features):
+    """ValueError unless a fitted ``model`` has one feature per key of ``features``."""
+    params = getattr(model, "params_", None)
+    if params is not None and params.n_features != len(features):
+        raise ValueError(f"the model has {params.n_features} features, the stream "
+                         f"{len(features)}: {list(features)}")
+
+
 def _check_sample(x, owner, method):
     """``x`` must be a dict (a mapping of feature name → value), as river passes."""
     if not isinstance(x, collections.abc.Mapping) and not (
@@ -399,7 +429,6 @@ class _StreamAdapter:
         self._first = True
         self._alpha = None
         self._win = None
-        self._pending = None
         self._init_transient()
 
     def _init_transient(self):
@@ -410,6 +439,7 @@ class _StreamAdapter:
         self._table_cache = None
         self._state_cache = None
         self._exact_work = None
+        self._final_metrics = None  # the engine's, once closed
 
     # -- public helpers -------------------------------------------------------------------
     @property
@@ -437,7 +467,7 @@ class _StreamAdapter:
         the switch (RuntimeError): its final state, which pickling keeps, is fixed."""
         if self._engine is not None:
             return self._engine.learning
-        return self._learning
+        return self._learning  # (once closed: the engine's last)
 
     @learning.setter
     def learning(self, value: bool):
@@ -454,8 +484,12 @@ class _StreamAdapter:
         with a key outside the feature set), ``missing_value_samples`` (learnt samples with
         a missing feature), ``imputed_starts`` (1 when the warm-up held too few complete
         samples and the parameters started from mean-imputed ones: the engine's
-        ``imputed_start``), ``ready``."""
-        out = dict(self._engine.metrics()) if self._engine is not None else {}
+        ``imputed_start``), ``ready``. A closed adapter reports the engine's final
+        metrics."""
+        if self._engine is not None:
+            out = dict(self._engine.metrics())
+        else:
+            out = dict(self._final_metrics or {})
         out.update(learned=self._n_learned, unknown_key_samples=self._n_unknown,
                    missing_value_samples=self._n_missing,
                    imputed_starts=int(out.get("imputed_start", False)), ready=self._ready)
@@ -465,7 +499,8 @@ class _StreamAdapter:
         """Stop the learner thread and end the stream; idempotent.
 
         The adapter keeps its final state, so it can still be pickled (an unpickled copy
-        is open again); ``learn_one``, ``transform_one``, ``score_one`` and setting
+        is open again), and reports what the engine last had (:attr:`learning`,
+        :meth:`metrics`); ``learn_one``, ``transform_one``, ``score_one`` and setting
         :attr:`learning` raise afterwards.
         """
         if self._closed:
@@ -473,9 +508,11 @@ class _StreamAdapter:
         engine = self._engine
         if engine is not None:
             try:
+                self._learning = engine.learning
                 self._saved = self._engine_state()
             finally:
                 engine.close()
+                self._final_metrics = engine.metrics()
                 self._engine = None
         self._closed = True
 
@@ -515,10 +552,12 @@ class _StreamAdapter:
         self._index = {k: j for j, k in enumerate(feats)}
         self._D = len(feats)
 
-    def _vector(self, x):
-        """x as a (D,) vector in the fixed order; returns (vector, number of unknown keys)."""
-        idx = self._index
-        v = np.full(self._D, np.nan)
+    def _vector(self, x, idx=None):
+        """x as a (D,) vector in the fixed order (``idx``: feature → column, default the
+        fixed one); returns (vector, number of unknown keys)."""
+        if idx is None:
+            idx = self._index
+        v = np.full(len(idx), np.nan)
         unknown = 0
         for k, value in x.items():
             j = idx.get(k)
@@ -531,7 +570,7 @@ class _StreamAdapter:
             names = [k for k in x if k not in idx]
             shown = ", ".join(repr(k) for k in names[:5]) + (", ..." if len(names) > 5 else "")
             warnings.warn(f"{type(self).__name__}: ignoring key(s) {shown} outside the "
-                          f"{self._D} features fixed at the first learn_one; further samples "
+                          f"{len(idx)} features fixed at the first learn_one; further samples "
                           f"with unknown keys are counted in metrics()['unknown_key_samples'] "
                           f"without a warning", UnknownFeatureWarning, stacklevel=3)
         return v, unknown
@@ -572,70 +611,80 @@ class _StreamAdapter:
         if model is None:
             model = FHMM(n_chains=self.n_chains, window=self.window, n_hidden=self.n_hidden,
                          share_hidden=self.share_hidden, random_state=self.seed)
-        params = getattr(model, "params_", None)
-        if params is not None and params.n_features != self._D:
-            raise ValueError(f"the model has {params.n_features} features, the stream "
-                             f"{self._D}: {list(self._features)}")
+        _check_model_features(model, self._features)
         self._engine = self._make_engine(model)
-        self._pending = []
 
     def _commit(self, v):
         """Push one sample to the engine and update the committed state."""
         engine = self._engine
-        was_ready = self._ready
-        if not was_ready:
-            self._pending.append(v)
-        try:
-            posts = engine.push(v)
-        except ValueError:
-            # on a finite sample of the right length only the warm-up's initialisation
-            # fails (a feature never observed); the engine kept nothing, nor do we
-            if not was_ready:
-                self._pending.pop()
-            raise
+        # a ValueError leaves the engine as it was (on a finite sample of the right
+        # length only the warm-up's initialisation fails: a feature never observed),
+        # and nothing here has changed yet
+        posts = engine.push(v)
         if self._win is None:  # the engine's ring starts filled with the first sample
             self._win = np.repeat(v[None, :], engine.window, axis=0)
         else:
             self._win[:-1] = self._win[1:]
             self._win[-1] = v
         self._last_x = v
-        if not was_ready:
+        if not self._ready:
             if engine.snapshot is None:
                 return
             self._ready = True
-            if self._exact:  # bring the forward message up to date over the warm-up
-                self._alpha = np.empty_like(self._work()[0])
-                for y in self._pending:
-                    self._last_logc = self._exact_step(y, self._alpha, self._alpha)
-                    self._first = False
-            self._pending = None
             self._prev_theta = np.array(posts[-2].theta) if len(posts) > 1 else None
         else:
-            if self._exact:
-                self._last_logc = self._exact_step(v, self._alpha, self._alpha)
-                self._first = False
             self._prev_theta = self._last_theta
+        if self._exact:
+            self._copy_message()
         self._last_theta = np.array(posts[-1].theta)
 
     # -- exact filtering (the adapter's copy of the forward message) -----------------------
+    def _copy_message(self):
+        """Take the engine's forward message and ``log p(x_t | x_<t)`` of the sample it
+        just took (at the end of the warm-up: of the last warm-up sample, the engine
+        having filtered the whole warm-up), computed with the parameters that push used.
+        (A message stepped here with the snapshot read after the push differed from the
+        engine's whenever the learner published in between.)"""
+        engine = self._engine
+        # the engine's message rings, slot t % (lag + 1); filter mode: lag 0, one slot
+        alpha, logc = engine._alpha_ring, engine._logc_ring
+        slot = (engine.n_samples - 1) % alpha.shape[0]
+        if self._alpha is None:
+            self._alpha = np.empty(alpha.shape[1])
+        self._alpha[:] = alpha[slot]
+        self._last_logc = float(logc[slot])
+        self._first = False
+
     def _work(self):
         if self._exact_work is None:
             K = 1 << self._structure()[0]
-            self._exact_work = (np.empty(K), np.empty(K), np.empty(K), np.empty(self._D))
+            D = self._D or len(self.features)  # (the first sample's preview: given features)
+            self._exact_work = (np.empty(K), np.empty(K), np.empty(K), np.empty(D))
         return self._exact_work
 
-    def _exact_step(self, y, alpha_prev, alpha) -> float:
-        """One forward step into ``alpha``; returns ``log p(y_t | y_<t)``."""
-        ex = self._engine.snapshot.exact
-        _, le, work, ytil = self._work()
-        return _ko.filter_step(y, self._first, alpha_prev, alpha, le, work, ex.bias, ex.Linv,
-                               ex.Ut, ex.half_c, ex.const, ex.A, ex.pi, ex.W, ex.L, ytil)
-
     def _exact_preview(self, v):
-        """(log p(v | past), the filtered message if v were the next sample)."""
-        tmp = self._work()[0]
-        logc = self._exact_step(v, self._alpha, tmp)
+        """(log p(v | past), the filtered message if v were the next sample), with the
+        current parameters (the fitted model's before the first ``learn_one``)."""
+        if self._engine is not None:
+            ex = self._engine.snapshot.exact
+        else:
+            ex = ExactTables.from_params(self.model.params_)
+        tmp, le, work, ytil = self._work()
+        prev = self._alpha if self._alpha is not None else tmp  # (unread at the first step)
+        logc = _ko.filter_step(v, self._first, prev, tmp, le, work, ex.bias, ex.Linv, ex.Ut,
+                               ex.half_c, ex.const, ex.A, ex.pi, ex.W, ex.L, ytil)
         return logc, tmp
+
+    def _first_preview(self, x):
+        """Before the first ``learn_one``: x as a vector when it can be evaluated as the
+        first sample (a fitted model with exact filtering has no warm-up, and given
+        ``features`` fix the order), else None."""
+        if (self._engine is not None or self.features is None or not self._exact
+                or getattr(self.model, "params_", None) is None):
+            return None
+        feats = tuple(self.features)
+        _check_model_features(self.model, feats)
+        return self._vector(x, {k: j for j, k in enumerate(feats)})[0]
 
     # -- the recognition window -----------------------------------------------------------
     def _recognition_preview(self, v) -> np.ndarray:
@@ -649,7 +698,7 @@ class _StreamAdapter:
         layout, mean, scale, scratch, buf, theta, rho = cache
         buf[:-1] = self._win[1:]
         buf[-1] = v
-        _rk.forward_one(buf.reshape(-1), 0, self._engine.snapshot.weights, layout, mean, scale,
+        _rk.forward_one(buf.reshape(-1), 0, self._engine.snapshot.kernel_weights, layout, mean, scale,
                         scratch, theta, rho)
         return theta.copy()
 
@@ -670,19 +719,23 @@ class _StreamAdapter:
         """
         self._check_open()
         _check_sample(x, self, "learn_one")
+        self._state_cache = None
         if self._engine is None:  # the first sample fixes the features and starts the engine
             self._fix_features(x)
             try:
                 v, unknown = self._vector(x)
                 self._start_engine()
-            except BaseException:
+                self._commit(v)
+            except BaseException:  # refused: the next sample starts afresh
+                if self._engine is not None:
+                    self._engine.close()
+                self._engine = None
                 self._features = self._index = None
                 self._D = 0
                 raise
         else:
             v, unknown = self._vector(x)
-        self._state_cache = None
-        self._commit(v)
+            self._commit(v)
         self._n_learned += 1
         self._n_unknown += unknown > 0
         self._n_missing += bool(np.isnan(v).any())
@@ -698,10 +751,15 @@ class _StreamAdapter:
             Parameters to change.
         include_attributes : bool
             Also copy the state (the feature order, the counters, the engine), as a pickle
-            round trip does: the copy has its own engine (and learner thread, if learning).
-            river's attribute-by-attribute ``copy.deepcopy`` cannot copy the engine's
-            thread and locks (``river.compose.TransformerUnion`` clones its transformers
-            so).
+            round trip does: the copy has its own engine (and learner thread, if learning)
+            and its own copy of the adapter's state. river's attribute-by-attribute
+            ``copy.deepcopy`` cannot copy the engine's thread and locks
+            (``river.compose.TransformerUnion`` clones its transformers so). Unlike a
+            pickled copy, the copy's engine writes no checkpoints (``checkpoint_path``,
+            ``checkpoint_every`` and ``checkpoint_seconds`` of ``engine_params`` are not
+            applied to it), so that it never overwrites the original's file; a copy of an
+            adapter yet to learn its first sample has no engine yet, and starts one as
+            ``engine_params`` say.
 
         Returns
         -------
@@ -712,7 +770,11 @@ class _StreamAdapter:
             state = self.__getstate__()
             for name in fresh._get_params():  # the clone's own parameters stay
                 state.pop(name, None)
-            fresh.__setstate__(state)
+            engine_state = state.pop("_engine_state")  # (restored into a new engine)
+            state = copy.deepcopy(state)  # the window, forward message, ... are the copy's own
+            state["_engine_state"] = engine_state
+            fresh._restore(state, checkpoint_path=None, checkpoint_every=None,
+                           checkpoint_seconds=None)
         return fresh
 
     def _state_key(self):
@@ -745,12 +807,16 @@ class _StreamAdapter:
     def __getstate__(self):
         state = self.__dict__.copy()
         for k in ("_engine", "_last_obj", "_net_cache", "_table_cache", "_state_cache",
-                  "_exact_work", "_saved"):
+                  "_exact_work", "_final_metrics", "_saved"):
             state.pop(k, None)
         state["_engine_state"] = self._engine_state()
         return state
 
     def __setstate__(self, state):
+        self._restore(state)
+
+    def _restore(self, state, **overrides):
+        """Unpickle ``state``; ``overrides`` go to :meth:`StreamEngine.resume`."""
         engine_state = state.pop("_engine_state")
         self.__dict__.update(state)
         self._init_transient()
@@ -762,7 +828,7 @@ class _StreamAdapter:
                 path = save_checkpoint(os.path.join(tmp, "engine.npz"), arrays, meta)
                 # the seed again: a warm-up still to fit draws from it (the checkpoint
                 # keeps no random state)
-                self._engine = StreamEngine.resume(path, random_state=self.seed)
+                self._engine = StreamEngine.resume(path, random_state=self.seed, **overrides)
 
 
 # --------------------------------------------------------------------------------------
@@ -795,7 +861,9 @@ class FHMMTransformer(_StreamAdapter, _river_base.Transformer):
         joint states (MATH.md §7; M ≤ 20).
     learn : bool
         Keep learning online after the warm-up (the engine's background learner thread);
-        ``False`` fits the warm-up and then holds the parameters fixed.
+        ``False`` fits the warm-up and then holds the parameters fixed (the learner
+        thread is still started, paused, unless the model is fitted and
+        ``posterior="exact"``: see the module docstring).
     warmup : int
         Samples buffered before an unfitted model is initialised.
     warmup_steps : int
@@ -878,12 +946,17 @@ class FHMMTransformer(_StreamAdapter, _river_base.Transformer):
         dict
             ``{"chain_m": θ^m}`` for m = 0 … M-1, floats in [0, 1]: of x taken as the next
             sample (nothing is committed), or of the sample just learnt when ``x`` is the
-            dict last passed to ``learn_one``. ``{}`` before the model is initialised.
+            dict last passed to ``learn_one``. ``{}`` before the model is initialised
+            (a fitted model with ``posterior="exact"`` and given ``features``: x as the
+            first sample).
         """
         self._check_open()
         _check_sample(x, self, "transform_one")
         if not self._ready:
-            return {}
+            v = self._first_preview(x)
+            if v is None:
+                return {}
+            return dict(zip(self._keys_out, self._preview_theta(v).tolist()))
         v, _ = self._vector(x)
         theta = self._last_theta if self._is_last(x, v) else self._preview_theta(v)
         return dict(zip(self._keys_out, theta.tolist()))
@@ -912,8 +985,10 @@ class FHMMAnomalyScorer(_StreamAdapter, _river_base.AnomalyDetector):
       Gaussian with the same mean and covariance (:func:`gaussian_logpdf`).
 
     Missing values are marginalised (a sample with nothing observed scores 0). Before
-    the model is initialised (the warm-up) the score is 0. The stream contract, the
-    features and pickling are as for :class:`FHMMTransformer` (module docstring).
+    the model is initialised (the warm-up) the score is 0; a fitted model with exact
+    filtering has no warm-up (given ``features``, the first sample is scored before it
+    is learnt too). The stream contract, the features and pickling are as for
+    :class:`FHMMTransformer` (module docstring).
 
     Parameters
     ----------
@@ -1019,12 +1094,15 @@ class FHMMAnomalyScorer(_StreamAdapter, _river_base.AnomalyDetector):
         float
             ``-log p̂(x | x_1..x_{t-1})`` for x taken as the next sample (nothing is
             committed); for the dict last passed to ``learn_one``, the score of that
-            sample given the samples before it. 0.0 before the model is initialised.
+            sample given the samples before it. 0.0 before the model is initialised (a
+            fitted model with exact filtering and given ``features``: x as the first
+            sample).
         """
         self._check_open()
         _check_sample(x, self, "score_one")
         if not self._ready:
-            return 0.0
+            v = self._first_preview(x)
+            return 0.0 if v is None else -float(self._exact_preview(v)[0])
         v, _ = self._vector(x)
         if self._is_last(x, v):
             if self._exact:
