@@ -108,17 +108,18 @@ def _as_float_array(x, name: str, keep_scalar: bool = False) -> np.ndarray:
 MAX_ABS_VALUE = 1e150
 
 
-def check_fit_magnitude(X: np.ndarray, name: str = "X") -> np.ndarray:
+def check_fit_magnitude(X: np.ndarray, name: str = "X", row0: int = 0) -> np.ndarray:
     """``X`` (checked by :func:`check_observations`) if every value is within
-    ±:data:`MAX_ABS_VALUE`, else a ValueError that names the first one beyond: a fit's
-    sufficient statistics square the observations, and overflowed to an error about
-    non-finite parameters. (Inference with fitted parameters takes such values.)"""
+    ±:data:`MAX_ABS_VALUE`, else a ValueError that names the first one beyond (its row
+    counted from ``row0``: ``X`` a block of a larger array): a fit's sufficient
+    statistics square the observations, and overflowed to an error about non-finite
+    parameters. (Inference with fitted parameters takes such values.)"""
     with np.errstate(invalid="ignore"):
         big = np.abs(X) > MAX_ABS_VALUE
     if big.any():
         r, c = np.argwhere(big)[0]
         raise ValueError(f"{name} must hold values within ±{MAX_ABS_VALUE:g} to fit a model (its "
-                         f"statistics square them); found {X[r, c]:g} at row {r}, column {c}: "
+                         f"statistics square them); found {X[r, c]:g} at row {row0 + r}, column {c}: "
                          "rescale the data")
     return X
 

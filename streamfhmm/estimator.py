@@ -577,7 +577,7 @@ class FHMM:
             chunks = list(X)
             lengths = chunk_lengths(chunks)  # validates shapes and files (headers only)
         else:
-            X = check_observations(X, allow_nan=True)
+            X = check_fit_magnitude(check_observations(X, allow_nan=True))
             lengths = check_lengths(lengths, X.shape[0])
             chunks = np.split(X, np.cumsum(lengths)[:-1])
         rng = check_random_state(self.random_state)

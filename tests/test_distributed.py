@@ -22,6 +22,7 @@ from streamfhmm.learn.distributed import (  # noqa: E402
     chunk_lengths, chunk_scaler, fit_svi_distributed, head_rows, write_npy_chunks)
 from streamfhmm.learn.smf import init_params  # noqa: E402
 from streamfhmm.learn.svi import SVIState, fit_svi  # noqa: E402
+from streamfhmm.model import FHMMParams  # noqa: E402
 from streamfhmm.network import RecognitionNet  # noqa: E402
 
 W2 = np.array([[1.0, -1.0], [1.5, 1.0], [0.0, 0.0]])
@@ -66,22 +67,73 @@ def _loglik(params, chunks):
     return sum(exact.log_likelihood(params, c) for c in chunks) / sum(len(c) for c in chunks)
 
 
+def _scaled(problem, scale):
+    """The problem in units ``scale`` times larger: data, chunks, starting model and
+    networks (their scaler fitted to the new data)."""
+    X, chunks, params, net = problem
+    p = FHMMParams(W=params.W * scale, L=params.L * scale, alpha=params.alpha,
+                   beta=params.beta, startprob=params.startprob)
+    nt = net.copy()
+    nt.fit_scaler(X * scale)
+    return X * scale, [c * scale for c in chunks], p, nt
+
+
+def _only_shard_seed(random_state):
+    """The sampler seed of a fit's only shard: the fit draws a root seed from
+    ``random_state``, the batch split takes its first child and shard k child k + 1."""
+    rng = np.random.default_rng(random_state)
+    return np.random.SeedSequence(int(rng.integers(2**63))).spawn(2)[1]
+
+
 def test_matches_the_local_learner(problem, client):
     X, chunks, params, net = problem
     lengths = [len(c) for c in chunks]
     bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    # one worker (one shard holding every chunk in order) and the local learner's sampler
+    # seeded as that shard's: the same subchains, sums and RMSprop steps, to rounding
+    one = [sorted(client.nthreads())[0]]
+    for cov in ("full", "diag", "spherical"):
+        kw = dict(max_iter=20, batch_size=6, progress=False, covariance_type=cov)
+        local = fit_svi(X, bounds, params, net, rng=np.random.default_rng(_only_shard_seed(SEED)),
+                        **kw)
+        dist = fit_svi_distributed(chunks, params, net, client, workers=one, random_state=SEED,
+                                   **kw)
+        a, b = local.state_vector(), dist.state_vector()
+        print(f"{cov}: one shard, max |local - dask| {np.abs(a - b).max():.1e}")
+        np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
+        assert dist.history[-1]["elbo"] == pytest.approx(local.history[-1]["elbo"], rel=1e-10)
+    # two shards of unequal positions (48 and 50) whose every step is the whole data: each
+    # chunk no longer than a subchain, one subchain per chunk per step. In units 1000
+    # times larger the model's steps must be taken in the data's units, and the step is
+    # the mean over every counted position (not the mean of the shards' means)
+    Xs, _, ps, nets = _scaled(problem, 1000.0)
+    sizes = [30, 25, 20, 10, 8, 5]
+    edges = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    data = Xs[:edges[-1]]
+    kw = dict(max_iter=20, batch_size=len(sizes), subchain_length=max(sizes), progress=False)
+    local = fit_svi(data, edges, ps, nets, rng=np.random.default_rng(SEED), **kw)
+    dist = fit_svi_distributed(np.split(data, edges[1:-1]), ps, nets, client,
+                               random_state=SEED, **kw)
+    a, b = local.state_vector(), dist.state_vector()
+    x0 = np.concatenate([local.packer.pack(ps), nets.weights])
+    print(f"x1000, two shards, full batches: max |local - dask| {np.abs(a - b).max():.1e}, "
+          f"max |step| {np.abs(a - x0).max():.1e}")
+    np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-10)
+    # the stochastic batches of two shards learn what the local learner learns (x1000:
+    # the steps' units matter here too)
+    Xs, chunks_s, ps, nets = _scaled(problem, 1000.0)
+    weights = nets.weights.copy()
     steps = 1500
-    local = fit_svi(X, bounds, params, net, max_iter=steps, rng=np.random.default_rng(SEED),
+    local = fit_svi(Xs, bounds, ps, nets, max_iter=steps, rng=np.random.default_rng(SEED),
                     progress=False)
     t0 = time.perf_counter()
-    dist = fit_svi_distributed(chunks, params, net, client, max_iter=steps,
+    dist = fit_svi_distributed(chunks_s, ps, nets, client, max_iter=steps,
                                random_state=SEED, progress=False, step_timeout=30.0)
     wall = time.perf_counter() - t0
     assert isinstance(dist, SVIState)
-    ll0, ll_local, ll_dist = (_loglik(p, chunks) for p in (params, local.params, dist.params))
-    true = FHMM.from_params(W=W2, covariance=0.1 * np.eye(2), transmat=A2).params_
-    print(f"loglik/step: start {ll0:.4f} local {ll_local:.4f} dask {ll_dist:.4f} "
-          f"true {_loglik(true, chunks):.4f}; dask {steps} steps in {wall:.1f} s")
+    ll0, ll_local, ll_dist = (_loglik(p, chunks_s) for p in (ps, local.params, dist.params))
+    print(f"x1000 loglik/step: start {ll0:.4f} local {ll_local:.4f} dask {ll_dist:.4f}; "
+          f"dask {steps} steps in {wall:.1f} s")
     assert ll_dist > ll0 + 0.1
     assert abs(ll_dist - ll_local) < 0.01
     h = dist.history
@@ -89,7 +141,7 @@ def test_matches_the_local_learner(problem, client):
     assert {"elbo", "lr", "time", "compute", "overhead", "recoveries"} <= set(h[0])
     assert h[-1]["elbo"] > h[0]["elbo"]
     assert h[-1]["recoveries"] == 0
-    assert np.array_equal(net.weights, problem[3].weights)  # the caller's net is untouched
+    assert np.array_equal(nets.weights, weights)  # the caller's networks are untouched
 
 
 def test_warmup_holds_the_model(problem, client):
@@ -250,6 +302,54 @@ def test_bad_input(problem, client, tmp_path):
                             progress=False)
 
 
+def test_values_too_large_to_fit_are_refused(problem, client, tmp_path):
+    """Values beyond ±1e150 are refused as by a local fit, in arrays and in every block
+    of a .npy chunk a worker scans (they failed as 'W must be finite' or as a
+    FloatingPointError at the first step)."""
+    X, chunks, params, net = problem
+    big = chunks[1].copy()
+    big[300, 1] = 1e160
+    message = r"must hold values within ±1e\+150 to fit a model .* found {} at row {}, column {}"
+    with pytest.raises(ValueError, match=r"chunks\[1\] " + message.format("1e\\+160", 300, 1)):
+        fit_svi_distributed([chunks[0], big], params, net, client, max_iter=2, progress=False)
+    # (FHMM.fit names X and its row, as a local fit does)
+    with pytest.raises(ValueError, match="^X " + message.format("1e\\+160", 800, 1)):
+        FHMM(n_chains=2, window=3, n_hidden=4, random_state=SEED).fit(
+            np.concatenate([chunks[0], big]), lengths=[500, 500], max_iter=2, progress=False,
+            init_samples=300, client=client)
+    # in the second block the workers scan: its row counted from the file's start
+    Y = np.zeros((dl._SCAN_ROWS + 10, 2))
+    Y[dl._SCAN_ROWS + 3, 0] = -1e200
+    np.save(tmp_path / "big.npy", Y)
+    path = str(tmp_path / "big.npy")
+    with pytest.raises(ValueError, match="chunk .*big.npy " + message.format(
+            "-1e\\+200", dl._SCAN_ROWS + 3, 0)):
+        fit_svi_distributed([path, chunks[0]], params, net, client, max_iter=2, progress=False)
+    np.testing.assert_array_equal(head_rows([path], 5), Y[:5])
+    with pytest.raises(ValueError, match=message.format("-1e\\+200", dl._SCAN_ROWS + 3, 0)):
+        head_rows([path], dl._SCAN_ROWS + 5)
+
+
+def test_bad_npy_files_are_named(tmp_path):
+    """A truncated file is refused from its size before any worker opens it (it failed
+    with numpy's 'mmap length is greater than file size', naming no file), and a file a
+    worker cannot open fails with a ValueError naming it (it was the bare OSError)."""
+    X = np.arange(40.0).reshape(20, 2)
+    path = str(tmp_path / "cut.npy")
+    np.save(path, X)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as fh:
+        fh.truncate(size - 8)
+    with pytest.raises(ValueError, match=r"chunks\[0\] \(.*cut.npy\) is truncated: .* shape "
+                                         rf"\(20, 2\) of float64, {size} bytes .* has {size - 8}"):
+        chunk_lengths([path])
+    # what a worker meets when its view of the files differs from the driver's
+    with pytest.raises(ValueError, match="chunk .*cut.npy cannot be opened on .*mmap length"):
+        dl._open_chunk(path, 2)
+    with pytest.raises(ValueError, match="chunk .*gone.npy cannot be opened on .*No such file"):
+        dl._open_chunk(str(tmp_path / "gone.npy"), 2)
+
+
 def test_lost_worker_without_recoveries_raises_clearly(problem):
     X, chunks, params, net = problem
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
@@ -273,6 +373,105 @@ def test_lost_worker_without_recoveries_raises_clearly(problem):
     print(f"closed {closed}; raised after {wall:.1f} s: {err.value}")
     assert closed and closed[0] in str(err.value)
     assert wall < 30
+
+
+@pytest.mark.parametrize("n_stalls", [1, 2])
+def test_a_slow_step_costs_a_recovery_not_the_worker(problem, client, monkeypatch, n_stalls):
+    """A shard that misses ``step_timeout`` (its worker busy for a moment, not gone) is
+    re-created elsewhere; its worker stays in use. One stall on each of the two workers
+    ended the fit ('no worker is left') while both were alive. The old actor is
+    cancelled at once: with the cyclic garbage collector off, nothing of it stays on the
+    worker or in the client (a reference cycle through the kept error held it)."""
+    print(f"seed={SEED}")
+    _, chunks, params, net = problem
+    gradient = dl._ShardLearner.gradient
+    replace = dl._ShardPool._replace
+    lock = threading.Lock()
+    replaced = threading.Event()
+    calls, stalled, done = [], [], []
+
+    def stalling(shard, x, n_blocks):  # in-process workers: the actors run in this process
+        worker = distributed.get_worker().address
+        with lock:
+            calls.append(worker)
+            # the 11th call; then, once that stall is over, a call on the other worker
+            stall = (len(stalled) < n_stalls and len(calls) > 10 and worker not in stalled
+                     and len(done) == len(stalled))
+            if stall:
+                stalled.append(worker)
+                replaced.clear()
+        if stall:  # busy until the driver has given up on this call and moved the shard
+            replaced.wait(timeout=10.0)
+            done.append(worker)
+        return gradient(shard, x, n_blocks)
+
+    def replacing(pool, shard, loss):
+        replace(pool, shard, loss)
+        replaced.set()
+
+    monkeypatch.setattr(dl._ShardLearner, "gradient", stalling)
+    monkeypatch.setattr(dl._ShardPool, "_replace", replacing)
+    before = set(client.futures)
+    gc.collect()
+    gc.disable()
+    try:
+        state = fit_svi_distributed(chunks, params, net, client, max_iter=100, log_every=20,
+                                    random_state=SEED, progress=False, step_timeout=1.0,
+                                    setup_timeout=5.0, max_recoveries=6)
+        left = _wait_for_no_actors(client)
+        kept = sorted(set(client.futures) - before)
+    finally:
+        gc.enable()
+    print(f"stalled {stalled}; history {state.history[-1]}; actors left {left}, "
+          f"futures kept {kept}")
+    assert len(stalled) == n_stalls and len(set(stalled)) == n_stalls
+    assert state.iteration == 100 and state.history[-1]["recoveries"] >= n_stalls
+    assert left == 0
+    assert kept == []
+
+
+def test_a_lost_scheduler_is_reported_at_once(problem):
+    """Losing the scheduler ends the fit at once with a RuntimeError that says so (it was
+    an OSError after the client's reconnection timeout, 30 s by default; 2 s here, also
+    for closing the cluster without its scheduler)."""
+    import dask
+    X, chunks, params, net = problem
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                     dashboard_address=DASHBOARD) as cluster, \
+            distributed.Client(cluster) as c:
+        closed = []
+
+        def close_scheduler(state):
+            if not closed:
+                closed.append(time.perf_counter())
+                cluster.sync(cluster.scheduler.close)
+
+        with pytest.raises(RuntimeError, match="the scheduler was lost") as err:
+            fit_svi_distributed(chunks, params, net, c, max_iter=300, log_every=20,
+                                random_state=SEED, progress=False, callback=close_scheduler,
+                                step_timeout=20.0, setup_timeout=20.0)
+        wall = time.perf_counter() - closed[0]
+    print(f"raised {wall:.1f} s after the scheduler closed: {err.value}")
+    assert wall < 1.5
+
+
+def test_the_fit_calls_through_its_own_client(problem, client):
+    """The shards are called through the fit's client, not Dask's default one (the
+    newest): with a second client, closing it mid-fit lost every shard."""
+    print(f"seed={SEED}")
+    _, chunks, params, net = problem
+    with distributed.Client(client.scheduler.address) as other:  # now the current client
+        assert distributed.default_client() is other
+
+        def close_other(state):
+            other.close()
+
+        state = fit_svi_distributed(chunks, params, net, client, max_iter=40, log_every=10,
+                                    random_state=SEED, progress=False, callback=close_other,
+                                    step_timeout=20.0, setup_timeout=5.0)
+    print(f"history {state.history[-1]}")
+    assert state.iteration == 40 and state.history[-1]["recoveries"] == 0
 
 
 # ---------------------------------------------------------------- process workers
@@ -320,7 +519,9 @@ def test_silent_worker_is_timed_out(problem, process_client):
     assert 5.0 <= after < 40
 
 
-def test_killed_worker_is_survived(problem, process_client, tmp_path):
+def test_killed_worker_is_survived(problem, process_client, tmp_path, monkeypatch):
+    """A killed worker's shard is re-created and the step repeated: every step the fit
+    takes is a whole batch, every shard's part of it answered."""
     X, chunks, params, net = problem
     process_client.wait_for_workers(2, timeout=60)
     paths = write_npy_chunks(X, tmp_path, N_CHUNKS)
@@ -335,16 +536,56 @@ def test_killed_worker_is_survived(problem, process_client, tmp_path):
             _signal_worker(pids[address], signal.SIGKILL)
             killed.append(time.perf_counter())
 
+    gradients = dl._ShardPool.gradients
+    rounds, partial = [], []
+
+    def checked(pool, x, counts):
+        results = gradients(pool, x, counts)
+        rounds.append(pool.recoveries)
+        # a shard asked for n subchains counts at least one position of each
+        if len(results) != len(counts) or any(n > 0 and r[1] < n for r, n in zip(results, counts)):
+            partial.append((len(rounds), counts.tolist(), [r[1] for r in results]))
+        return results
+
+    monkeypatch.setattr(dl._ShardPool, "gradients", checked)
     state = fit_svi_distributed(mixed, params, net, process_client, max_iter=300, log_every=50,
                                 random_state=SEED, progress=False, callback=kill_once,
                                 step_timeout=20.0, setup_timeout=30.0)
     after = time.perf_counter() - killed[0]
-    print(f"killed {address}; the fit ended {after:.1f} s later; history {state.history[-1]}")
+    print(f"killed {address}; the fit ended {after:.1f} s later; history {state.history[-1]}; "
+          f"steps with part of the batch: {partial}")
+    assert len(rounds) == 300 and rounds[-1] >= 1   # (the steps after the loss too)
+    assert partial == []
     assert state.iteration == 300
     assert state.history[-1]["recoveries"] >= 1
     assert after < 30
     assert np.isfinite(state.state_vector()).all()
     assert _loglik(state.params, chunks) > _loglik(params, chunks)
+
+
+def test_relative_paths_name_the_same_files_on_the_workers(problem, process_client, tmp_path,
+                                                           monkeypatch):
+    """A relative path is made absolute where it was checked, on the driver: workers
+    started elsewhere (as a service's are) opened it against their own directory
+    (FileNotFoundError)."""
+    X, _, params, net = problem
+    process_client.wait_for_workers(2, timeout=60)
+    monkeypatch.chdir(tmp_path)
+    paths = write_npy_chunks(X[:600], "data", 2)
+    assert paths == [str(tmp_path / "data" / f"chunk_{i:05d}.npy") for i in range(2)]
+    relative = [os.path.relpath(p) for p in paths]
+    assert not any(os.path.isabs(p) for p in relative)
+    home = process_client.run(os.getcwd)
+    process_client.run(os.chdir, "/")
+    try:
+        mean, _ = chunk_scaler(relative, process_client)
+        state = fit_svi_distributed(relative, params, net, process_client, max_iter=5,
+                                    random_state=SEED, progress=False)
+    finally:
+        for address, directory in home.items():
+            process_client.run(os.chdir, directory, workers=[address])
+    np.testing.assert_allclose(mean, X[:600].mean(axis=0), rtol=1e-12)
+    assert state.iteration == 5
 
 
 def test_estimator_fit_with_client():

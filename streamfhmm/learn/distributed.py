@@ -55,10 +55,13 @@ Failures
 Every wait on a worker has a timeout (``step_timeout``, ``setup_timeout``). When a
 worker dies or does not answer in time, the shards it held are re-created on the
 remaining workers (in-memory chunks are sent again from the driver; ``.npy`` chunks
-are re-opened, so the files must be readable from every worker, e.g. on a shared
-file system) with fresh sampler seeds, and the step is repeated. After
+are re-opened, so the files must be readable at the same path from every worker,
+e.g. on a shared file system) with fresh sampler seeds, and the step is repeated
+whole. A worker that died is not used again while the cluster still lists it; one
+that only timed out stays in use, after the workers that did not. After
 ``max_recoveries`` such events, or when no worker is left, the fit raises
-:class:`RuntimeError` naming the lost shard; it never hangs.
+:class:`RuntimeError` naming the lost shard; it never hangs. Losing the scheduler
+ends the fit at once with a :class:`RuntimeError` that says so.
 
 Clusters
 --------
@@ -94,13 +97,15 @@ import concurrent.futures
 import math
 import numbers
 import os
+import socket
 import time
 from dataclasses import dataclass
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from .._validation import check_observations, check_positive_int, check_random_state
+from .._validation import (check_fit_magnitude, check_observations, check_positive_int,
+                           check_random_state)
 from ..kernels import svi as _ks
 from ..model import FHMMParams
 from ..network import RecognitionNet
@@ -122,18 +127,20 @@ def _is_path(source) -> bool:
 
 
 def _npy_header(path: str):
-    """Shape, Fortran order and dtype of a ``.npy`` file, from its header only."""
+    """Shape, Fortran order, dtype and data offset (bytes) of a ``.npy`` file, from its
+    header only."""
     with open(path, "rb") as fh:
         try:
             version = np.lib.format.read_magic(fh)
             if version == (1, 0):
-                return np.lib.format.read_array_header_1_0(fh)
-            if version == (2, 0):
-                return np.lib.format.read_array_header_2_0(fh)
-            # later format versions: numpy's private reader handles them
-            return np.lib.format._read_array_header(fh, version)
+                header = np.lib.format.read_array_header_1_0(fh)
+            elif version == (2, 0):
+                header = np.lib.format.read_array_header_2_0(fh)
+            else:  # later format versions: numpy's private reader handles them
+                header = np.lib.format._read_array_header(fh, version)
         except ValueError as exc:
             raise ValueError(f"chunk {path!r} is not a .npy file: {exc}") from None
+        return (*header, fh.tell())
 
 
 def _check_dtype(dtype, where):
@@ -163,14 +170,23 @@ def _describe_chunks(chunks) -> list[_Chunk]:
                                  f"(write them with write_npy_chunks or np.save)")
             if not os.path.isfile(path):
                 raise ValueError(f"chunks[{i}] = {path!r} does not exist")
-            shape, _, dtype = _npy_header(path)
+            shape, _, dtype, offset = _npy_header(path)
             _check_dtype(dtype, f"chunks[{i}] ({path})")
             if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
                 raise ValueError(f"chunks[{i}] ({path}) must hold a 2-D array (T_i, D) with "
                                  f"T_i, D >= 1, got shape {shape}")
-            out.append(_Chunk(path, int(shape[0]), int(shape[1])))
+            need = offset + shape[0] * shape[1] * dtype.itemsize
+            size = os.path.getsize(path)
+            if size < need:
+                raise ValueError(f"chunks[{i}] ({path}) is truncated: its header announces "
+                                 f"shape {shape} of {dtype}, {need} bytes with the header, "
+                                 f"but the file has {size}")
+            # the workers open it: relative to their own working directory, a relative
+            # path would name another file (or none)
+            out.append(_Chunk(os.path.abspath(path), int(shape[0]), int(shape[1])))
         else:
-            X = check_observations(src, f"chunks[{i}]", allow_nan=True)
+            X = check_fit_magnitude(check_observations(src, f"chunks[{i}]", allow_nan=True),
+                                    f"chunks[{i}]")
             out.append(_Chunk(X, X.shape[0], X.shape[1]))
     D = {c.n_features for c in out}
     if len(D) > 1:
@@ -212,7 +228,7 @@ def write_npy_chunks(X, directory, n_chunks: int, prefix: str = "chunk") -> list
     Returns
     -------
     list of str
-        The paths, in order.
+        The absolute paths, in order.
 
     Examples
     --------
@@ -226,7 +242,7 @@ def write_npy_chunks(X, directory, n_chunks: int, prefix: str = "chunk") -> list
     if n_chunks > X.shape[0]:
         raise ValueError(f"n_chunks must be at most the number of samples ({X.shape[0]}), "
                          f"got {n_chunks}")
-    directory = os.fspath(directory)
+    directory = os.path.abspath(os.fspath(directory))
     os.makedirs(directory, exist_ok=True)
     paths = []
     for i, part in enumerate(np.array_split(X, n_chunks)):
@@ -238,10 +254,13 @@ def write_npy_chunks(X, directory, n_chunks: int, prefix: str = "chunk") -> list
 
 def _check_rows(block, path, first_row):
     """Raise if rows ``first_row ...`` of the chunk at ``path`` (``block``, float64) hold
-    an infinity or a row with every value missing."""
+    an infinity, a value too large to fit (as
+    :func:`~streamfhmm._validation.check_fit_magnitude`) or a row with every value
+    missing."""
     if np.isinf(block).any():
         r, c = np.argwhere(np.isinf(block))[0]
         raise ValueError(f"chunk {path} contains an infinity at row {first_row + r}, column {c}")
+    check_fit_magnitude(block, f"chunk {path}", first_row)
     empty = np.isnan(block).all(axis=1)
     if empty.any():
         raise ValueError(f"chunk {path} has a row with every value missing (row "
@@ -250,8 +269,13 @@ def _check_rows(block, path, first_row):
 
 def _map_chunk(path: str, n_features: int):
     """The ``.npy`` file at ``path`` memory-mapped (nothing read but its header)."""
-    # a plain array over the mapped file (slicing a memmap object is slower)
-    Y = np.asarray(np.load(path, mmap_mode="r"))
+    try:
+        # a plain array over the mapped file (slicing a memmap object is slower)
+        Y = np.asarray(np.load(path, mmap_mode="r"))
+    except (OSError, ValueError) as exc:  # missing here, unreadable, truncated, not a .npy
+        raise ValueError(f"chunk {path} cannot be opened on {socket.gethostname()} "
+                         f"({type(exc).__name__}: {exc}); .npy chunks must be readable at "
+                         f"the same path on every worker") from None
     if Y.ndim != 2 or Y.shape[1] != n_features:
         raise ValueError(f"chunk {path} has shape {Y.shape}, expected (T, {n_features})")
     _check_dtype(Y.dtype, f"chunk {path}")
@@ -566,7 +590,25 @@ async def _collect(futures, timeout):
 
 
 class _Lost(Exception):
-    """A shard's worker died, left the cluster or did not answer in time."""
+    """A shard's worker died, left the cluster or did not answer in time (``timed_out``)."""
+
+    def __init__(self, message, timed_out=False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+@dataclass(frozen=True)
+class _Loss:
+    """Why a shard was lost, kept in place of its :class:`_Lost`: the exception's
+    traceback refers to the frames that hold it (a reference cycle), and through them to
+    the lost actor's futures, which then outlived the fit until the cyclic garbage
+    collector ran."""
+    message: str
+    timed_out: bool = False
+
+    @classmethod
+    def of(cls, exc):
+        return cls(str(exc), getattr(exc, "timed_out", False))
 
 
 class _Shard:
@@ -599,13 +641,32 @@ class _ShardPool:
         self.step_timeout = step_timeout
         self.max_recoveries = max_recoveries
         self.recoveries = 0
-        self.excluded = set()
+        self.excluded = set()   # lost workers the scheduler still lists
+        self.timeouts = {}      # address -> times a shard there did not answer in time
 
     # -- liveness ------------------------------------------------------------------
+    def _nthreads(self):
+        """The cluster's workers (address -> threads), or RuntimeError when the client
+        lost the scheduler (the call would wait ``distributed.comm.timeouts.connect``,
+        30 s by default, for a new connection, then raise OSError)."""
+        status = getattr(self.client, "status", "running")
+        if status != "running":
+            raise RuntimeError(f"distributed SVI: the scheduler was lost (the client is "
+                               f"{status}): the fit cannot go on without it")
+        try:
+            return self.client.nthreads()
+        except OSError as exc:
+            raise RuntimeError(f"distributed SVI: the scheduler was lost ({exc}): the fit "
+                               f"cannot go on without it") from exc
+
     def _live_workers(self):
-        """The cluster's workers not given up on (a restarted worker, on a new address,
-        included); with the caller's ``workers=``, only those."""
-        live = set(self.client.nthreads())
+        """The cluster's workers but those lost during the fit that it still lists (a
+        restarted worker, on a new address, included; a worker that only timed out too);
+        with the caller's ``workers=``, only those."""
+        live = set(self._nthreads())
+        # a lost worker the cluster no longer lists is gone: its address, if it comes
+        # back, is a new worker
+        self.excluded &= live
         if self.restricted:
             live &= set(self.workers)
         return sorted(live - self.excluded)
@@ -615,19 +676,26 @@ class _ShardPool:
         ``address`` leaves, the key is lost, the connection fails or time runs out."""
         while True:
             left = deadline - time.monotonic()
+            reason, timed_out = None, False
             try:
                 return get(max(1e-3, min(_POLL, left)))
             except _TIMEOUTS:
                 if left <= _POLL:
-                    raise _Lost(f"{what}: no answer from {address} in time") from None
+                    reason, timed_out = f"no answer from {address} in time", True
             except OSError as exc:
-                raise _Lost(f"{what}: connection to {address} failed ({exc})") from exc
+                reason = f"connection to {address} failed ({exc})"
             except _CANCELLED as exc:
-                raise _Lost(f"{what}: the scheduler dropped it with {address} ({exc})") from exc
-            if key_future is not None and key_future.status not in ("finished", "pending"):
-                raise _Lost(f"{what}: the worker {address} holding it was lost")
-            if address not in self.client.nthreads():
-                raise _Lost(f"{what}: the worker {address} left the cluster")
+                reason = f"the scheduler dropped it with {address} ({exc})"
+            if reason is None and key_future is not None and key_future.status not in (
+                    "finished", "pending"):
+                reason = f"the worker {address} holding it was lost"
+            if reason is None and address not in self._nthreads():
+                reason = f"the worker {address} left the cluster"
+            if reason is not None:
+                # raised outside the handlers: the error does not carry the one handled
+                # (whose traceback and this frame would refer to each other, and this
+                # frame to the futures)
+                raise _Lost(f"{what}: {reason}", timed_out)
 
     # -- placing -------------------------------------------------------------------
     def start(self):
@@ -638,22 +706,24 @@ class _ShardPool:
                 try:
                     submitted.append(self._submit(s, addr))
                 except _Lost as exc:
-                    submitted.append(exc)
+                    submitted.append(_Loss.of(exc))
             deadline = time.monotonic() + self.setup_timeout
             for (shard, addr), sub in zip(placed, submitted):
-                try:
-                    if isinstance(sub, _Lost):
-                        raise sub
-                    self._bind(shard, addr, sub, deadline)
-                except _Lost as exc:
+                loss = sub if isinstance(sub, _Loss) else None
+                if loss is None:
+                    try:
+                        self._bind(shard, addr, sub, deadline)
+                    except _Lost as exc:
+                        loss = _Loss.of(exc)
+                if loss is not None:
                     shard.address = addr
-                    self._replace(shard, exc)
+                    self._replace(shard, loss)
         except BaseException:
             # a shard that cannot start (bad data, no worker left, interrupted): the
             # others' actors and scattered data would stay on the workers, held by the
             # client for as long as anything (this frame, in the error's traceback)
             # refers to their futures
-            self._cancel([f for sub in submitted if not isinstance(sub, _Lost)
+            self._cancel([f for sub in submitted if not isinstance(sub, _Loss)
                           for f in (sub[0], *(sub[1] or ()))])
             raise
         finally:
@@ -675,17 +745,20 @@ class _ShardPool:
             fut = self.client.submit(_ShardLearner, sources, self.spec, shard.seed, actor=True,
                                      workers=[address], allow_other_workers=False, pure=False)
         except (OSError, *_TIMEOUTS, *_CANCELLED) as exc:  # CommClosedError is an OSError
-            raise _Lost(f"while sending its data: the worker {address} failed ({exc!r})") from exc
-        return fut, data
+            reason = f"the worker {address} failed ({exc!r})"
+            timed_out = isinstance(exc, _TIMEOUTS)
+        else:
+            return fut, data
+        # outside the handler, as in _wait (the data sent so far is dropped with it)
+        raise _Lost(f"while sending its data: {reason}", timed_out)
 
     def _bind(self, shard, address, submitted, deadline):
         """Wait for the actor of ``submitted`` (``_submit``'s future and data) and attach
         it to ``shard``; on any failure the actor and its data are cancelled."""
         fut, data = submitted
         try:
-            try:
-                actor = self._wait(fut.result, address, None, deadline,
-                                   "while loading its data")
+            try:  # (the actor's proxy is made below)
+                self._wait(fut.result, address, None, deadline, "while loading its data")
             except _Lost:
                 if fut.status == "error":  # the shard itself failed (bad file, ...): no retry
                     fut.result()
@@ -695,45 +768,65 @@ class _ShardPool:
             # whose frames refer to the future: without the cancel neither is ever freed
             self._cancel([fut, *(data or ())])
             raise
-        shard.address, shard.future, shard.actor = address, fut, actor
+        shard.address, shard.future, shard.actor = address, fut, self._proxy(address, fut)
+
+    def _proxy(self, address, fut):
+        """A proxy of the actor of ``fut`` (at ``address``) that calls through this pool's
+        client. The one ``fut.result()`` returns binds to Dask's current client, the
+        newest one unless another is made current: with a second client its calls went
+        through that one, and closing it lost every shard."""
+        from distributed import Actor
+        with self.client.as_current():
+            return Actor(_ShardLearner, address, fut.key)
 
     def _cancel(self, futures):
         """Cancel ``futures`` (actors, scattered data) so the workers drop them now."""
         # a closed client cannot send the cancel (it would raise over the fit's own
         # error), and the scheduler released its keys when it closed
-        if futures and self.client.status != "closed":
+        if futures and self.client.status not in ("closing", "closed"):
             self.client.cancel(futures, force=True)
 
-    def _replace(self, shard, exc):
-        """Re-create ``shard`` on a live worker, or raise a clear error."""
+    def _replace(self, shard, loss):
+        """Re-create ``shard`` on a live worker, or raise a clear error (``loss``: a
+        :class:`_Loss`, why it was lost)."""
         while True:
             self.recoveries += 1
-            if self.recoveries > self.max_recoveries:
-                raise RuntimeError(f"distributed SVI: {shard.name} was lost ({exc}) and the "
-                                   f"{self.max_recoveries} allowed recoveries are used up") from exc
-            if shard.address is not None:
-                self.excluded.add(shard.address)
+            if shard.future is not None:  # a slow actor is still there: its worker drops it
+                self._cancel([shard.future])
             shard.future = shard.actor = None
+            if shard.address is not None:
+                if loss.timed_out:  # slow, not gone: it may take a shard again, after the others
+                    self.timeouts[shard.address] = self.timeouts.get(shard.address, 0) + 1
+                else:
+                    self.excluded.add(shard.address)
+            if self.recoveries > self.max_recoveries:
+                hint = (": a worker that misses step_timeout counts as lost, raise it if the "
+                        "workers are only slow" if loss.timed_out else "")
+                raise RuntimeError(f"distributed SVI: {shard.name} was lost ({loss.message}) and "
+                                   f"the {self.max_recoveries} allowed recoveries are used "
+                                   f"up{hint}")
             deadline = time.monotonic() + self.setup_timeout
             live = self._live_workers()
             while not live and time.monotonic() < deadline:
                 time.sleep(_POLL)
                 live = self._live_workers()
             if not live:
-                raise RuntimeError(f"distributed SVI: {shard.name} was lost ({exc}) and no "
-                                   f"worker is left to take it over (waited "
-                                   f"{self.setup_timeout:g} s)") from exc
+                raise RuntimeError(f"distributed SVI: {shard.name} was lost ({loss.message}) and "
+                                   f"no worker is left to take it over (waited "
+                                   f"{self.setup_timeout:g} s)")
             load = {w: 0 for w in live}
             for s in self.shards:
                 if s.actor is not None and s.address in load:
                     load[s.address] += 1
-            address = min(live, key=lambda w: (load[w], w))
+            # the workers that timed out least first (all alive: a slow step is no reason
+            # to give up on a worker for good), then the least loaded
+            address = min(live, key=lambda w: (self.timeouts.get(w, 0), load[w], w))
             shard.seed = shard.seed.spawn(1)[0]
             try:
                 self._bind(shard, address, self._submit(shard, address), deadline)
                 return
-            except _Lost as new_exc:
-                shard.address, exc = address, new_exc
+            except _Lost as exc:
+                shard.address, loss = address, _Loss.of(exc)
 
     # -- one step ------------------------------------------------------------------
     def gradients(self, x, counts):
@@ -749,7 +842,8 @@ class _ShardPool:
                 try:
                     calls.append((shard, shard.actor.gradient(x, int(n))))
                 except RuntimeError as exc:  # the proxy knows its worker is gone
-                    failed.append((shard, _Lost(f"during a step: {exc}")))
+                    failed.append((shard, _Loss(f"during a step: the worker {shard.address} "
+                                                f"holding it was lost ({exc})")))
             deadline = time.monotonic() + self.step_timeout
             results = [None] * len(calls)
             waiting = []
@@ -775,11 +869,11 @@ class _ShardPool:
                     results[j] = self._wait(fut.result, shard.address, shard.future, deadline,
                                             "during a step")
                 except _Lost as exc:
-                    failed.append((shard, exc))
+                    failed.append((shard, _Loss.of(exc)))
             if not failed:
                 return results
-            for shard, exc in failed:
-                self._replace(shard, exc)
+            for shard, loss in failed:
+                self._replace(shard, loss)
 
     def close(self):
         """Cancel the actors: the workers drop them (and their data) now, not when the
@@ -808,15 +902,17 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     Parameters
     ----------
     chunks : list of ndarray (T_i, D) or of ``.npy`` paths
-        Independent sequences (NaN = missing). Paths are opened by the workers,
-        memory-mapped; the driver reads only their headers.
+        Independent sequences (NaN = missing), every value within ±1e150. Paths are
+        opened by the workers, memory-mapped (a relative path is taken from this
+        process's working directory); the driver reads only their headers.
     params : FHMMParams
         Starting model (ignored when ``state`` is given).
     net : RecognitionNet
         Starting networks with their scaler set (:func:`chunk_scaler`); ignored when
         ``state`` is given.
     client : distributed.Client
-        A synchronous client.
+        A synchronous client; the workers are called through it, whichever client is
+        Dask's current one.
     max_iter, batch_size, subchain_length, learning_rate, final_lr_ratio, decay, time_budget
         As :func:`~streamfhmm.learn.svi.fit_svi`; ``batch_size`` is the total number of
         subchains per step over all workers, and ``time_budget`` also counts the
@@ -840,7 +936,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         included.
     step_timeout : float
         Seconds to wait for the workers' gradients in one step before treating the
-        silent workers as lost.
+        silent workers' shards as lost (they are re-created, preferably elsewhere).
     setup_timeout : float
         Seconds to wait for a shard to load its data (and compile the kernels).
     max_recoveries : int
