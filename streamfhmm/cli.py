@@ -930,7 +930,110 @@ def _warm_cold_engine(StreamEngine, args, n_features):
     """Run a cold-start engine through its warm-up on a small simulated stream, so that
     every kernel a cold stream needs (initialisation, networks, learner) is compiled or
     loaded from the cache before the service subscribes: a first run then does not let
-    the publisher stream ahead of a service that is still compiling."""
+    the publisher stream ahead of a service that is still compiling.
+
+    On a first run (the learner's kernel not in Numba's cache) with two or more cores,
+    a child process compiles the learner's kernels (most of the compilation: one fused
+    kernel, about a minute) while this one compiles the inference kernels; the cold
+    engine then loads both from the cache. Without a usable cache the child's work is
+    lost and this process compiles all of it, as before."""
+    child = _start_learner_compilation(args, n_features)
+    if child is not None:
+        try:
+            _warm_inference_engine(StreamEngine, args, n_features)
+            # until the learner's kernel is in the cache: the rest of the child's run (the
+            # engine's warm-up fit, which may take long for many chains, and loading what
+            # this process compiled) is not needed
+            deadline = time.monotonic() + _COMPILE_CHILD_TIMEOUT
+            while (child.poll() is None and not _learner_kernel_cached()
+                   and time.monotonic() < deadline):
+                time.sleep(0.2)
+        finally:
+            if child.poll() is None:
+                child.kill()   # (Numba writes its cache files by renaming complete ones)
+                child.wait()
+    _run_cold_engine(StreamEngine, args, n_features)
+
+
+#: seconds serve waits for the child compiling the learner's kernels
+_COMPILE_CHILD_TIMEOUT = 900.0
+
+
+def _learner_kernel_cached() -> bool:
+    """Whether Numba's cache holds a compiled learner kernel for the current source
+    (an internal of Numba's cache, read defensively: False when it cannot tell)."""
+    try:
+        from .kernels import online
+        return bool(online.svi_run._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _start_learner_compilation(args, n_features):
+    """A child ``python`` compiling the cold engine's kernels (:func:`_compile_child`),
+    or None: the learner kernel is cached already, one core only, or no child starts."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    if cores < 2 or _learner_kernel_cached():
+        return None
+    import json
+    import subprocess
+    spec = {k: getattr(args, k) for k in ("chains", "window", "hidden", "share", "mode", "posterior")}
+    spec = json.dumps(dict(spec, n_features=n_features))
+    env = dict(os.environ, **{DIE_WITH_PARENT_ENV: str(os.getpid())})
+    try:
+        return subprocess.Popen([sys.executable, "-c", "import sys; from streamfhmm.cli import "
+                                 "_compile_child; _compile_child(sys.argv[1])", spec],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=env)
+    except OSError:
+        return None
+
+
+def _compile_child(spec: str) -> None:
+    """The child of :func:`_start_learner_compilation`: the cold engine's warm-up run,
+    which compiles the learner's kernels first (into Numba's cache)."""
+    import json
+    _die_with_parent()
+    from .stream.engine import StreamEngine
+    spec = json.loads(spec)
+    n_features = spec.pop("n_features")
+    _run_cold_engine(StreamEngine, argparse.Namespace(**spec), n_features)
+
+
+def _warm_inference_engine(StreamEngine, args, n_features):
+    """The inference kernels of a cold stream (its posterior and mode), without the
+    learner: an engine with fixed random parameters (and network) of the same shapes."""
+    from . import FHMM
+    from .model import FHMMParams
+    from .network import RecognitionNet
+    from .stream.engine import _net_mode
+    params = FHMMParams.random(args.chains, n_features, random_state=0, noise=0.3)
+    model = FHMM.from_params(params.W, params.covariance, params.transmat, params.startprob,
+                             window=args.window, n_hidden=args.hidden, share_hidden=args.share)
+    X, _ = params.sample(8 * args.window + 64, random_state=1)
+    kw = {}
+    if args.posterior == "recognition":
+        net = RecognitionNet(args.chains, n_features, window=args.window, n_hidden=args.hidden,
+                             share=args.share, mode=_net_mode(args.mode)).init(random_state=0)
+        kw["net"] = net.fit_scaler(X)
+    try:
+        eng = StreamEngine(model, mode=args.mode, learn=False, posterior=args.posterior, **kw)
+    except ValueError:
+        return
+    try:
+        for x in X[:2 * args.window]:
+            eng.push(x)
+        eng.push_many(X[2 * args.window:])
+        eng.flush()
+    finally:
+        eng.close()
+
+
+def _run_cold_engine(StreamEngine, args, n_features):
+    """A cold-start engine of ``args``' shapes through its warm-up and some samples."""
     from . import FHMM
     from .model import FHMMParams
     params = FHMMParams.random(args.chains, n_features, random_state=0, noise=0.3)

@@ -850,3 +850,35 @@ def test_disaggregate_checks_n_train_against_the_data_before_the_fit(capsys, mon
         assert code == 1 and out == ""
         assert err == (f"streamfhmm disaggregate: error: {option} 0.0001 is less than a minute of data "
                        "(the periods are counted in one-minute rows)\n")
+
+
+def test_cold_serve_compiles_the_learner_in_a_child_on_a_first_run(monkeypatch):
+    """A first run's serve --cold compiles the learner's kernel in a child process while
+    it compiles the inference kernels itself. The parts run here with the kernels cached:
+    the inference engine of each posterior and mode, the child's run from its JSON spec,
+    a real child (its command line), and the cases that start none."""
+    import argparse
+    import json
+    from streamfhmm import cli
+    from streamfhmm.stream.engine import StreamEngine
+    for mode, posterior in (("smooth", "recognition"), ("filter", "recognition"), ("smooth", "exact"),
+                            ("filter", "exact")):
+        args = argparse.Namespace(chains=2, window=3, hidden=4, share="chain", mode=mode, posterior=posterior)
+        cli._warm_inference_engine(StreamEngine, args, 2)
+    spec = dict(chains=2, window=3, hidden=4, share="chain", mode="smooth", posterior="recognition")
+    cli._compile_child(json.dumps(dict(spec, n_features=2)))
+    args = argparse.Namespace(**spec)
+    assert cli._learner_kernel_cached()           # (this suite compiled it)
+    assert cli._start_learner_compilation(args, 2) is None
+    monkeypatch.setattr(cli, "_learner_kernel_cached", lambda: False)
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0})
+    assert cli._start_learner_compilation(args, 2) is None     # one core: no child
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1})
+    child = cli._start_learner_compilation(args, 2)
+    assert child is not None and child.wait(300) == 0
+    # serve waits for the child, then warms up itself
+    calls = []
+    monkeypatch.setattr(cli, "_warm_inference_engine", lambda *a: calls.append("inference"))
+    monkeypatch.setattr(cli, "_run_cold_engine", lambda *a: calls.append("cold"))
+    cli._warm_cold_engine(StreamEngine, args, 2)
+    assert calls == ["inference", "cold"]
