@@ -936,21 +936,21 @@ def _warm_cold_engine(StreamEngine, args, n_features):
     a child process compiles the learner's kernels (most of the compilation: one fused
     kernel, about a minute) while this one compiles the inference kernels; the cold
     engine then loads both from the cache. Without a usable cache the child's work is
-    lost and this process compiles all of it, as before."""
+    lost and this process compiles all of it after the child's run."""
     child = _start_learner_compilation(args, n_features)
     if child is not None:
+        import subprocess
         try:
             _warm_inference_engine(StreamEngine, args, n_features)
-            # until the learner's kernel is in the cache: the rest of the child's run (the
-            # engine's warm-up fit, which may take long for many chains, and loading what
-            # this process compiled) is not needed
-            deadline = time.monotonic() + _COMPILE_CHILD_TIMEOUT
-            while (child.poll() is None and not _learner_kernel_cached()
-                   and time.monotonic() < deadline):
-                time.sleep(0.2)
+            # the child's whole run, not only until the kernel's index appears: Numba
+            # writes a kernel's index before its code, and a child stopped in between
+            # left an index that names the code file of an older build of the kernel
+            child.wait(_COMPILE_CHILD_TIMEOUT)
+        except subprocess.TimeoutExpired:   # (this process compiles what is left)
+            pass
         finally:
             if child.poll() is None:
-                child.kill()   # (Numba writes its cache files by renaming complete ones)
+                child.kill()
                 child.wait()
     _run_cold_engine(StreamEngine, args, n_features)
 
@@ -960,8 +960,9 @@ _COMPILE_CHILD_TIMEOUT = 900.0
 
 
 def _learner_kernel_cached() -> bool:
-    """Whether Numba's cache holds a compiled learner kernel for the current source
-    (an internal of Numba's cache, read defensively: False when it cannot tell)."""
+    """Whether Numba's cache holds a compiled learner kernel (of any signature) for the
+    current source (an internal of Numba's cache, read defensively: False when it
+    cannot tell, and serve then starts the child, which loads the kernel and exits)."""
     try:
         from .kernels import online
         return bool(online.svi_run._cache._cache_file._load_index())
@@ -996,6 +997,9 @@ def _compile_child(spec: str) -> None:
     """The child of :func:`_start_learner_compilation`: the cold engine's warm-up run,
     which compiles the learner's kernels first (into Numba's cache)."""
     import json
+    # (a Ctrl-C in serve's terminal reaches this process too: it would stop a cache write
+    # half done; it ends with serve, by _die_with_parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     from .stream.engine import StreamEngine
     spec = json.loads(spec)

@@ -876,9 +876,13 @@ def test_cold_serve_compiles_the_learner_in_a_child_on_a_first_run(monkeypatch):
     monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1})
     child = cli._start_learner_compilation(args, 2)
     assert child is not None and child.wait(300) == 0
-    # serve waits for the child, then warms up itself
-    calls = []
+    # serve waits for the child's whole run, then warms up itself (a child stopped once
+    # the kernel's index appeared could leave an index naming older compiled code)
+    started, calls = [], []
+    start = cli._start_learner_compilation
+    monkeypatch.setattr(cli, "_start_learner_compilation", lambda *a: started.append(start(*a)) or started[-1])
     monkeypatch.setattr(cli, "_warm_inference_engine", lambda *a: calls.append("inference"))
     monkeypatch.setattr(cli, "_run_cold_engine", lambda *a: calls.append("cold"))
     cli._warm_cold_engine(StreamEngine, args, 2)
     assert calls == ["inference", "cold"]
+    assert started[0].returncode == 0      # it ended by itself (killed: -9)
