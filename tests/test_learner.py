@@ -461,6 +461,20 @@ def test_an_idle_thread_backs_off_and_wakes_at_once():
         while len(waits) < n + 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert waits[n:n + 2] == [0.002, 0.004], waits[n - 2:]
+        # segments fed to a learner that is off are still drained into the reservoir: a
+        # round that drained some waits idle_sleep again (with 0.1 s waits a fast stream
+        # overran max_pending, and segments were dropped)
+        while waits[-1] != 0.1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seg = learner.reservoir.data[0].copy()
+        n = len(waits)
+        for k in range(50):
+            learner.feed(seg, 10**6 + k)
+            time.sleep(0.003)
+        while (learner.pending or len(waits) < n + 3) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert 0.002 in waits[n + 1:], waits[n - 2:]
+        assert learner.dropped == 0 and not learner.pending
         assert learner.steps == 0
     finally:
         th.stop(10)

@@ -538,8 +538,10 @@ class LearnerThread(threading.Thread):
                 stepped = worked = False
                 after = None
                 with learner.lock:
-                    if learner.pending:
-                        learner.drain()
+                    if learner.pending and learner.drain():
+                        # (a stream feeding segments: the wait stays short, or the
+                        # pending ones overran max_pending while learning was off)
+                        idle = self.idle_sleep
                     job = self.take_job()
                     if job is not None:
                         try:
