@@ -426,8 +426,6 @@ class FHMM:
                              f"method={method!r}{' and a client' if client is not None else ''}")
         from .learn.svi import check_restarts
         n_restarts, restart_steps = check_restarts(n_restarts, restart_steps, max_iter, time_budget)
-        # scores of an earlier fit must not describe this one
-        self.init_scores_, self.restart_scores_ = np.empty(0), np.empty(0)
         if n_jobs != 1 and (method != "svi" or client is not None):
             raise ValueError(f"n_jobs applies to method='svi' without a client (the threads of "
                              f"the local learner), got n_jobs={n_jobs!r} with "
@@ -455,6 +453,7 @@ class FHMM:
         rng = check_random_state(self.random_state)
         bounds = exact.bounds_from_lengths(lengths)
         t0 = time.perf_counter()
+        self._clear_scores()
         params = self._initial_params(X, init, init_samples, n_init, rng, time_budget, bounds)
         if method == "em":
             from .learn.em import fit_exact_em
@@ -560,6 +559,12 @@ class FHMM:
                        net_warmup=max(0, net_warmup - restart_steps), log_every=log_every,
                        **dict(svi, progress=label))
 
+    def _clear_scores(self):
+        """Once the arguments passed every check, as the start begins: scores of an earlier
+        fit must not describe this one (a fit refused by a check cleared them, and left
+        them empty beside the earlier fit's parameters)."""
+        self.init_scores_, self.restart_scores_ = np.empty(0), np.empty(0)
+
     def _fit_distributed(self, X, lengths, method, client, *, max_iter, time_budget, batch_size,
                          subchain_length, learning_rate, final_lr_ratio, decay, init,
                          init_samples, n_init, net_warmup, progress) -> "FHMM":
@@ -585,6 +590,7 @@ class FHMM:
         head = head_rows(chunks, init_samples)
         self._check_n_features(head.shape[1], init)
         head_bounds = _bounds_within(exact.bounds_from_lengths(lengths), 0, len(head))
+        self._clear_scores()
         params = self._initial_params(head, init, init_samples, n_init, rng, time_budget,
                                       head_bounds)
         net = self._continued_net(init, params.n_features)
@@ -636,12 +642,14 @@ class FHMM:
         if init == "kmeans":
             return init_params(Xc, self.n_chains, random_state=rng,
                                covariance_type=self.covariance_type)
-        # short SMF-EM runs on the last samples (their runs of complete rows as
-        # sequences), each at most 30 s and together at most a fifth of the caller's budget
+        # short SMF-EM runs (30 iterations) on the last samples (their runs of complete
+        # rows as sequences); under a time budget each at most 30 s and together at most a
+        # fifth of it. Without one, no clock: a 30 s cap there made the start, and the
+        # fit, depend on the machine's speed (a fit with random_state is reproducible)
         first = len(Xc) - min(len(Xc), init_samples)
         sl = Xc[first:]
         sl_lengths = np.diff(_bounds_within(runs, first, len(Xc)))
-        budget = 30.0 if time_budget is None else min(30.0, 0.2 * time_budget / n_init)
+        budget = None if time_budget is None else min(30.0, 0.2 * time_budget / n_init)
         if n_init > 1:
             rows, row_lengths = _score_blocks(Xc, rng, runs)
         starts, scores = [], []
@@ -916,9 +924,12 @@ class FHMM:
             raise ValueError(f"{path} is not a streamfhmm model file (no '{_FORMAT_TAG}' tag)")
         damaged = f"{path} is a damaged streamfhmm model file"
         try:
-            version = int(data["version"])
+            raw = data["version"]
+            version = int(raw)
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{damaged}: no readable format version ({exc})") from None
+        if version != raw or version < 1:   # (int() took 1.9 as 1, and 0 or -7 loaded)
+            raise ValueError(f"{damaged}: format version {np.asarray(raw).tolist()!r} (expected an integer from 1)")
         if version > FORMAT_VERSION:
             raise ValueError(f"{path} has model format version {version}; this streamfhmm "
                              f"reads versions up to {FORMAT_VERSION}: upgrade streamfhmm")
@@ -940,6 +951,9 @@ class FHMM:
                              f"{net.n_features} features, its parameters {params.n_chains} chains "
                              f"and {params.n_features} features (expected the same)")
         fit_method = hyper.pop("fit_method", None)
+        if fit_method not in (None, "svi", "smf", "em") or (fit_method == "svi" and net is None):
+            raise ValueError(f"{damaged}: fit_method {fit_method!r} (expected 'svi' with recognition "
+                             f"networks, 'smf', 'em' or null)")
         hyper.setdefault("covariance_type", "full")
         unknown = sorted(set(hyper) - set(_HYPERPARAMETERS))
         if unknown:

@@ -6,6 +6,7 @@ import pytest
 
 from streamfhmm import FHMM, FHMMParams
 from streamfhmm.model import logit, sigmoid
+from streamfhmm._validation import check_random_state
 
 A2 = np.array([[[0.9, 0.1], [0.2, 0.8]], [[0.95, 0.05], [0.3, 0.7]]])
 W2 = np.array([[1.0, 0.0], [0.0, 2.0], [0.5, -0.5]])
@@ -447,6 +448,13 @@ def _rewrite(tmp_path, name, change):
     (lambda d, h: h.update(random_state=-1), "random_state must be None, an int >= 0 .* got -1"),
     (lambda d, h: d.update(history=np.array('{"iteration": 1}')),
      "its fit history is not a list of records"),
+    # these loaded (int() took 1.9 as 1; any fit_method became fit_method_)
+    (lambda d, h: d.update(version=np.array(0)), r"format version 0 \(expected an integer from 1\)"),
+    (lambda d, h: d.update(version=np.array(-7)), r"format version -7 \(expected an integer from 1\)"),
+    (lambda d, h: d.update(version=np.array(1.9)), r"format version 1.9 \(expected an integer from 1\)"),
+    (lambda d, h: h.update(fit_method="nonsense"), "fit_method 'nonsense' \\(expected 'svi' with"),
+    (lambda d, h: h.update(fit_method=[1, 2]), r"fit_method \[1, 2\] \(expected"),
+    (lambda d, h: h.update(fit_method="svi"), "fit_method 'svi' \\(expected 'svi' with recognition networks"),
 ])
 def test_load_refuses_damaged_files(tmp_path, change, message):
     path = _rewrite(tmp_path, "bad.npz", change)
@@ -739,3 +747,125 @@ def test_sample_starts_from_startprob():
     rng = np.random.default_rng(seed)
     first = np.array([p.sample(1, random_state=rng)[1][0] for _ in range(4000)])
     np.testing.assert_allclose(first.mean(axis=0), [0.05, 0.9], atol=0.02)   # 5 SD: 0.017
+
+
+def test_fit_method_survives_save_and_load(tmp_path):
+    seed = 31
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(2, 2, random_state=seed, noise=0.4).sample(300, random_state=seed)
+    for method in ("smf", "em", "svi"):
+        m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed)
+        m.fit(X, method=method, max_iter=5, progress=False)
+        m.save(tmp_path / f"{method}.npz")
+        assert FHMM.load(tmp_path / f"{method}.npz").fit_method_ == method
+
+
+def test_a_refused_fit_keeps_the_earlier_fits_scores():
+    """A fit refused by an argument check cleared init_scores_ and restart_scores_ and
+    left them empty beside the earlier fit's parameters (which save() then wrote)."""
+    seed = 32
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(2, 2, random_state=seed, noise=0.4).sample(600, random_state=seed)
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed)
+    m.fit(X, max_iter=12, n_restarts=2, init="smf", n_init=2, progress=False)
+    scores = (m.init_scores_.copy(), m.restart_scores_.copy())
+    for bad in (dict(method="bogus"), dict(n_jobs=0), dict(X=X[:, :1])):
+        with pytest.raises(ValueError):
+            m.fit(**{"X": X, "max_iter": 5, "progress": False, **bad})
+        np.testing.assert_array_equal(m.init_scores_, scores[0])
+        np.testing.assert_array_equal(m.restart_scores_, scores[1])
+    m.fit(X, method="smf", max_iter=3, progress=False)     # a fit that runs clears them
+    assert m.init_scores_.size == 0 and m.restart_scores_.size == 0
+
+
+def test_history_runs_on_where_the_best_restart_continues():
+    """The continued run's history went back to time ~0 and restarted its running ELBO
+    average at the continuation."""
+    seed = 33
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(2, 2, random_state=seed, noise=0.3).sample(800, random_state=seed)
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed)
+    m.fit(X, max_iter=300, n_restarts=2, restart_steps=100, progress=False)
+    h = m.history_
+    its, times = [e["iteration"] for e in h], [e["time"] for e in h]
+    assert its == sorted(its) and its[-1] == 300 and times == sorted(times)
+    k = next(i for i, e in enumerate(h) if e["iteration"] > 100)
+    # the average goes on: its first value after the continuation is near the last one
+    # before (a new average started from the single step's value)
+    assert abs(h[k]["elbo"] - h[k - 1]["elbo"]) < 0.2 * abs(h[k - 1]["elbo"]), h[k - 1:k + 1]
+
+
+def test_the_smf_start_reads_no_clock_without_a_time_budget(monkeypatch):
+    """Without a time budget the start's SMF-EM runs its 30 iterations whatever the
+    machine's speed: a 30 s cap made a fit with random_state depend on it."""
+    import streamfhmm.learn.smf as smf
+    seed = 34
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(3, 2, random_state=seed, noise=0.4).sample(2000, random_state=seed)
+    budgets = []
+    real = smf.fit_smf
+
+    def spy(*a, **kw):
+        budgets.append(kw.get("time_budget"))
+        return real(*a, **kw)
+    monkeypatch.setattr(smf, "fit_smf", spy)
+    a = FHMM(n_chains=3, random_state=seed).fit(X, method="smf", max_iter=2, progress=False)
+    clock = iter(range(0, 10**9, 100))      # every reading 100 s after the last
+    monkeypatch.setattr(smf.time, "perf_counter", lambda: float(next(clock)))
+    b = FHMM(n_chains=3, random_state=seed).fit(X, method="smf", max_iter=2, progress=False)
+    assert budgets[0] is None and budgets[2] is None      # (the start's runs)
+    np.testing.assert_array_equal(a.W_, b.W_)
+
+
+def test_lengths_reach_every_learner_and_the_smf_posterior(monkeypatch):
+    """fit(X, lengths) hands the sequences to each learner (mutants that fitted the
+    concatenation as one sequence passed every estimator test), and the SMF posterior
+    of several sequences is theirs, stacked."""
+    import streamfhmm.learn.em as em
+    import streamfhmm.learn.smf as smf
+    import streamfhmm.learn.svi as svi
+    seed = 35
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(2, 2, random_state=seed, noise=0.4).sample(700, random_state=seed)
+    lengths = [300, 400]
+    seen = {}
+
+    def spy(module, name, key):
+        real = getattr(module, name)
+
+        def call(*a, **kw):
+            seen.setdefault(key, []).append(np.asarray(a[1]).tolist())
+            return real(*a, **kw)
+        monkeypatch.setattr(module, name, call)
+    spy(em, "fit_exact_em", "em")
+    spy(smf, "fit_smf", "smf")
+    spy(svi, "fit_svi", "svi")
+    for method in ("em", "smf", "svi"):
+        FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed).fit(
+            X, lengths=lengths, method=method, max_iter=3, progress=False)
+    assert seen["em"] == [lengths]
+    assert seen["smf"][-1] == lengths            # (the first: the start's SMF-EM on the last rows)
+    assert seen["svi"] == [[0, 300, 700]]        # (fit_svi takes the sequences' bounds)
+    monkeypatch.undo()
+    # and what the learners make of them: from the same start, the estimator's fit is the
+    # learner's on the sequences, not on their concatenation
+    start = FHMMParams.random(2, 2, random_state=seed + 1, noise=0.5)
+    for method, learner in (("em", em.fit_exact_em), ("smf", smf.fit_smf)):
+        m = FHMM.from_params(W=start.W, covariance=start.covariance, transmat=start.transmat,
+                             startprob=start.startprob)
+        m.fit(X, lengths=lengths, method=method, init="params", max_iter=3, progress=False)
+        kw = dict(params=start, max_iter=3, progress=False)
+        if method == "smf":
+            kw["random_state"] = check_random_state(m.random_state)
+        want, _ = learner(X, lengths, **kw)
+        whole, _ = learner(X, None, **dict(kw, random_state=check_random_state(m.random_state))
+                           if method == "smf" else kw)
+        np.testing.assert_allclose(m.W_, want.W, rtol=1e-12, err_msg=method)
+        assert not np.allclose(m.W_, whole.W, rtol=1e-9), method
+    m = FHMM(n_chains=2, random_state=seed).fit(X, lengths=lengths, method="smf", max_iter=3,
+                                                progress=False)
+    both = m.predict_proba(X, lengths, method="smf")
+    # (to the SMF sweeps' tolerance: their stopping test spans every sequence given)
+    np.testing.assert_allclose(both, np.vstack([m.predict_proba(X[:300], method="smf"),
+                                                m.predict_proba(X[300:], method="smf")]), atol=1e-6)
+    assert not np.allclose(both, m.predict_proba(X, method="smf"), atol=1e-6)

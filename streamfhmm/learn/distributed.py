@@ -1052,6 +1052,8 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     bar = None
     limiter = None
     t0 = time.perf_counter()
+    # (a continued state logs on from its earlier calls: their time and running ELBO)
+    seconds_before, running = state.seconds, state.running
     try:
         pool.start()  # counts against time_budget, as the whole fit does
         if progress:
@@ -1059,7 +1061,6 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
             bar = tqdm(total=max_iter, desc="svi (dask)", unit="it", leave=False, mininterval=0.5)
         # in-process workers share this process: one BLAS thread, as the local learner
         limiter = threadpool_limits(limits=1, user_api="blas")
-        running = None
         acc_compute = acc_wall = 0.0
         acc_n = 0
         for i in range(1, max_iter + 1):
@@ -1093,7 +1094,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
             out_of_time = time_budget is not None and elapsed >= time_budget
             if i % log_every == 0 or i == max_iter or out_of_time:
                 log_step(state, {"iteration": state.iteration, "elbo": running, "lr": lr,
-                                 "time": elapsed, "compute": acc_compute / acc_n,
+                                 "time": seconds_before + elapsed, "compute": acc_compute / acc_n,
                                  "overhead": (acc_wall - acc_compute) / acc_n,
                                  "recoveries": pool.recoveries}, x, bar, callback)
                 acc_compute = acc_wall = 0.0
@@ -1106,6 +1107,8 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         # statistics already count them: the state stays consistent and can continue);
         # not a vector a diverging step overflowed (the error says so; writing it would
         # raise here and hide that error)
+        state.seconds = seconds_before + (time.perf_counter() - t0)
+        state.running = running
         if np.isfinite(x).all():
             store(state, x)
         if limiter is not None:

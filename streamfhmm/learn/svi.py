@@ -275,6 +275,11 @@ class SVIState:
     iteration: int = 0
     history: list = field(default_factory=list)
     covariance_type: str = "full"
+    #: seconds the earlier calls spent, and their running ELBO average: a continued run
+    #: (the best of several restarts) logs on from them (its "time" went back to 0 and
+    #: its average started over)
+    seconds: float = 0.0
+    running: float | None = None
 
     @property
     def params(self) -> FHMMParams:
@@ -431,7 +436,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         bar = tqdm(total=max_iter, desc=progress if isinstance(progress, str) else "svi",
                    unit="it", leave=False, mininterval=0.5)
     t0 = time.perf_counter()
-    running = None
+    seconds_before = state.seconds
+    running = state.running
     opt = state.opt
     # one BLAS thread: the step's products are small, and on a busy machine
     # multithreaded BLAS waits for its threads far longer than it computes
@@ -467,7 +473,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
             out_of_time = time_budget is not None and elapsed >= time_budget
             if i % log_every == 0 or i == max_iter or out_of_time:
                 log_step(state, {"iteration": state.iteration, "elbo": running, "lr": lr,
-                                 "time": elapsed}, x, bar, callback)
+                                 "time": seconds_before + elapsed}, x, bar, callback)
             advance_bar(bar, i)
             if out_of_time:
                 break
@@ -478,6 +484,8 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         # raise here and hide that error); the threads first (they only read x)
         if threaded is not None:
             threaded.close()
+        state.seconds = seconds_before + (time.perf_counter() - t0)
+        state.running = running
         if np.isfinite(x).all():
             store(state, x)
         limiter.restore_original_limits()
