@@ -1271,3 +1271,38 @@ def test_snapshot_weights_are_read_only_and_kernels_get_one_array_type():
             weights = eng.snapshot.weights
     assert len(seen) >= 51 and all(len(ws) == 1 for ws in seen)
     assert all(ws[0].flags.writeable and np.shares_memory(ws[0], weights) for ws in seen)
+
+
+@pytest.mark.parametrize("mode", ["filter", "smooth"])
+def test_filtered_is_the_newest_samples_forward_message(mode):
+    """filtered(): p(s_t | x_1..x_t) over the joint states and log p(x_t | x_<t) of the
+    newest sample, against a dense forward pass (the river adapter reads its exact
+    scores from it, not from the engine's internals)."""
+    model = _model(M=2, D=2, seed=60)
+    X = _data(model, 40, seed=61)
+    p = model.params_
+    print("seeds 60 61")
+    with StreamEngine(model, mode=mode, learn=False, posterior="exact") as eng:
+        with pytest.raises(ValueError, match="no sample has been filtered yet"):
+            eng.filtered()
+        for t in range(25):
+            eng.push(X[t])
+            alpha, logc = eng.filtered()
+            T_ = naive.dense_transition(p.transmat)
+            a = naive.dense_start(p.startprob)
+            e = np.array([np.exp(naive.log_emission_exact(p.W, p.L, x)) for x in X[:t + 1]])
+            for k in range(t + 1):
+                a = (a @ T_ if k else a) * e[k]
+                a = a / a.sum()
+            np.testing.assert_allclose(alpha, a, rtol=1e-9, atol=1e-12)
+            want = (naive.loglik_dense(p.W, p.covariance, p.transmat, p.startprob, X[:t + 1], L=p.L)
+                    - (naive.loglik_dense(p.W, p.covariance, p.transmat, p.startprob, X[:t], L=p.L)
+                       if t else 0.0))
+            assert logc == pytest.approx(want, rel=1e-9, abs=1e-9)
+        eng.push_many(X[25:])
+        alpha, _ = eng.filtered()
+        assert alpha.shape == (4,) and alpha.sum() == pytest.approx(1.0)
+    with StreamEngine(model, learn=False, net=_net(model, "centred", X, seed=62)) as eng:
+        eng.push(X[0])
+        with pytest.raises(ValueError, match="needs an exact-mode engine"):
+            eng.filtered()

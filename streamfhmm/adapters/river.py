@@ -645,14 +645,7 @@ class _StreamAdapter:
         having filtered the whole warm-up), computed with the parameters that push used.
         (A message stepped here with the snapshot read after the push differed from the
         engine's whenever the learner published in between.)"""
-        engine = self._engine
-        # the engine's message rings, slot t % (lag + 1); filter mode: lag 0, one slot
-        alpha, logc = engine._alpha_ring, engine._logc_ring
-        slot = (engine.n_samples - 1) % alpha.shape[0]
-        if self._alpha is None:
-            self._alpha = np.empty(alpha.shape[1])
-        self._alpha[:] = alpha[slot]
-        self._last_logc = float(logc[slot])
+        self._alpha, self._last_logc = self._engine.filtered()
         self._first = False
 
     def _work(self):

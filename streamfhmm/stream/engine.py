@@ -1413,6 +1413,30 @@ class StreamEngine:
         """Samples between a posterior's position and the newest sample it uses."""
         return self._lag
 
+    def filtered(self):
+        """Exact mode: the forward message ``p(s_t | x_1..x_t)`` over the 2^M joint states
+        and ``log p(x_t | x_<t)`` of the newest sample t, as the push that took it
+        computed them (with that push's parameter snapshot).
+
+        Returns
+        -------
+        alpha : ndarray, shape (2^M,)
+            A copy.
+        logc : float
+
+        Raises
+        ------
+        ValueError
+            Not an exact-mode engine, or no sample filtered yet (a warm-up still
+            buffering).
+        """
+        if not self._exact_mode:
+            raise ValueError("filtered() needs an exact-mode engine (posterior='exact')")
+        if self._phase == "warmup" or self._t == 0:
+            raise ValueError("filtered(): no sample has been filtered yet")
+        slot = (self._t - 1) % self._alpha_ring.shape[0]   # (the rings' slot t % (lag + 1))
+        return self._alpha_ring[slot].copy(), float(self._logc_ring[slot])
+
     @property
     def window(self) -> int:
         return self._window
