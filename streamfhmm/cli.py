@@ -908,14 +908,20 @@ def _warm_engine(StreamEngine, factory, new_model, args, n_features):
     except ValueError:
         return  # e.g. a filter-mode network only the learner can make: nothing to warm
     X, _ = model.sample(4 * model.window + 16, random_state=0)
+    _run_through(eng, X, X)
+    _warm_lane(engine, X, args)
+
+
+def _run_through(eng, singles, block) -> None:
+    """Push ``singles`` one at a time, then ``block`` in one ``push_many``, flush and
+    close ``eng``: each of its paths run once (a kernel warm-up)."""
     try:
-        for x in X:
+        for x in singles:
             eng.push(x)
-        eng.push_many(X)
+        eng.push_many(block)
         eng.flush()
     finally:
         eng.close()
-    _warm_lane(engine, X, args)
 
 
 def _warm_lane(factory, X, args):
@@ -1027,13 +1033,7 @@ def _warm_inference_engine(StreamEngine, args, n_features):
         eng = StreamEngine(model, mode=args.mode, learn=False, posterior=args.posterior, **kw)
     except ValueError:
         return
-    try:
-        for x in X[:2 * args.window]:
-            eng.push(x)
-        eng.push_many(X[2 * args.window:])
-        eng.flush()
-    finally:
-        eng.close()
+    _run_through(eng, X[:2 * args.window], X[2 * args.window:])
 
 
 def _run_cold_engine(StreamEngine, args, n_features):
@@ -1052,13 +1052,7 @@ def _run_cold_engine(StreamEngine, args, n_features):
     except ValueError:
         return
     X, _ = params.sample(n_warm + 8 * args.window + 64, random_state=1)
-    try:
-        for x in X[:n_warm + 2 * args.window]:
-            eng.push(x)
-        eng.push_many(X[n_warm + 2 * args.window:])
-        eng.flush()
-    finally:
-        eng.close()
+    _run_through(eng, X[:n_warm + 2 * args.window], X[n_warm + 2 * args.window:])
     # (not the serving lane: a cold stream reaches it only after its own warm-up, and
     # compiling it then overlaps the stream; before subscribing it would add its ~10 s
     # to the start of every first run: the demo's first run took 121-129 s instead of
