@@ -152,9 +152,10 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
     cache_dir : str or path-like, optional
         Where the cache lives (default :func:`cache_directory`). The cache file is
         ``householdpower-v<version>-<key>.npz``, keyed on a hash of the CSV's content
-        (so installs of the same data in several environments share one cache); it is written atomically, and other cache files of the data in
-        that directory are removed. A cache file that cannot be read (truncated,
-        corrupt) is parsed again and rewritten.
+        (so installs of the same data in several environments share one cache); it is
+        written atomically, and other cache files of the data in that directory are
+        removed. A cache file that cannot be read (truncated, corrupt) is parsed again
+        and rewritten.
 
     Returns
     -------

@@ -1192,22 +1192,21 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     R = theta @ W[:-1] + W[-1]
     Y = data.select(SUBMETER_COLUMNS)[n_train:n_train + n]
     A = data.select(AGGREGATE_COLUMNS)[n_train:n_train + n]
-    imputed = left_out
     cal, ev = slice(0, n_cal), slice(n_cal, n)
-    keep = ~imputed[cal]
+    keep = ~left_out[cal]
     coef = fit_submeter_map(theta[cal][keep], Y[cal][keep], both_states=both_states)
     base = fit_aggregate_baseline(A[cal][keep], Y[cal][keep])
     est = np.maximum(predict_submeters(theta, coef), 0.0)
     est_base = np.maximum(predict_aggregate_baseline(A, base), 0.0)
     report_kw = dict(
         submeters=SUBMETER_COLUMNS,
-        fhmm=disaggregation_metrics(Y[ev], est[ev], on_threshold, mask=imputed[ev]),
-        baseline=disaggregation_metrics(Y[ev], est_base[ev], on_threshold, mask=imputed[ev]),
-        aggregate_mse=mse_per_dimension(Z[ev], R[ev], imputed[ev]),
+        fhmm=disaggregation_metrics(Y[ev], est[ev], on_threshold, mask=left_out[ev]),
+        baseline=disaggregation_metrics(Y[ev], est_base[ev], on_threshold, mask=left_out[ev]),
+        aggregate_mse=mse_per_dimension(Z[ev], R[ev], left_out[ev]),
         calibration=(ts[0], ts[n_cal - 1]), evaluation=(ts[n_cal], ts[n - 1]),
         # the rows the sub-meter map was fitted on and the FHMM's estimates scored on
         n_calibration=_complete_rows(keep, theta[cal], Y[cal]),
-        n_evaluation=_complete_rows(~imputed[ev], Y[ev], est[ev]),
+        n_evaluation=_complete_rows(~left_out[ev], Y[ev], est[ev]),
         on_threshold=on_threshold, fit_seconds=fit_seconds, coef=coef, fit_settings=fkw)
     pngs = []
     if before_plots is not None:
