@@ -1040,11 +1040,13 @@ def period_minutes(days: float) -> int:
     """The one-minute rows of a period of ``days`` (rounded to the nearest minute): the
     calibration and evaluation periods of :func:`disaggregate_report`; ``days`` a finite
     number."""
-    try:
-        minutes = float(days) * _MINUTES_PER_DAY
-    except OverflowError:   # (an int beyond the float range)
-        minutes = math.inf
-    if isinstance(days, (bool, np.bool_)) or not isinstance(days, numbers.Real) or not math.isfinite(minutes):
+    minutes = math.nan
+    if not isinstance(days, (bool, np.bool_)) and isinstance(days, numbers.Real):
+        try:
+            minutes = float(days) * _MINUTES_PER_DAY
+        except OverflowError:   # (an int beyond the float range)
+            pass
+    if not math.isfinite(minutes):
         raise ValueError(f"days must be a finite number (of minutes too), got {days!r}")
     return int(round(minutes))
 

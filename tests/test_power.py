@@ -558,7 +558,7 @@ def test_rows_without_a_value_are_read_interpolated_and_left_out_of_the_scores()
 
 def test_period_minutes():
     assert period_minutes(1) == 1440 and period_minutes(0.5 / 1440) == 0
-    for bad in (float("inf"), float("nan"), "1", True, 1e306, 10**400):     # (OverflowError)
+    for bad in (float("inf"), float("nan"), "1", True, 1e306, 10**400, [1]):   # (OverflowError, TypeError)
         with pytest.raises(ValueError, match=r"days must be a finite number \(of minutes too\), got"):
             period_minutes(bad)
 
