@@ -426,7 +426,6 @@ class _StreamAdapter:
         self._last_theta = None
         self._prev_theta = None
         self._last_logc = math.nan
-        self._first = True
         self._alpha = None
         self._win = None
         self._init_transient()
@@ -646,7 +645,6 @@ class _StreamAdapter:
         (A message stepped here with the snapshot read after the push differed from the
         engine's whenever the learner published in between.)"""
         self._alpha, self._last_logc = self._engine.filtered()
-        self._first = False
 
     def _work(self):
         if self._exact_work is None:
@@ -663,8 +661,9 @@ class _StreamAdapter:
         else:
             ex = ExactTables.from_params(self.model.params_)
         tmp, le, work, ytil = self._work()
-        prev = self._alpha if self._alpha is not None else tmp  # (unread at the first step)
-        logc = _ko.filter_step(v, self._first, prev, tmp, le, work, ex.bias, ex.Linv, ex.Ut,
+        first = self._alpha is None
+        prev = tmp if first else self._alpha   # (unread at the first step)
+        logc = _ko.filter_step(v, first, prev, tmp, le, work, ex.bias, ex.Linv, ex.Ut,
                                ex.half_c, ex.const, ex.A, ex.pi, ex.W, ex.L, ytil)
         return logc, tmp
 
