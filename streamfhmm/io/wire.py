@@ -444,8 +444,7 @@ def encode_sample(topic, seq: int, ts: float, values, format: str = "binary") ->
                 np.ascontiguousarray(values, dtype=_LE_F8).tobytes()]
     if format == "json":
         vals = [None if v != v else v for v in np.asarray(values, dtype=np.float64).tolist()]
-        return [_json_dumps({"topic": topic.decode("utf-8"), "seq": int(seq), "ts": float(ts),
-                             "values": vals})]
+        return [_json_dumps({"topic": topic.decode("utf-8"), "seq": seq, "ts": ts, "values": vals})]
     raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
 
 
@@ -517,8 +516,8 @@ def encode_posterior(topic: bytes, seq: int, ts: float, post, format: str = "bin
             seq, post.t, ts, post.version, post.flags, theta.shape[0])
         return [topic, header, np.concatenate((theta, rho, mean)).astype(_LE_F8, copy=False).tobytes()]
     if format == "json":
-        return [_json_dumps({"topic": topic.decode("utf-8"), "seq": int(seq), "t": int(post.t),
-                             "ts": float(ts), "version": int(post.version), "flags": int(post.flags),
+        return [_json_dumps({"topic": topic.decode("utf-8"), "seq": seq, "t": int(post.t),
+                             "ts": ts, "version": int(post.version), "flags": int(post.flags),
                              "theta": _finite_list(theta), "rho": _finite_list(rho),
                              "mean": _finite_list(mean)})]
     raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
@@ -544,7 +543,7 @@ def encode_posterior_batch(topic: bytes, seqs, tss, batch, format: str = "binary
     if format == "json":
         name = topic.decode("utf-8")
         if (np.isfinite(batch.theta).all() and np.isfinite(batch.rho).all()
-                and np.isfinite(batch.mean).all() and math.isfinite(sum(tss))):
+                and np.isfinite(batch.mean).all()):   # (tss: finite, _check_seqs_tss)
             # what json.dumps writes for these (floats as repr), from one template
             D = batch.mean.shape[1]
             template = ('{"topic":%s,"seq":%%d,"t":%%d,"ts":%%r,"version":%%d,"flags":%%d,"theta":[%s],'
@@ -553,7 +552,7 @@ def encode_posterior_batch(topic: bytes, seqs, tss, batch, format: str = "binary
             rows = np.concatenate((batch.theta, batch.rho, batch.mean), axis=1).tolist()
             return [[(template % (seqs[k], t[k], tss[k], version[k], flags[k], *rows[k])).encode("utf-8")]
                     for k in range(n)]
-        return [[_json_dumps({"topic": name, "seq": int(seqs[k]), "t": t[k], "ts": float(tss[k]),
+        return [[_json_dumps({"topic": name, "seq": seqs[k], "t": t[k], "ts": tss[k],
                               "version": version[k], "flags": flags[k],
                               "theta": _finite_list(batch.theta[k]), "rho": _finite_list(batch.rho[k]),
                               "mean": _finite_list(batch.mean[k])})]
