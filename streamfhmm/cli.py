@@ -979,11 +979,8 @@ def _learner_kernel_cached() -> bool:
 def _start_learner_compilation(args, n_features):
     """A child ``python`` compiling the cold engine's kernels (:func:`_compile_child`),
     or None: the learner kernel is cached already, one core only, or no child starts."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    if cores < 2 or _learner_kernel_cached():
+    from .learn.svi import check_n_jobs
+    if check_n_jobs(-1) < 2 or _learner_kernel_cached():   # (-1: the processors we may use)
         return None
     import json
     import subprocess

@@ -861,12 +861,21 @@ def test_cold_serve_compiles_the_learner_in_a_child_on_a_first_run(monkeypatch):
     import json
     from streamfhmm import cli
     from streamfhmm.stream.engine import StreamEngine
+    # (each warm-up runs its engine through: a configuration the engine refused would
+    # return without a run)
+    runs = []
+    run_through = cli._run_through
+    monkeypatch.setattr(cli, "_run_through", lambda eng, *a: runs.append(eng.posterior) or run_through(eng, *a))
     for mode, posterior in (("smooth", "recognition"), ("filter", "recognition"), ("smooth", "exact"),
                             ("filter", "exact")):
         args = argparse.Namespace(chains=2, window=3, hidden=4, share="chain", mode=mode, posterior=posterior)
         cli._warm_inference_engine(StreamEngine, args, 2)
+    assert runs == ["recognition", "recognition", "exact", "exact"]
     spec = dict(chains=2, window=3, hidden=4, share="chain", mode="smooth", posterior="recognition")
+    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)   # (the child ignores SIGINT; not pytest)
     cli._compile_child(json.dumps(dict(spec, n_features=2)))
+    assert runs[4:] == ["recognition"]
+    monkeypatch.undo()
     args = argparse.Namespace(**spec)
     assert cli._learner_kernel_cached()           # (this suite compiled it)
     assert cli._start_learner_compilation(args, 2) is None

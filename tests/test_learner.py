@@ -486,12 +486,27 @@ def test_enabling_an_engine_s_learner_wakes_its_thread():
     model = FHMM.from_params(params.W, params.covariance, params.transmat, params.startprob)
     X, _ = params.sample(300, random_state=SEED)
     print(f"seed={SEED}")
-    with StreamEngine(model, learn=True, warmup=100, warmup_steps=2, learner_duty=1.0) as eng:
+    # (duty 0.5: the thread waits after each round, so a wake() that lands between its
+    # waits still ends the next one)
+    with StreamEngine(model, learn=True, warmup=100, warmup_steps=2, learner_duty=0.5) as eng:
         eng.learning = False
         eng.push_many(X)
-        woken = []
-        eng._thread.wake = lambda: woken.append(1)
+        th = eng._thread
+        ended = []
+        wait = th._wake.wait
+
+        def recording_wait(timeout=None):
+            ended.append(wait(timeout))    # True: the wait was cut short by wake()
+            return ended[-1]
+        th._wake.wait = recording_wait
+        deadline = time.monotonic() + 30
+        while len(ended) < 8 and time.monotonic() < deadline:   # (backed off to 0.1 s waits)
+            time.sleep(0.05)
         eng.learning = False
-        assert woken == []
+        time.sleep(0.3)
+        assert True not in ended      # switching learning off wakes nothing
+        n = len(ended)
         eng.learning = True
-        assert woken == [1]
+        while len(ended) < n + 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert True in ended[n:n + 2], ended[n - 2:]   # the wait it was in ended at once
