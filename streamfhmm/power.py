@@ -129,12 +129,13 @@ def _check_data(data) -> None:
                          f"got {type(data).__name__}")
 
 
-def _check_model(model) -> None:
-    """``model`` is an FHMM with parameters (else the estimator's ValueError says so)."""
+def _check_model(model):
+    """``model``'s parameters, if it is an FHMM with parameters (else ValueError; the
+    estimator's says what it lacks)."""
     from .estimator import FHMM
     if not isinstance(model, FHMM):
         raise ValueError(f"model must be an FHMM, got {type(model).__name__}")
-    model._require_params()
+    return model._require_params()
 
 
 def power_split(data=None, columns=PAPER_COLUMNS, n_train: int = N_TRAIN,
@@ -244,10 +245,7 @@ def reconstruction_range(model) -> tuple:
     -------
     low, high : ndarray, shape (D,)
     """
-    _check_model(model)
-    W = np.asarray(model.W_, dtype=np.float64)
-    if W.ndim != 2 or W.shape[0] < 2:
-        raise ValueError(f"model.W_ must have shape (n_chains + 1, D), got {W.shape}")
+    W = _check_model(model).W     # (FHMMParams: (M + 1, D), M >= 1)
     loads, bias = W[:-1], W[-1]
     return bias + np.minimum(loads, 0.0).sum(axis=0), bias + np.maximum(loads, 0.0).sum(axis=0)
 
@@ -644,8 +642,9 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
     # the SVI settings before the SMF-EM fits (which may take minutes)
     kw = svi_settings(**(svi_kwargs or {}))
     restart_steps = check_svi_kwargs(kw)
-    m, sec, info = smf(train[-5000:], None)
-    add(f"ours SMF-EM (last {min(5000, len(train)):,}{tag})", m, sec, "smf", info)
+    last = train[-5000:]
+    m, sec, info = smf(last, None)
+    add(f"ours SMF-EM (last {len(last):,}{tag})", m, sec, "smf", info)
     if smf_full:
         m, sec, info = smf(train, smf_budget)
         add(f"ours SMF-EM (all {len(train):,}{tag})", m, sec, "smf", info)
@@ -931,12 +930,12 @@ def disaggregation_metrics(Y_true, Y_est, on_threshold: float = 5.0, mask=None) 
         # The ratios are scale-free: divide by the largest true reading first (each
         # column's for NDE, the whole array's for the joint accuracy), so that readings
         # near the float range do not overflow to inf / inf.
-        scale = Y.max(axis=0)
-        scale[scale == 0] = 1.0
+        col = Y.max(axis=0)
+        scale = np.where(col == 0, 1.0, col)
         Ys, Es = Y / scale, E / scale
         energy = Ys.sum(axis=0)
         nde = np.where(energy > 0, ((Es - Ys) ** 2).sum(axis=0) / (Ys ** 2).sum(axis=0), np.nan)
-        top = Y.max() if Y.max() > 0 else 1.0
+        top = col.max() or 1.0
         Yj, Ej = Y / top, E / top
         total = Yj.sum()
         acc = np.array(1.0 - np.abs(Ej - Yj).sum() / (2.0 * total) if total > 0 else np.nan)

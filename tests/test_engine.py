@@ -1300,8 +1300,10 @@ def test_filtered_is_the_newest_samples_forward_message(mode):
                        if t else 0.0))
             assert logc == pytest.approx(want, rel=1e-9, abs=1e-9)
         eng.push_many(X[25:])
-        alpha, _ = eng.filtered()
+        alpha, logc = eng.filtered()
         assert alpha.shape == (4,) and alpha.sum() == pytest.approx(1.0)
+        buf = np.empty(4)
+        assert eng.filtered(out=buf) == logc and np.array_equal(buf, alpha)
     with StreamEngine(model, learn=False, net=_net(model, "centred", X, seed=62)) as eng:
         eng.push(X[0])
         with pytest.raises(ValueError, match="needs an exact-mode engine"):

@@ -430,15 +430,15 @@ class _StreamAdapter:
         self._win = None
         self._init_transient()
 
+    #: the state pickling drops and rebuilds: the engine, the dict last learnt (not its
+    #: id: ids are reused), scratch and caches, the engine's metrics once closed
+    _TRANSIENT = ("_engine", "_last_obj", "_net_cache", "_table_cache", "_state_cache",
+                  "_exact_work", "_final_metrics")
+
     def _init_transient(self):
-        """The state pickling drops and rebuilds: the engine and scratch/caches."""
-        self._engine = None
-        self._last_obj = None   # the dict last learnt (not its id: ids are reused)
-        self._net_cache = None
-        self._table_cache = None
-        self._state_cache = None
-        self._exact_work = None
-        self._final_metrics = None  # the engine's, once closed
+        """Set :attr:`_TRANSIENT` to None."""
+        for k in self._TRANSIENT:
+            setattr(self, k, None)
 
     # -- public helpers -------------------------------------------------------------------
     @property
@@ -644,7 +644,9 @@ class _StreamAdapter:
         having filtered the whole warm-up), computed with the parameters that push used.
         (A message stepped here with the snapshot read after the push differed from the
         engine's whenever the learner published in between.)"""
-        self._alpha, self._last_logc = self._engine.filtered()
+        if self._alpha is None:
+            self._alpha = np.empty(1 << self._structure()[0])
+        self._last_logc = self._engine.filtered(out=self._alpha)
 
     def _work(self):
         if self._exact_work is None:
@@ -798,8 +800,7 @@ class _StreamAdapter:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for k in ("_engine", "_last_obj", "_net_cache", "_table_cache", "_state_cache",
-                  "_exact_work", "_final_metrics", "_saved"):
+        for k in (*self._TRANSIENT, "_saved"):
             state.pop(k, None)
         state["_engine_state"] = self._engine_state()
         return state

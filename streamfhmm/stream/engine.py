@@ -1413,15 +1413,21 @@ class StreamEngine:
         """Samples between a posterior's position and the newest sample it uses."""
         return self._lag
 
-    def filtered(self):
+    def filtered(self, out=None):
         """Exact mode: the forward message ``p(s_t | x_1..x_t)`` over the 2^M joint states
         and ``log p(x_t | x_<t)`` of the newest sample t, as the push that took it
         computed them (with that push's parameter snapshot).
 
+        Parameters
+        ----------
+        out : ndarray, shape (2^M,), optional
+            Receives the message; then only ``logc`` is returned (no allocation per
+            sample for a caller that reads it after every push).
+
         Returns
         -------
         alpha : ndarray, shape (2^M,)
-            A copy.
+            A copy (unless ``out`` is given).
         logc : float
 
         Raises
@@ -1435,6 +1441,9 @@ class StreamEngine:
         if self._phase == "warmup" or self._t == 0:
             raise ValueError("filtered(): no sample has been filtered yet")
         slot = (self._t - 1) % self._alpha_ring.shape[0]   # (the rings' slot t % (lag + 1))
+        if out is not None:
+            np.copyto(out, self._alpha_ring[slot])
+            return float(self._logc_ring[slot])
         return self._alpha_ring[slot].copy(), float(self._logc_ring[slot])
 
     @property
