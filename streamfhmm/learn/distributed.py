@@ -111,8 +111,8 @@ from ..model import FHMMParams
 from ..network import RecognitionNet
 from .objective import check_covariance_type, covariance_mode
 from .sampler import SubchainSampler, expected_subchains
-from .svi import (SVIState, advance_bar, apply_gradient_sum, check_svi_settings, cosine_lr,
-                  log_step, start_state, store)
+from .svi import (SVIState, advance_bar, apply_gradient_sum, check_svi_settings, count_step,
+                  cosine_lr, log_step, start_state, store)
 
 __all__ = ["fit_svi_distributed", "write_npy_chunks", "chunk_lengths", "chunk_scaler",
            "head_rows"]
@@ -1052,8 +1052,6 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     bar = None
     limiter = None
     t0 = time.perf_counter()
-    # (a continued state logs on from its earlier calls: their time and running ELBO)
-    seconds_before, running = state.seconds, state.running
     try:
         pool.start()  # counts against time_budget, as the whole fit does
         if progress:
@@ -1086,15 +1084,14 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
                                          f"{state.iteration + 1}; parameters left at the "
                                          f"previous step")
             opt.steps += 1
-            state.iteration += 1
-            running = value if running is None else 0.98 * running + 0.02 * value
+            count_step(state, value)
             acc_compute += compute
             acc_wall += time.perf_counter() - ts
             acc_n += 1
             out_of_time = time_budget is not None and elapsed >= time_budget
             if i % log_every == 0 or i == max_iter or out_of_time:
-                log_step(state, {"iteration": state.iteration, "elbo": running, "lr": lr,
-                                 "time": seconds_before + elapsed, "compute": acc_compute / acc_n,
+                log_step(state, {"iteration": state.iteration, "elbo": state.running, "lr": lr,
+                                 "time": state.seconds + elapsed, "compute": acc_compute / acc_n,
                                  "overhead": (acc_wall - acc_compute) / acc_n,
                                  "recoveries": pool.recoveries}, x, bar, callback)
                 acc_compute = acc_wall = 0.0
@@ -1107,8 +1104,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         # statistics already count them: the state stays consistent and can continue);
         # not a vector a diverging step overflowed (the error says so; writing it would
         # raise here and hide that error)
-        state.seconds = seconds_before + (time.perf_counter() - t0)
-        state.running = running
+        state.seconds += time.perf_counter() - t0
         if np.isfinite(x).all():
             store(state, x)
         if limiter is not None:

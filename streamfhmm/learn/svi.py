@@ -323,6 +323,13 @@ def advance_bar(bar, i: int) -> None:
     bar.update(1)
 
 
+def count_step(state: SVIState, value: float) -> None:
+    """A step of a learner loop taken: the iteration and the running ELBO average (both
+    carried over from the state's earlier calls)."""
+    state.iteration += 1
+    state.running = value if state.running is None else 0.98 * state.running + 0.02 * value
+
+
 def log_step(state: SVIState, entry: dict, x: np.ndarray, bar, callback) -> None:
     """Record one logged step of a learner loop: append ``entry`` to the history, show
     its ELBO on the progress bar, and hand ``callback`` the state with the model vector
@@ -436,8 +443,6 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         bar = tqdm(total=max_iter, desc=progress if isinstance(progress, str) else "svi",
                    unit="it", leave=False, mininterval=0.5)
     t0 = time.perf_counter()
-    seconds_before = state.seconds
-    running = state.running
     opt = state.opt
     # one BLAS thread: the step's products are small, and on a busy machine
     # multithreaded BLAS waits for its threads far longer than it computes
@@ -468,12 +473,11 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
                 raise FloatingPointError(f"non-finite ELBO gradient at iteration {state.iteration + 1}; "
                                          f"parameters left at the previous step")
             opt.steps += 1
-            state.iteration += 1
-            running = value if running is None else 0.98 * running + 0.02 * value
+            count_step(state, value)
             out_of_time = time_budget is not None and elapsed >= time_budget
             if i % log_every == 0 or i == max_iter or out_of_time:
-                log_step(state, {"iteration": state.iteration, "elbo": running, "lr": lr,
-                                 "time": seconds_before + elapsed}, x, bar, callback)
+                log_step(state, {"iteration": state.iteration, "elbo": state.running, "lr": lr,
+                                 "time": state.seconds + elapsed}, x, bar, callback)
             advance_bar(bar, i)
             if out_of_time:
                 break
@@ -484,8 +488,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         # raise here and hide that error); the threads first (they only read x)
         if threaded is not None:
             threaded.close()
-        state.seconds = seconds_before + (time.perf_counter() - t0)
-        state.running = running
+        state.seconds += time.perf_counter() - t0
         if np.isfinite(x).all():
             store(state, x)
         limiter.restore_original_limits()
