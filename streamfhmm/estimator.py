@@ -568,7 +568,7 @@ class FHMM:
     def _fit_distributed(self, X, lengths, method, client, *, max_iter, time_budget, batch_size,
                          subchain_length, learning_rate, final_lr_ratio, decay, init,
                          init_samples, n_init, net_warmup, progress) -> "FHMM":
-        from .learn.distributed import (check_client, chunk_lengths, chunk_scaler,
+        from .learn.distributed import (_describe_chunks, check_client, chunk_lengths, chunk_scaler,
                                         fit_svi_distributed, head_rows)
         from .learn.svi import DEFAULT_MAX_ITER
         check_client(client)  # before the initialisation, which takes a while
@@ -580,11 +580,13 @@ class FHMM:
             if lengths is not None:
                 raise ValueError("lengths must be None when X is a list of chunks (each chunk is a sequence)")
             chunks = list(X)
-            lengths = chunk_lengths(chunks)  # validates shapes and files (headers only)
         else:
             X = check_fit_magnitude(check_observations(X, allow_nan=True))
             lengths = check_lengths(lengths, X.shape[0])
             chunks = np.split(X, np.cumsum(lengths)[:-1])
+        # checked once (shapes, files' headers, values), then passed on as checked
+        chunks = _describe_chunks(chunks)
+        lengths = chunk_lengths(chunks)
         rng = check_random_state(self.random_state)
         t0 = time.perf_counter()
         head = head_rows(chunks, init_samples)

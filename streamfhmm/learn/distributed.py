@@ -155,7 +155,15 @@ class _Chunk:
     n_features: int
 
 
-def _describe_chunks(chunks) -> list[_Chunk]:
+class _Described(list):
+    """Chunks :func:`_describe_chunks` checked (a list of :class:`_Chunk`): the public
+    functions take them back as they are, so a fit checks its data once, not once per
+    call (FHMM.fit with a client makes four)."""
+
+
+def _describe_chunks(chunks) -> _Described:
+    if isinstance(chunks, _Described):
+        return chunks
     if isinstance(chunks, (str, os.PathLike, np.ndarray)) or not hasattr(chunks, "__len__"):
         raise ValueError("chunks must be a list of (T_i, D) arrays or of .npy file paths, got "
                          f"{type(chunks).__name__}")
@@ -191,7 +199,7 @@ def _describe_chunks(chunks) -> list[_Chunk]:
     D = {c.n_features for c in out}
     if len(D) > 1:
         raise ValueError(f"every chunk must have the same number of features, got {sorted(D)}")
-    return out
+    return _Described(out)
 
 
 def chunk_lengths(chunks) -> np.ndarray:
