@@ -872,12 +872,11 @@ def _check_checkpoint_dir(path) -> None:
 def _check_metrics_port(addr, port) -> None:
     """prometheus-client is installed and ``addr:port`` can be bound now (the server
     itself starts with the service, after the kernels are warmed up)."""
-    import importlib
+    from .service import require_prometheus
     try:
-        importlib.import_module("prometheus_client")
-    except ImportError:
-        raise CliError("metrics need the prometheus-client package: "
-                       "pip install 'streamfhmm[metrics]'") from None
+        require_prometheus()
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
     import socket
     try:   # (as prometheus-client binds it: the first address, SO_REUSEADDR)
         family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]

@@ -1151,6 +1151,16 @@ class StreamService:
         return out
 
 
+def require_prometheus():
+    """The ``prometheus_client`` module, or RuntimeError saying which extra installs it."""
+    try:
+        import prometheus_client
+    except ImportError:
+        raise RuntimeError("metrics need the prometheus-client package: "
+                           "pip install 'streamfhmm[metrics]'") from None
+    return prometheus_client
+
+
 def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0.1"):
     """Serve the service's metrics in Prometheus text format on ``http://addr:port/metrics``.
 
@@ -1171,12 +1181,8 @@ def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0
     if isinstance(port, bool) or not isinstance(port, (int, np.integer)) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an integer in [0, 65535] (0: any free port), got {port!r}")
     port = int(port)
-    try:
-        import prometheus_client
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-    except ImportError:
-        raise RuntimeError("metrics need the prometheus-client package: "
-                           "pip install 'streamfhmm[metrics]'") from None
+    prometheus_client = require_prometheus()
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     counters = {
         "samples": "samples pushed into the engines",
