@@ -110,22 +110,29 @@ class Snapshot:
     version : int
         0 for the parameters the engine started with, +1 per publication.
     params : FHMMParams
-    weights : ndarray or None
-        Read-only copy of the inference network's weights (recognition mode).
     exact : ExactTables or None
         Tables of the exact kernels (exact mode).
     kernel_weights : ndarray or None
-        The memory of ``weights`` as a writeable array, for the compiled kernels only
-        (which never write it): Numba compiles a kernel once per array type, and a
-        read-only argument is another type, so the network's forward pass was compiled
-        twice, for the learner's weights and for these (4-15 s of a first run).
+        A copy of the inference network's weights (recognition mode), writeable typed
+        for the compiled kernels only, which never write it: Numba compiles a kernel
+        once per array type, and a read-only argument is another type, so the
+        network's forward pass was compiled twice, for the learner's weights and for
+        these (4-15 s of a first run). Everything else reads :attr:`weights`.
     """
 
     version: int
     params: FHMMParams
-    weights: np.ndarray | None
     exact: ExactTables | None
     kernel_weights: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def weights(self) -> np.ndarray | None:
+        """The inference network's weights, read-only (a view of ``kernel_weights``)."""
+        if self.kernel_weights is None:
+            return None
+        view = self.kernel_weights.view()
+        view.setflags(write=False)
+        return view
 
     @property
     def W(self) -> np.ndarray:
@@ -134,12 +141,8 @@ class Snapshot:
 
 def make_snapshot(version: int, params: FHMMParams, weights=None, exact: bool = False) -> Snapshot:
     """A :class:`Snapshot`; ``weights`` is copied, the exact tables computed if ``exact``."""
-    kernel = view = None
-    if weights is not None:
-        kernel = np.array(weights, dtype=np.float64, order="C", copy=True)
-        view = kernel.view()
-        view.setflags(write=False)
-    return Snapshot(version=int(version), params=params, weights=view,
+    kernel = None if weights is None else np.array(weights, dtype=np.float64, order="C", copy=True)
+    return Snapshot(version=int(version), params=params,
                     exact=ExactTables.from_params(params) if exact else None, kernel_weights=kernel)
 
 
