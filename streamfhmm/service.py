@@ -375,6 +375,12 @@ def _stream_stem(topic: bytes) -> str:
     return f"stream-{h}"
 
 
+def _engine_file(stem: str, generation: int) -> str:
+    """The name of a stream's engine checkpoint of ``generation`` (``stem``: the stream's
+    :func:`_stream_stem`, or a path ending in it)."""
+    return f"{stem}.{generation}.npz"
+
+
 def _atomic_write_text(path: str, text: str):
     write_atomically(path, lambda fh: fh.write(text), mode="w")
 
@@ -433,10 +439,11 @@ def read_stream_record(path: str) -> dict:
     # the names the service writes: a record copied or renamed to another stream's name
     # would resume that stream from this one's state (and two records one engine file)
     stem = _stream_stem(topic)
-    if os.path.basename(path) != stem + ".json" or fname != f"{stem}.{gen}.npz":
+    if os.path.basename(path) != stem + ".json" or fname != _engine_file(stem, gen):
         raise CheckpointError(f"{path} is a damaged stream checkpoint record: a record of topic "
                               f"{topic!r}, generation {gen} is named {stem}.json and names the "
-                              f"engine file {stem}.{gen}.npz, not {os.path.basename(path)} and {fname}")
+                              f"engine file {_engine_file(stem, gen)}, not {os.path.basename(path)} "
+                              f"and {fname}")
     full = os.path.join(os.path.dirname(path), fname)
     if not os.path.isfile(full):
         raise CheckpointError(f"{path} names the engine checkpoint {fname}, which is missing")
@@ -597,7 +604,7 @@ class StreamService:
         one not yet removed, a first one without a record) and temporary files of atomic
         writes older than an hour. Only files of the service's own name patterns, among
         ``listing`` (the directory's names)."""
-        named = {f"{_stream_stem(st.topic)}.{st.generation}.npz" for st in self.streams.values()}
+        named = {_engine_file(_stream_stem(st.topic), st.generation) for st in self.streams.values()}
         now = time.time()
         for name in listing:
             path = os.path.join(self.checkpoint_dir, name)
@@ -653,7 +660,7 @@ class StreamService:
         """Checkpoint one stream (engine file, then its record); whether it was written."""
         stem = os.path.join(self.checkpoint_dir, _stream_stem(st.topic))
         gen = st.generation + 1
-        path = f"{stem}.{gen}.npz"
+        path = _engine_file(stem, gen)
         try:
             if not os.path.isdir(self.checkpoint_dir):   # deleted while the service runs
                 os.makedirs(self.checkpoint_dir, exist_ok=True)
@@ -672,7 +679,7 @@ class StreamService:
             st.since_checkpoint = 0   # try again after another checkpoint_every samples
             self._log("checkpoint", "checkpoint of stream %r failed: %s", st.name, exc)
             return False
-        old = f"{stem}.{st.generation}.npz"
+        old = _engine_file(stem, st.generation)
         st.generation = gen
         st.since_checkpoint = 0
         self.counters["checkpoints"] += 1
