@@ -91,6 +91,10 @@ def test_bad_arguments():
     Xn[3, 0] = np.nan
     with pytest.raises(ValueError):
         FHMM(n_chains=2).fit(Xn, method="em", progress=False)
+    Xb = X.copy()
+    Xb[7, 1] = -1e200        # as FHMM.fit: "W must be finite" after overflow warnings before
+    with pytest.raises(ValueError, match=r"X must hold values within .* found -1e\+200 at row 7, column 1"):
+        fit_exact_em(Xb, n_chains=2, progress=False)
 
 
 def test_fit_does_not_depend_on_the_features_units():
@@ -140,18 +144,19 @@ def test_fit_exact_em_refuses_an_n_chains_that_params_contradict():
     assert fit_exact_em(X, params=p, n_chains=2, max_iter=1, progress=False)[0].n_chains == 2
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_one_m_step_is_the_expected_complete_data_maximiser(seed):
+@pytest.mark.parametrize("seed, offset", [(0, 1e4), (1, 1e4), (1, 1e6)])
+def test_one_m_step_is_the_expected_complete_data_maximiser(seed, offset):
     """One EM iteration against its definition, by enumeration of every joint path of two
     sequences (lengths honoured): W solves Σ_t E[ŝŝᵀ] W = Σ_t E[ŝ] yᵀ, Σ is the expected
     residual covariance at that W (taken term by term, not through an identity), the
     transitions are the expected counts, the start probabilities the sequences' first
-    marginals."""
+    marginals. The data's offset must not reach Σ (Cov[ŝ]'s bias row, 0 by definition,
+    was taken as the difference of two sums and multiplied by the offset twice)."""
     print(f"seed={seed}")
     p = FHMMParams.random(2, 2, random_state=seed, noise=0.7)
     X, _ = p.sample(7, random_state=seed + 20)
-    X = X + 1e4                                   # an offset the bias must take exactly
-    p = p.replace(W=p.W + np.r_[np.zeros((2, 2)), [[1e4, 1e4]]])
+    X = X + offset                                # an offset the bias must take exactly
+    p = p.replace(W=p.W + np.r_[np.zeros((2, 2)), [[offset, offset]]])
     lengths = [3, 4]
     states = np.c_[naive.joint_states(2), np.ones(4)]
     paths, G, C, xi, first = [], np.zeros((3, 3)), np.zeros((3, 2)), np.zeros((2, 2, 2)), []

@@ -12,6 +12,7 @@ from streamfhmm.kernels import smf as _ksmf
 from streamfhmm.model import FHMMParams
 
 from . import naive_smf as naive
+from .naive import forward_loglik_loops
 
 
 def _model(M, D, seed, **kw):
@@ -145,6 +146,24 @@ def test_bound_below_exact_loglik(M, D, noise, seed):
     q = _model(M, D, seed + 1, noise=0.3)
     _, bound_q = smf_posterior(q, X, lengths=lengths)
     assert bound_q <= exact.log_likelihood(q, X, lengths=lengths)
+
+
+@pytest.mark.parametrize("scale,noise", [(1e4, 1e-3), (1e3, 1e-5)])
+def test_entropy_and_bound_at_a_high_signal_to_noise_ratio(scale, noise):
+    """log Z_m and Σ_t θ g each grow as T‖L⁻¹w_m‖² (1e14 here): formed as their
+    difference, the entropy left [0, T log 2] (-1.5 and +564) and the bound passed the
+    log-likelihood by up to 649 nats on 200 samples. The posterior is then nearly
+    certain: entropy ≈ 0 and the bound ≈ log p(y) of a textbook log-space forward pass."""
+    seed = 1
+    print(f"seed={seed}")
+    p = FHMMParams.random(3, 2, random_state=seed, scale=scale, noise=noise)
+    X, S = p.sample(200, random_state=seed + 1)
+    est = smf_e_step(p, X, theta_init=S.astype(float), tol=1e-10, max_sweeps=20)
+    ll = forward_loglik_loops(p, X)
+    print(f"entropy={est.entropy} bound - loglik={est.bound - ll:.3g}")
+    assert (est.entropy >= -1e-9).all() and (est.entropy <= 1e-6).all()
+    assert est.bound <= ll + 1e-9 * abs(ll)
+    assert est.bound == pytest.approx(ll, abs=1e-5)
 
 
 @pytest.mark.parametrize("D,noise,seed", [(1, 0.3, 50), (3, 1.0, 51), (2, 0.02, 52)])
@@ -415,6 +434,15 @@ def test_validation_names_the_argument():
         smf_posterior(p, X, tol=-1.0)
     with pytest.raises(ValueError, match="max_sweeps"):
         smf_posterior(p, X, max_sweeps=0)
+    # its bound trace is allocated up front: MemoryError before
+    with pytest.raises(ValueError, match="max_sweeps must be at most 100,000"):
+        smf_posterior(p, X, max_sweeps=10**15)
+    with pytest.raises(ValueError, match="max_sweeps must be at most"):
+        fit_smf(X, n_chains=2, max_sweeps=10**15, progress=False)
+    # a fit's statistics square the data: "W must be finite" after overflow warnings before
+    with pytest.raises(ValueError, match=r"X must hold values within .* row 3, column 1"):
+        fit_smf(np.where(np.arange(20)[:, None] * [0, 1, 0] == 3, 1e200, X), n_chains=2,
+                progress=False)
     with pytest.raises(ValueError, match="X must not contain NaN"):
         smf_posterior(p, np.where(X > 0, np.nan, X))
     with pytest.raises(ValueError, match="n_chains"):

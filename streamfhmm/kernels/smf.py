@@ -196,7 +196,10 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
     MATH.md §6. The bound after each update is
     ``const - ½ Σ_t (‖r̃_t‖² + Σ_m θ_t^m(1-θ_t^m)‖ũ_m‖²) + Σ_m chain_terms[m]``,
     i.e. ``Σ_t E_q log N - Σ_m Σ_t θ g + Σ_m log Z_m``; each chain update maximises it
-    exactly over ``q_m``, so the trace never decreases.
+    exactly over ``q_m``, so the trace never decreases. ``log Z_m`` and ``Σ_t θ g``
+    each grow as ``T‖ũ_m‖²``; their difference is formed as the forward pass's
+    rescaling logs plus ``Σ_t (max(g_t, 0) - θ_t g_t)``, whose terms are all ≥ 0, so
+    the bound and the entropy keep their precision at any signal-to-noise ratio.
     """
     T, D = ytil.shape
     M = U.shape[0]
@@ -257,7 +260,11 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
             # Messages are left unnormalised (no division on the recursion's critical
             # path) and rescaled only when they approach underflow; the scale factors
             # go into log Z. Messages only shrink: rows of A sum to 1 and potentials ≤ 1.
+            # log Z_m = logz + shifts, shifts = Σ_t max(g_t, 0) kept apart: the bound
+            # needs log Z_m - Σ_t θ_t g_t, and both sums grow as T‖ũ_m‖² while their
+            # difference stays small (see dev below)
             logz = 0.0
+            shifts = 0.0
             for k in range(n_seq):
                 s = bounds[k]
                 e = bounds[k + 1]
@@ -274,7 +281,7 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
                     e0 = ex if pos else 1.0
                     e1 = 1.0 if pos else ex
                     shift = gt if pos else 0.0
-                    logz += shift
+                    shifts += shift
                     if t == s:
                         pr0 = p0
                         pr1 = p1
@@ -316,6 +323,7 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
 
             # ---- backward pass: θ, ξ, residual update, bound pieces ----
             tg = 0.0
+            dev = 0.0   # Σ_t (max(g_t, 0) - θ_t g_t): every term ≥ 0, no cancellation
             var_m = 0.0
             rss = 0.0
             x00 = 0.0
@@ -393,8 +401,10 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
                     delta = q1 - th[m, t]
                     th[m, t] = q1
                     max_delta = max(max_delta, abs(delta))
-                    tg += q1 * g[t]
-                    var_m += q1 * (1.0 - q1)
+                    gt = g[t]
+                    tg += q1 * gt
+                    dev += q0 * gt if gt > 0.0 else -q1 * gt
+                    var_m += q0 * q1          # not q1(1 - q1): q1 may round to 1
                     rr = 0.0
                     for d in range(D):
                         r = resid[t, d] - delta * u[d]
@@ -409,10 +419,10 @@ def smf_e_step(ytil, U, log_A, log_start, bounds, theta, tol, max_sweeps, const,
             xi[m, 1, 1] = x11
             e_trans = (_xlogy(x00, log_A[m, 0, 0]) + _xlogy(x01, log_A[m, 0, 1])
                        + _xlogy(x10, log_A[m, 1, 0]) + _xlogy(x11, log_A[m, 1, 1]))
-            log_Z[m] = logz
+            log_Z[m] = logz + shifts
             theta_g[m] = tg
-            entropy[m] = logz - tg - e_start - e_trans
-            terms[m] = logz - tg
+            terms[m] = logz + dev        # = log Z_m - Σ_t θ_t g_t
+            entropy[m] = terms[m] - e_start - e_trans
             var_terms[m] = var_m * c_mm
             n_updates += 1
             trace[n_updates] = const - 0.5 * (rss + var_terms.sum()) + terms.sum()

@@ -23,8 +23,8 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import exact
-from .._validation import (check_lengths, check_observations, check_positive_int,
-                           check_random_state)
+from .._validation import (check_fit_magnitude, check_lengths, check_observations,
+                           check_positive_int, check_random_state)
 from ..kernels import exact as _kx
 from ..model import FHMMParams, check_params
 from .objective import constrain_params, covariance_mode
@@ -151,7 +151,7 @@ def fit_exact_em(X, lengths=None, params: FHMMParams | None = None, n_chains: in
     M-step MATH.md §6 with the exact ``Σ_t E[ŝŝᵀ]``. The log-likelihood never
     decreases (up to rounding), which the tests check.
     """
-    X = check_observations(X)
+    X = check_fit_magnitude(check_observations(X))
     lengths = check_lengths(lengths, X.shape[0])
     starts = _bounds(lengths)[:-1]
     max_iter = check_positive_int(max_iter, "max_iter", minimum=0)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from .._validation import (check_lengths, check_observations, check_positive_int,
-                           check_random_state)
+from .._validation import (check_fit_magnitude, check_lengths, check_observations,
+                           check_positive_int, check_random_state)
 from ..kernels import smf as _k
 from ..model import PROB_FLOOR, FHMMParams, check_params
 from .objective import COVARIANCE_TYPES as COVARIANCE_TYPE_NAMES
@@ -175,6 +175,19 @@ def _default_floor(X: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------
 # E-step
 # ----------------------------------------------------------------------------------------
+#: the most sweeps one E-step may be asked for (its bound trace is allocated up front:
+#: one value per chain update)
+MAX_SWEEPS = 100_000
+
+
+def _check_sweeps(max_sweeps) -> int:
+    max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
+    if max_sweeps > MAX_SWEEPS:
+        raise ValueError(f"max_sweeps must be at most {MAX_SWEEPS:,} (the E-step stops earlier "
+                         f"once θ settles to its tolerance), got {max_sweeps:,}")
+    return max_sweeps
+
+
 def _e_step(params, X, bounds, theta, tol, max_sweeps, chain_terms) -> SMFEStep:
     """E-step on validated inputs; ``theta`` is overwritten."""
     M = params.n_chains
@@ -239,7 +252,7 @@ def smf_e_step(params: FHMMParams, X, lengths=None, theta_init=None, tol: float 
     bounds = _bounds(lengths)
     T, M = X.shape[0], params.n_chains
     tol = _check_nonneg_float(tol, "tol")
-    max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
+    max_sweeps = _check_sweeps(max_sweeps)
     if previous is not None:
         if not isinstance(previous, SMFEStep):
             raise ValueError(f"previous must be an SMFEStep, got {type(previous).__name__}")
@@ -367,7 +380,11 @@ def _m_step(params: FHMMParams, X, theta, xi, starts, floor, cov_mode: int = 0,
     # and cancel (data at 5e6 with noise 0.1 gave a negative variance)
     E = X - mu @ W
     if exact_gram:
-        S = (E.T @ E + W.T @ (gram - mu.T @ mu) @ W) / T
+        # Cov[ŝ_t] on the chains only: its bias row and column are 0 by definition, while
+        # gram and μᵀμ each carry their own rounding there, which the bias row of W
+        # (the data's offset) would multiply twice (1e-8 at an offset of 1e4)
+        cov = gram[:M, :M] - mu[:, :M].T @ mu[:, :M]
+        S = (E.T @ E + W[:M].T @ cov @ W[:M]) / T
     else:   # (mean field: Cov[ŝ_t] is diag(θ(1 - θ)) on the chains)
         S = (E.T @ E + (W[:M].T * v) @ W[:M]) / T
     S = 0.5 * (S + S.T)
@@ -633,7 +650,7 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
     >>> history[-1]["bound"] >= history[0]["bound"]
     True
     """
-    X = check_observations(X)
+    X = check_fit_magnitude(check_observations(X))
     lengths = check_lengths(lengths, X.shape[0])
     bounds = _bounds(lengths)
     starts = bounds[:-1]
@@ -641,7 +658,7 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
     max_iter = check_positive_int(max_iter, "max_iter", minimum=0)
     tol = _check_nonneg_float(tol, "tol")
     e_tol = _check_nonneg_float(e_tol, "e_tol")
-    max_sweeps = check_positive_int(max_sweeps, "max_sweeps")
+    max_sweeps = _check_sweeps(max_sweeps)
     if time_budget is not None:
         time_budget = _check_nonneg_float(time_budget, "time_budget")
     cov_mode = covariance_mode(covariance_type)
