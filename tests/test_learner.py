@@ -248,6 +248,45 @@ def test_run_steps_split_into_calls_takes_the_same_steps(steps_per_call):
     assert not np.array_equal(a.x, _learner().x)   # the steps did move the state
 
 
+@pytest.mark.parametrize("steps_per_call", [None, 2, 20])
+def test_freeze_holds_the_model_for_its_steps_only(steps_per_call):
+    """freeze_steps=3 holds the model part fixed for the first three steps of a round of
+    20 and no longer (the whole round was frozen before): the run equals three frozen
+    steps then seventeen free ones of the compiled kernel on the same minibatches."""
+    learner, ref = _learner(), _learner()
+    learner.freeze_remaining = ref.freeze_remaining = 3
+    model0 = learner.x[:learner.nm].copy()
+    assert learner.run_steps(20, steps_per_call) == 20
+    assert learner.freeze_remaining == 0
+    assert not np.array_equal(learner.x[:learner.nm], model0)
+    slots = ref.reservoir.sample_slots(20, ref.batch_size)
+    lr, values = ref.learning_rates(20), np.empty(20)
+    n_ok = ref._svi_run(slots, lr, values, 0, 3, 0, True)
+    np.testing.assert_array_equal(ref.x[:ref.nm], model0)
+    ref._svi_run(slots, lr, values, 3, 20, n_ok, False)
+    np.testing.assert_array_equal(learner.x, ref.x)
+    np.testing.assert_array_equal(learner.sq, ref.sq)
+
+
+def test_a_rejected_state_returns_to_the_last_snapshot_with_its_rmsprop_statistics():
+    """A state that makes no valid parameter set goes back to the last published one,
+    RMSprop's mean squares included (zeroing them while the step count stays made the
+    next steps ~3x RMSprop's first), and the round counts as one discarded step."""
+    learner = _learner()
+    learner.run_steps(20)
+    assert learner.snapshot() is not None
+    x_good, sq_good = learner.x.copy(), learner.sq.copy()
+    learner.run_steps(5)
+    assert not np.array_equal(learner.sq, sq_good)
+    learner.x[0] = math.nan                      # W no longer finite
+    steps, discarded, version = learner.steps, learner.discarded, learner.version
+    assert learner.snapshot() is None
+    np.testing.assert_array_equal(learner.x, x_good)
+    np.testing.assert_array_equal(learner.sq, sq_good)
+    assert (learner.steps, learner.discarded, learner.version) == (steps, discarded + 1, version)
+    assert learner.run_steps(5) == 5 and learner.snapshot().version == version + 1
+
+
 def test_thread_steps_per_call_argument():
     assert LearnerThread(_learner(), print).steps_per_call == 1
     assert LearnerThread(_learner(), print, steps_per_call=4).steps_per_call == 4
