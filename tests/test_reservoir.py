@@ -87,7 +87,7 @@ def test_recency_cap_and_uniform_insert_probability():
     r = Reservoir(10, 1, 1, half_life=1000.0, stride=2)
     assert math.isclose(r.insert_probability, 10 * (1 - 2 ** (-2 / 1000)))
     u = _run(10, 40)
-    assert math.isclose(u.insert_probability, 10 / 40)
+    assert math.isclose(u.insert_probability, 10 / 41)   # the 41st offer's chance
 
 
 def test_uniform_reservoir_keeps_old_data_recency_does_not():
@@ -118,6 +118,21 @@ def test_errors():
     arrays = _run(3, 5).to_arrays()
     arrays["data"] = arrays["data"][:2]
     with pytest.raises(ValueError, match="do not match"):
+        Reservoir.from_arrays(arrays)
+
+
+@pytest.mark.parametrize("size, n_seen", [(3, -5), (3, 2), (3, 0), (4, 9), (-1, 5)])
+def test_a_state_with_impossible_counters_is_refused(size, n_seen):
+    """size within [0, capacity] and at most the segments seen: a negative count stopped
+    the learner thread at its next drain, one below size biased Algorithm R."""
+    import json
+    arrays = _run(3, 5).to_arrays()
+    meta = json.loads(str(arrays["meta"]))
+    meta.update(size=size, n_seen=n_seen)
+    arrays["meta"] = np.array(json.dumps(meta))
+    arrays["data"] = np.zeros((max(size, 0), 1, 1))
+    arrays["end"] = np.zeros(max(size, 0), dtype=np.int64)
+    with pytest.raises(ValueError, match="size .* and segments seen .* must satisfy"):
         Reservoir.from_arrays(arrays)
 
 

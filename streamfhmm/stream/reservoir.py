@@ -111,9 +111,9 @@ class Reservoir:
 
     @property
     def insert_probability(self) -> float:
-        """Probability that a full reservoir takes a new segment."""
-        if self.half_life is None:
-            return self.capacity / max(self.n_seen, 1)
+        """Probability that a full reservoir takes the next segment offered."""
+        if self.half_life is None:   # Algorithm R: the (n_seen + 1)-th is kept with C / (n_seen + 1)
+            return min(1.0, self.capacity / (self.n_seen + 1))
         return min(1.0, self.capacity * -math.expm1(-math.log(2.0) * self.stride / self.half_life))
 
     @property
@@ -198,7 +198,12 @@ class Reservoir:
         meta = json.loads(str(arrays["meta"]))
         res = cls(meta["capacity"], meta["segment_length"], meta["n_features"],
                   half_life=meta["half_life"], stride=meta["stride"])
-        size = int(meta["size"])
+        size, n_seen = int(meta["size"]), int(meta["n_seen"])
+        if not 0 <= size <= res.capacity or n_seen < size:
+            # a negative n_seen stopped the learner at its next drain, one below size
+            # biased Algorithm R towards overwriting the first slots
+            raise ValueError(f"reservoir state: size {size} and segments seen {n_seen} must "
+                             f"satisfy 0 <= size <= capacity ({res.capacity}) and seen >= size")
         data = np.asarray(arrays["data"], dtype=np.float64)
         end = np.asarray(arrays["end"], dtype=np.int64)
         if data.shape != (size, res.segment_length, res.n_features) or end.shape != (size,):
@@ -209,7 +214,7 @@ class Reservoir:
         res.data[:size] = data
         res.end[:size] = end
         res.size = size
-        res.n_seen = int(meta["n_seen"])
+        res.n_seen = n_seen
         name = meta["rng"].get("bit_generator")
         if name not in _BIT_GENERATORS:
             raise ValueError(f"unknown random bit generator {name!r} in reservoir state")
