@@ -120,6 +120,22 @@ def test_subscription_prefixes():
     assert not frames[0].startswith(subscription_prefixes("b")[1])
 
 
+def test_subscription_prefixes_select_json_topics_written_as_raw_utf8():
+    """A non-ASCII topic in compact JSON may be written escaped (Python's json) or as raw
+    UTF-8 (JavaScript, serde_json): both are decoded, and the subscription selects both
+    (ZeroMQ dropped the raw form before the service saw it: not even counted)."""
+    import json
+    subs = subscription_prefixes("caf")  # ASCII: the two JSON forms are one
+    assert subs == [b"caf", b'{"topic":"caf']
+    subs = subscription_prefixes("café")
+    for ascii_only in (True, False):
+        frame = json.dumps({"topic": "café-1", "seq": 3, "ts": 1.5, "values": [1.0, 2.0]},
+                           separators=(",", ":"), ensure_ascii=ascii_only).encode("utf-8")
+        assert any(frame.startswith(p) for p in subs), frame
+        assert decode_input([frame], n_features=2).topic == "café-1".encode("utf-8")
+    assert not any(b'{"topic":"cafe'.startswith(p) for p in subs)
+
+
 def test_bounds():
     assert max_json_bytes(10) == 2048 + 320
     assert max_frame_bytes(10_000) == max(max_json_bytes(10_000), 80_000)

@@ -482,13 +482,22 @@ def encode_service_heartbeat(n_streams: int, ts: float, format: str = "binary") 
 def subscription_prefixes(prefix) -> list[bytes]:
     """The ZeroMQ subscriptions that select the topics beginning with ``prefix``.
 
-    Two for a non-empty prefix: the multipart form's topic frame, and the compact
-    one-frame JSON form ``{"topic":"prefix...``; ``[b""]`` (everything) for an empty one.
+    For a non-empty prefix: the multipart form's topic frame, and the compact one-frame
+    JSON form ``{"topic":"prefix...`` with the prefix as JSON text, both as Python's
+    ``json`` writes it (non-ASCII characters as ``\\uXXXX``) and as raw UTF-8 (as
+    JavaScript's ``JSON.stringify`` and most other encoders write it) where the two
+    differ; ``[b""]`` (everything) for an empty one.
     """
     prefix = _topic_bytes(prefix)
     if not prefix:
         return [b""]
-    return [prefix, b'{"topic":' + json.dumps(prefix.decode("utf-8")).encode("utf-8")[:-1]]
+    name = prefix.decode("utf-8")
+    subs = [prefix]
+    for ascii_only in (True, False):
+        sub = b'{"topic":' + json.dumps(name, ensure_ascii=ascii_only).encode("utf-8")[:-1]
+        if sub not in subs:
+            subs.append(sub)
+    return subs
 
 
 def _json_dumps(obj) -> bytes:
