@@ -1066,9 +1066,9 @@ class StreamService:
         return sum(_engine_steps(st.engine) for st in list(self.streams.values()))
 
     def status_line(self, now: float | None = None, prefix: str = "streamfhmm serve:") -> str:
-        """One line: samples and rate, streams, gaps, malformed messages, checkpoints,
-        learner steps (a resumed checkpoint's included) and their rate (rates since the
-        previous status line, of this run's steps only)."""
+        """One line: samples and rate, streams, gaps, malformed messages, input
+        disconnections, checkpoints, learner steps (a resumed checkpoint's included) and
+        their rate (rates since the previous status line, of this run's steps only)."""
         now = time.monotonic() if now is None else now
         t_prev, n_prev, s_prev = self._last_status
         dt = max(now - t_prev, 1e-9)
@@ -1080,7 +1080,8 @@ class StreamService:
         run_steps = steps - self._steps_inherited
         return (f"{prefix} {n:,} samples ({rate:,.0f}/s), {m['posteriors']:,} posteriors, "
                 f"{len(self.streams)} stream(s), gaps {m['gaps']} ({m['gap_samples']} samples), "
-                f"malformed {m['malformed_total']} ({bad}), stale {m['stale']}, "
+                f"malformed {m['malformed_total']} ({bad}), "
+                f"input disconnects {m['input_disconnects']}, stale {m['stale']}, "
                 f"rejected {m['engine_rejected']}, checkpoints {m['checkpoints']}, "
                 f"lost on resume {m['lost_on_resume']}, learner steps {steps} "
                 f"({max(run_steps - s_prev, 0) / dt:,.0f}/s), "
@@ -1129,6 +1130,9 @@ class StreamService:
 
         Keys: ``samples``, ``posteriors``, ``streams``, ``malformed`` (by kind),
         ``malformed_total``, ``gaps``, ``gap_samples``, ``stale``, ``restarts``,
+        ``input_disconnects`` (input connections that ended: a publisher leaving, or
+        libzmq dropping one for a frame past the size bound), ``input_reconnects`` (the
+        service's own reconnections after such a drop),
         ``engine_rejected``, ``streams_full``, ``heartbeats_in``, ``heartbeats_out``,
         ``checkpoints``, ``checkpoint_failures``, ``lost_on_resume``, ``ends``,
         ``unmatched`` (posteriors of positions with no pending sample, not published),
@@ -1145,6 +1149,8 @@ class StreamService:
                    malformed_total=self.source.n_malformed,
                    gaps=sum(s.gaps for s in seqs), gap_samples=sum(s.gap_samples for s in seqs),
                    stale=sum(s.stale for s in seqs), restarts=sum(s.restarts for s in seqs),
+                   input_disconnects=getattr(self.source, "disconnects", 0),
+                   input_reconnects=getattr(self.source, "reconnects", 0),
                    published=self.sink.sent, subscribers=self.sink.n_subscribers(),
                    uptime=time.monotonic() - self.started)
         if engines:
@@ -1199,6 +1205,9 @@ def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0
         "gap_samples": "sequence numbers never received",
         "stale": "repeated or out-of-order sequence numbers skipped",
         "restarts": "publisher restarts (sequence number back to 0)",
+        "input_disconnects": "input connections that ended (a publisher leaving, or dropped "
+                             "by libzmq for a frame past the size bound)",
+        "input_reconnects": "reconnections after libzmq dropped the input connection",
         "engine_rejected": "samples the engine refused",
         "unmatched": "posteriors of positions with no pending sample (not published)",
         "streams_full": "samples of new topics skipped past max_streams",

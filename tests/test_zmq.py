@@ -185,6 +185,35 @@ def test_oversize_frame_never_reaches_the_decoder(ctx):
     src.close(0)
 
 
+def test_oversize_frame_to_a_bound_source_is_counted(ctx):
+    """Bound, the source had no monitor: libzmq dropped the publisher's connection (the
+    publisher reconnects by itself) and nothing counted it."""
+    src = ZmqSource("tcp://127.0.0.1:0", 2, context=ctx, linger_ms=0, bind=True)
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(src.endpoint)
+    try:
+        item = None
+        for seq in range(200):   # until the subscription has reached the publisher
+            pub.send_multipart(encode_sample(b"t", seq, 0.0, [1.0, 2.0]))
+            item = src.recv(timeout=0.05)
+            if item is not None:
+                break
+        assert type(item) is Sample
+        pub.send_multipart([b"t", b'{"seq":0,"ts":0}', b"x" * (max_frame_bytes(2) + 1)])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:   # the drop is seen, the publisher is back
+            seq += 1
+            pub.send_multipart(encode_sample(b"t", seq, 0.0, [1.0, 2.0]))
+            src.maintain()
+            if src.recv(timeout=0.05) is not None and src.disconnects:
+                break
+        assert src.n_malformed == 0 and src.disconnects == 1 and src.reconnects == 0
+    finally:
+        pub.close(0)
+        src.close(0)
+
+
 def test_sink_handshake_and_posterior(ctx):
     sink = ZmqSink(ANY, context=ctx, linger_ms=0)
     assert sink.endpoint.startswith("tcp://127.0.0.1:") and not sink.endpoint.endswith("*")

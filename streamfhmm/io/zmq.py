@@ -252,6 +252,9 @@ class ZmqSource:
         Malformed messages counted by kind (:data:`~streamfhmm.io.wire.ERROR_KINDS`).
     streams : dict of bytes to StreamSeq
     untracked, evicted, disconnects, reconnects : int
+        ``disconnects``: input connections that ended, as :meth:`maintain` saw them
+        (libzmq drops the connection of a frame past the size bound before it is read:
+        its messages are otherwise only a sequence gap).
     evicted_totals : StreamSeq
         The gaps and heartbeats counted in the bookkeeping given up (see ``max_streams``).
     """
@@ -295,10 +298,13 @@ class ZmqSource:
         self._lib = _libzmq.functions() if fast else None
         self._bufs = None
         # libzmq drops a connection that carried an oversize frame and does not retry it:
-        # watch for disconnections and reconnect (see maintain())
+        # watch for disconnections and reconnect (see maintain()); a bound socket's peer
+        # reconnects by itself, and its disconnections are only counted
         self.reconnects = 0
         self._dropped_at = None
-        self._monitor = None if bind else self.socket.get_monitor_socket(
+        self._bind = bool(bind)
+        self._monitor = self.socket.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED if bind else
             zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED
             | zmq.EVENT_CONNECT_DELAYED)
         if subscribe:
@@ -445,12 +451,15 @@ class ZmqSource:
                   topic_name(topic), last + 1, seq - 1, seq - last - 1)
 
     def maintain(self) -> int:
-        """Reconnect a connection libzmq dropped for good; call it now and then (cheap).
+        """Count ended input connections and reconnect one libzmq dropped for good; call
+        it now and then (cheap).
 
         A connecting SUB whose publisher sent a frame past the size bound is
         disconnected by libzmq and, unlike after an ordinary disconnection, not retried:
         when a disconnection is not followed by a retry within half a second, this
-        reconnects. Returns the number of disconnections seen.
+        reconnects. A bound SUB's peers reconnect by themselves; their disconnections (a
+        publisher leaving, or dropped for an oversize frame) are counted. Returns the
+        number of disconnections seen.
         """
         mon = self._monitor
         if mon is None:
@@ -468,7 +477,9 @@ class ZmqSource:
             else:   # a retry or a connection: libzmq is on it
                 self._dropped_at = None
         self.disconnects += n
-        if self._dropped_at is not None and time.monotonic() - self._dropped_at > 0.5:
+        if self._bind:
+            self._dropped_at = None
+        elif self._dropped_at is not None and time.monotonic() - self._dropped_at > 0.5:
             self._dropped_at = None
             self.reconnects += 1
             self._log("disconnect", "input connection to %s dropped and not retried (a frame over %d "
