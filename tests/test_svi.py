@@ -933,11 +933,15 @@ def test_threaded_fit_learns_like_the_one_thread_fit(three_chain_setup):
         return FHMM.from_params(W=p.W, covariance=p.covariance,
                                 transmat=p.transmat).score(scored) / len(scored)
 
-    ll = {n_jobs: loglik(_threaded_fit(X, params, net, n_jobs, 1500, seed,
-                                       net_warmup=100).params) for n_jobs in (1, 2)}
+    fits = {n_jobs: _threaded_fit(X, params, net, n_jobs, 1500, seed, net_warmup=100)
+            for n_jobs in (1, 2)}
+    ll = {n_jobs: loglik(fit.params) for n_jobs, fit in fits.items()}
     print(f"log-likelihood per step: true parameters {loglik(params):.4f}, "
           f"n_jobs=1 {ll[1]:.4f}, n_jobs=2 {ll[2]:.4f}")
-    assert ll[1] != ll[2] and abs(ll[2] - ll[1]) < 0.02
+    # the states part (the threads' sums are added in another order), though the scores
+    # may agree to every digit (they did on one machine, not on another)
+    assert not np.array_equal(fits[1].state_vector(), fits[2].state_vector())
+    assert abs(ll[2] - ll[1]) < 0.02
 
 
 def test_threaded_fit_failure_keeps_its_steps_in_the_state(three_chain_setup, monkeypatch):
