@@ -1290,8 +1290,16 @@ def plot_reconstruction(timestamps, observed, reconstructed, columns, path) -> s
         ax.set_ylabel(columns[d], fontsize=8)
     axes[0].legend(loc="upper right", fontsize=8)
     axes[0].set_title(f"aggregate channels, {_day(timestamps[0])[:10]}")
-    fig.savefig(os.fspath(path), dpi=110)
-    return os.fspath(path)
+    return _save_png(fig, path)
+
+
+def _save_png(fig, path) -> str:
+    """``fig`` as a PNG at ``path``, written atomically: a failed write (a full disk, a
+    signal) leaves the previous file whole, not a truncated image."""
+    from .io.checkpoint import write_atomically
+    path = os.fspath(path)
+    write_atomically(path, lambda fh: fig.savefig(fh, format="png", dpi=110))
+    return path
 
 
 def plot_submeters(timestamps, true, estimated, baseline, columns, path) -> str:
@@ -1322,5 +1330,4 @@ def plot_submeters(timestamps, true, estimated, baseline, columns, path) -> str:
         ax.set_ylabel(f"{columns[k]} (Wh/min)", fontsize=8)
     axes[0].legend(loc="upper right", fontsize=8)
     axes[0].set_title(f"sub-meters, {_day(timestamps[0])[:10]}")
-    fig.savefig(os.fspath(path), dpi=110)
-    return os.fspath(path)
+    return _save_png(fig, path)

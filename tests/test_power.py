@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import functools
+import os
 import re
 import sys
 
@@ -672,6 +673,28 @@ def test_default_plot_day_is_the_first_whole_day_of_the_evaluation():
     w = _plot_window(ts[:-1], 2 * 1440 + 1, None)   # 2,878 minutes, the last day one short: 24 hours
     assert (w.start, w.stop) == (2 * 1440 + 1, 3 * 1440 + 1)
     assert _plot_window(ts, 1440, "2009-01-05") == slice(2880, 4320)
+
+def test_a_failed_plot_leaves_the_previous_png_whole(monkeypatch, tmp_path):
+    """PNGs are written atomically: a write that fails half-way (a full disk, a file
+    size limit) leaves the earlier PNG as it was and no temporary file (savefig wrote the
+    final file in place: a truncated image)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+    ts = np.datetime64("2009-01-01T00:00") + np.arange(3) * np.timedelta64(1, "m")
+    path = tmp_path / "x.png"
+    assert plot_submeters(ts, np.zeros((3, 1)), np.ones((3, 1)), None, ["s"], path) == str(path)
+    good = path.read_bytes()
+    assert good.startswith(b"\x89PNG")
+    real = Figure.savefig
+
+    def failing(self, fh, **kw):
+        real(self, fh, **kw)
+        raise OSError(27, "File too large")
+    monkeypatch.setattr(Figure, "savefig", failing)
+    with pytest.raises(OSError, match="File too large"):
+        plot_submeters(ts, np.zeros((3, 1)), np.zeros((3, 1)), None, ["s"], path)
+    assert path.read_bytes() == good and os.listdir(tmp_path) == ["x.png"]
+
 
 def test_plot_error_without_matplotlib(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
