@@ -363,6 +363,30 @@ def test_replay_time_budget_holds_while_blocked(ctx):
     sub.close(0)
 
 
+def test_replay_asked_to_stop_with_a_stalled_subscriber_ends_promptly(ctx, caplog):
+    """Ctrl-C while a subscriber has stopped reading: the queue gets a short linger, not
+    the minute of linger_ms (replay ended 62 s after the signal), and the warning about
+    the end-of-stream heartbeat says why it was not sent (it claimed a 10 s wait)."""
+    X = np.zeros((20_000, 500))
+    res, ep, stop = {}, {}, threading.Event()
+    ready = threading.Event()
+    th = threading.Thread(daemon=True, target=lambda: res.update(replay(
+        X, ANY, format="binary", hwm=10, wait_timeout=10.0, linger_ms=60_000,
+        should_stop=stop.is_set, announce=lambda e: (ep.setdefault("e", e), ready.set()))))
+    th.start()   # (its own context, terminated at the end: where the linger is waited)
+    assert ready.wait(10.0)
+    sub = _small_buffered_subscriber(ctx, ep["e"])
+    assert sub.poll(10_000)
+    time.sleep(1.0)                       # the buffers fill; replay waits on the subscriber
+    t0 = time.monotonic()
+    stop.set()
+    th.join(30.0)
+    sub.close(0)
+    assert not th.is_alive() and time.monotonic() - t0 < 20.0
+    assert 0 < res["sent"] < len(X)
+    assert "was at its high-water mark when asked to stop" in caplog.text, caplog.text
+
+
 def test_replay_paces_at_the_rate(ctx):
     X = np.zeros((600, 1))
     res = {}

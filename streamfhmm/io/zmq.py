@@ -865,6 +865,8 @@ class ZmqSink:
 
 #: seconds :func:`replay` tries to send its end-of-stream heartbeat on a blocked socket
 _END_TIMEOUT = 10.0
+#: milliseconds :func:`replay` lets the queue drain once asked to stop (else linger_ms)
+_STOP_LINGER_MS = 2000
 
 
 def _send_until(send, frames, give_up) -> bool:
@@ -960,6 +962,10 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
             context.term()
         raise
     bar = None
+
+    def asked_to_stop() -> bool:
+        return should_stop is not None and bool(should_stop())
+
     try:
         if announce is not None:
             announce(sink.endpoint)
@@ -1037,10 +1043,10 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
         if end:   # (a nodrop socket blocked by a subscriber: try for at most END_TIMEOUT s)
             give_up = time.perf_counter() + _END_TIMEOUT
             if not _send_until(send, encode_heartbeat(topic, seq - 1, time.time(), end=True, format=format),
-                               lambda: (should_stop is not None and should_stop())
-                               or time.perf_counter() > give_up):
-                logger.warning("the end-of-stream heartbeat was not sent: a subscriber stayed at its "
-                               "high-water mark for %g s", _END_TIMEOUT)
+                               lambda: asked_to_stop() or time.perf_counter() > give_up):
+                logger.warning("the end-of-stream heartbeat was not sent: a subscriber %s",
+                               "was at its high-water mark when asked to stop" if asked_to_stop() else
+                               f"stayed at its high-water mark for {_END_TIMEOUT:g} s")
         if bar is not None:
             bar.update(i - shown)
         return {"sent": i, "seconds": seconds, "rate": i / seconds if seconds > 0 else math.inf,
@@ -1048,7 +1054,9 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
     finally:
         if bar is not None:
             bar.close()
-        sink.close()
+        # asked to stop: the queue gets at most _STOP_LINGER_MS to be delivered (a
+        # subscriber that stopped reading held the stop for the whole linger, a minute)
+        sink.close(min(linger_ms, _STOP_LINGER_MS) if asked_to_stop() else None)
         if own:
-            context.term()   # blocks until the queue is delivered or linger_ms has passed
+            context.term()   # blocks until the queue is delivered or the linger has passed
 
