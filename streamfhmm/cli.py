@@ -7,8 +7,9 @@ over ZeroMQ), ``demo`` (live household-power disaggregation over ZeroMQ) and
 
 Exit status: 0 on success (``serve`` and ``replay`` also after SIGTERM/SIGINT, once
 drained and checkpointed), 2 for a bad command line, 1 for any other error (missing
-file, malformed data, a port in use…), 130 after Ctrl-C (143 for ``demo`` after
-SIGTERM; it stops its subprocesses first); every error is one line on stderr.
+file, malformed data, a port in use…), 130 after Ctrl-C and 143 after SIGTERM (for
+``demo`` once it has stopped its subprocesses; a file being written is not left
+half-written); every error is one line on stderr.
 """
 from __future__ import annotations
 
@@ -467,8 +468,15 @@ def _check_writable_dir(path, option) -> None:
         raise CliError(f"{option}: cannot write to {path}: {exc.strerror or exc}") from None
 
 
+#: fit's SVI settings where the options are not given
+FIT_BATCH_SIZE = 10
+FIT_LEARNING_RATE = 1e-2
+
+
 def _check_out_file(path, option, directory_hint="") -> None:
-    """``path`` can be written: not a directory, in a directory we can write to."""
+    """``path`` can be written: a name, not a directory, in a directory we can write to."""
+    if not path:
+        raise CliError(f"{option} must name a file, got ''{directory_hint}")
     if os.path.isdir(path):
         raise CliError(f"{option} {path} is a directory{directory_hint}")
     _check_writable_dir(os.path.dirname(path), f"{option} {path}")
@@ -490,13 +498,16 @@ def _check_restarts_option(n_restarts, steps_option, steps, time_budget=None) ->
 
 def _cmd_fit(args) -> int:
     from . import FHMM
+    if not args.out:   # (else ".npz" below, and the fit's end would refuse it)
+        raise CliError("--out must name a file, got ''; give a file name such as model.npz")
     out = args.out if args.out.endswith(".npz") else args.out + ".npz"   # what np.savez writes
     if os.path.isdir(args.out) or os.path.isdir(out):
         raise CliError(f"--out {args.out} is a directory; give a file name such as model.npz")
     _check_out_file(out, "--out", "; give a file name such as model.npz")
     if args.method != "svi":   # (the other methods train no networks, with one thread)
         for option, given in (("--n-restarts", args.n_restarts > 1), ("--net-warmup", args.net_warmup),
-                              ("--n-jobs", args.n_jobs != 1)):
+                              ("--n-jobs", args.n_jobs != 1), ("--batch-size", args.batch_size),
+                              ("--learning-rate", args.learning_rate)):
             if given:
                 raise CliError(f"{option} applies to --method svi, got --method {args.method}")
     if args.method == "em":
@@ -520,7 +531,8 @@ def _cmd_fit(args) -> int:
                  covariance_type=args.covariance_type)
     t0 = time.perf_counter()
     model.fit(X, method=args.method, max_iter=args.max_iter, time_budget=args.time_budget,
-              batch_size=args.batch_size, learning_rate=args.learning_rate, progress=_progress(args),
+              batch_size=args.batch_size or FIT_BATCH_SIZE,
+              learning_rate=args.learning_rate or FIT_LEARNING_RATE, progress=_progress(args),
               net_warmup=args.net_warmup or 0, n_jobs=args.n_jobs, n_init=args.n_init,
               n_restarts=args.n_restarts)
     dt = time.perf_counter() - t0
@@ -530,11 +542,20 @@ def _cmd_fit(args) -> int:
     return 0
 
 
+def _check_exact(model, path, what) -> None:
+    """``what`` enumerates the 2^M joint states: at most MAX_EXACT_CHAINS chains."""
+    from .exact import MAX_EXACT_CHAINS
+    if model.n_chains > MAX_EXACT_CHAINS:
+        raise CliError(f"{what} enumerates the 2^M joint states: at most {MAX_EXACT_CHAINS} chains, "
+                       f"{path} has {model.n_chains}")
+
+
 def _cmd_score(args) -> int:
     model = _load_model(args.model)
     if args.elbo and getattr(model, "net_", None) is None:
         raise CliError(f"--elbo needs a model fitted with --method svi (the ELBO is its recognition "
                        f"networks'); {args.model} has none")
+    _check_exact(model, args.model, "score (the exact log-likelihood)")
     X, _ = load_data(args.data, _split_columns(args.columns))
     _check_features(model, X, args.data)
     if np.isnan(X).any():
@@ -574,8 +595,19 @@ def _write_table(path, A, names):
 
 def _cmd_predict(args) -> int:
     model = _load_model(args.model)
+    has_net = getattr(model, "net_", None) is not None
+    # in the options' terms (the library's errors name method='...')
+    if args.method == "exact":
+        _check_exact(model, args.model, "--method exact")
+    if args.method == "recognition" and not has_net:
+        raise CliError(f"--method recognition needs a model fitted with --method svi; {args.model} has "
+                       "no recognition networks (use --method exact or smf)")
     X, names = load_data(args.data, _split_columns(args.columns))
     _check_features(model, X, args.data)
+    if np.isnan(X).any() and (args.method in ("exact", "smf") or (args.method is None and not has_net)):
+        raise CliError(f"{args.data} has missing values; --method {args.method or 'exact/smf'} needs "
+                       "complete rows (--method recognition, a model fitted with --method svi, takes "
+                       "missing values)")
     if args.out != "-":
         _check_out_file(args.out, "--out")
     if args.reconstruct:
@@ -640,8 +672,11 @@ def _cmd_bench(args) -> int:
         X = X[:args.samples]
     n = X.shape[0]
     progress = _progress(args)
-    # reference in the same run: the batch recognition pass over the same rows
-    method = "recognition" if getattr(model, "net_", None) is not None else None
+    # reference in the same run: the batch pass of the same posterior over the same rows
+    # (exact smoothing for --posterior exact; it was the recognition pass whenever the
+    # model had networks)
+    method = ("exact" if args.posterior == "exact"
+              else "recognition" if getattr(model, "net_", None) is not None else None)
     model.predict_proba(X[:min(n, 100)], method=method)
     t0 = time.perf_counter()
     model.predict_proba(X, method=method)
@@ -695,9 +730,12 @@ def _cmd_serve(args) -> int:
     state = {"stop": False, "service": None}
 
     def stop():
-        state["stop"] = True
         if state["service"] is not None:
             state["service"].request_stop()
+        elif not state["stop"]:   # (the start-up: it may be compiling kernels for minutes)
+            print("streamfhmm serve: stopping the start-up (a kernel being compiled is finished "
+                  "first, so that Numba's cache stays whole)", file=sys.stderr, flush=True)
+        state["stop"] = True
     old = _install_stop_handlers(stop)
     old_switch = sys.getswitchinterval()
     try:
@@ -811,8 +849,9 @@ def _serve(args, state) -> int:
     try:
         # fail now, not at the first sample, on a configuration the engine refuses; and
         # load the compiled kernels before subscribing
-        _warm_engine(StreamEngine, factory, new_model, args, n_features)
+        _warm_engine(StreamEngine, factory, new_model, args, n_features, lambda: state["stop"])
         if state["stop"]:
+            print(f"{prog}: stopped during the start-up", file=sys.stderr, flush=True)
             return 0
         try:
             service = StreamService(source, sink, factory, resume_engine=resume,
@@ -887,16 +926,18 @@ def _check_metrics_port(addr, port) -> None:
         raise CliError(f"cannot serve metrics on {addr}:{port}: {exc}") from None
 
 
-def _warm_engine(StreamEngine, factory, new_model, args, n_features):
+def _warm_engine(StreamEngine, factory, new_model, args, n_features, stopped=lambda: False):
     """Run the kernels a stream will need once: the engine's, then (a fitted model) the
-    serving lane's (:func:`_warm_lane`)."""
+    serving lane's (:func:`_warm_lane`); ``stopped()`` true skips the phases left."""
     try:
         probe = factory(b"")
     except ValueError as exc:
         raise CliError(str(exc)) from None
     probe.close()
+    if stopped():
+        return
     if args.cold:
-        _warm_cold_engine(StreamEngine, args, n_features)
+        _warm_cold_engine(StreamEngine, args, n_features, stopped)
         return
     model = new_model()
 
@@ -908,7 +949,8 @@ def _warm_engine(StreamEngine, factory, new_model, args, n_features):
         return  # e.g. a filter-mode network only the learner can make: nothing to warm
     X, _ = model.sample(4 * model.window + 16, random_state=0)
     _run_through(eng, X, X)
-    _warm_lane(engine, X, args)
+    if not stopped():
+        _warm_lane(engine, X, args)
 
 
 def _run_through(eng, singles, block) -> None:
@@ -931,7 +973,7 @@ def _warm_lane(factory, X, args):
     warm_lane(factory, X, args.format)
 
 
-def _warm_cold_engine(StreamEngine, args, n_features):
+def _warm_cold_engine(StreamEngine, args, n_features, stopped=lambda: False):
     """Run a cold-start engine through its warm-up on a small simulated stream, so that
     every kernel a cold stream needs (initialisation, networks, learner) is compiled or
     loaded from the cache before the service subscribes: a first run then does not let
@@ -946,7 +988,8 @@ def _warm_cold_engine(StreamEngine, args, n_features):
     if child is not None:
         import subprocess
         try:
-            _warm_inference_engine(StreamEngine, args, n_features)
+            if not stopped():
+                _warm_inference_engine(StreamEngine, args, n_features)
             # the child's whole run, not only until the kernel's index appears: Numba
             # writes a kernel's index before its code, and a child stopped in between
             # left an index that names the code file of an older build of the kernel
@@ -957,7 +1000,8 @@ def _warm_cold_engine(StreamEngine, args, n_features):
             if child.poll() is None:
                 child.kill()
                 child.wait()
-    _run_cold_engine(StreamEngine, args, n_features)
+    if not stopped():
+        _run_cold_engine(StreamEngine, args, n_features)
 
 
 #: seconds serve waits for the child compiling the learner's kernels
@@ -1173,13 +1217,23 @@ def _cmd_disaggregate(args) -> int:
           f"by SVI ({args.iters:,} steps) on the aggregate channels of the "
           f"{'last ' + format(args.train_rows, ',') if args.train_rows else 'first ' + format(args.n_train, ',')}"
           f" training minutes", flush=True)
-    report = disaggregate_report(
-        data, n_train=args.n_train, train_rows=args.train_rows, calibration_days=args.calibration_days,
-        evaluation_days=args.evaluation_days, on_threshold=args.on_threshold, model_kwargs=model_kwargs,
-        fit_kwargs=_fit_kwargs(args), plot_dir=None if args.no_plot else args.out_dir,
-        random_state=args.seed, progress=_progress(args),
-        # the table before the PNGs: a plot that fails must not take the fit's results with it
-        before_plots=lambda r: print(r.format(), flush=True))
+    printed = []
+
+    def before_plots(r):   # the table before the PNGs: a plot that fails must not take it along
+        print(r.format(), flush=True)
+        printed.append(True)
+
+    try:
+        report = disaggregate_report(
+            data, n_train=args.n_train, train_rows=args.train_rows,
+            calibration_days=args.calibration_days, evaluation_days=args.evaluation_days,
+            on_threshold=args.on_threshold, model_kwargs=model_kwargs, fit_kwargs=_fit_kwargs(args),
+            plot_dir=None if args.no_plot else args.out_dir, random_state=args.seed,
+            progress=_progress(args), before_plots=before_plots)
+    except OSError as exc:
+        if not printed:
+            raise
+        raise CliError(f"--out-dir {args.out_dir}: cannot write the plots: {exc.strerror or exc}") from None
     for p in report.pngs:
         print(f"wrote {p}")
     return 0
@@ -1234,8 +1288,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "at most 14 chains)")
     f.add_argument("--max-iter", type=_positive_int, help="SVI steps or EM iterations")
     f.add_argument("--time-budget", type=_positive_float, metavar="SECONDS", help="stop learning after this long")
-    f.add_argument("--batch-size", type=_positive_int, default=10, help="subchains per SVI step (default 10)")
-    f.add_argument("--learning-rate", type=_positive_float, default=1e-2, help="RMSprop learning rate (default 0.01)")
+    # (defaults None: given with another --method, they are refused, not ignored)
+    f.add_argument("--batch-size", type=_positive_int,
+                   help=f"subchains per SVI step (default {FIT_BATCH_SIZE})")
+    f.add_argument("--learning-rate", type=_positive_float,
+                   help=f"RMSprop learning rate of --method svi (default {FIT_LEARNING_RATE:g})")
     f.add_argument("--net-warmup", type=_nonneg_int, metavar="STEPS",
                    help="svi: first steps training the recognition networks only, the model held (default 0)")
     f.add_argument("--n-jobs", type=_n_jobs, default=1, metavar="N",
@@ -1519,13 +1576,28 @@ def main(argv=None) -> int:
         return 2
     prog = f"streamfhmm {args.command}"
     undo = None
+    old_handlers = {}
     if args.command in ("serve", "replay"):
         undo = _configure_logging(getattr(args, "verbose", False))
+    elif args.command != "demo":   # (those three handle SIGTERM themselves)
+        # SIGTERM ends the command as Ctrl-C does, through the cleanup on the way out
+        # (a file being written atomically leaves no temporary file): by default it
+        # killed the process on the spot
+        old_handlers = _set_handlers(_terminate, (signal.SIGTERM,))
     try:
         return _run(args, prog)
     finally:
+        _restore_handlers(old_handlers)
         if undo is not None:
             undo()
+
+
+class _Terminated(BaseException):
+    """SIGTERM during a command that does not handle it itself."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated()
 
 
 def _run(args, prog) -> int:
@@ -1551,6 +1623,9 @@ def _run(args, prog) -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
 
 
 if __name__ == "__main__":

@@ -474,7 +474,8 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
     lag = window // 2
     first = max(0, warmup - lag)   # (a warm-up shorter than the lag: from minute 0)
     n_cal = (n - first) // 3
-    if calibration_days * _MINUTES_PER_DAY < n_cal:    # (compared as floats: no overflow)
+    capped = calibration_days * _MINUTES_PER_DAY >= n_cal   # (compared as floats: no overflow)
+    if not capped:
         n_cal = int(round(calibration_days * _MINUTES_PER_DAY))
     cal, ev = slice(first, first + n_cal), slice(first + n_cal, n)
     # the two calibration fits need as many complete rows as weights: known before anything
@@ -482,9 +483,13 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
     need = max(calibration_weights(int(n_chains)))
     have = int((~imputed[cal]).sum())
     if have < need:
+        # capped at a third of the stream after the warm-up, more days would not help
+        remedy = ("stream more minutes (--seconds, --samples) or use fewer --chains: the "
+                  "calibration takes at most a third of the stream after the warm-up"
+                  if capped else f"raise --calibration-days (got {calibration_days:g})")
         raise DemoError(f"the calibration period holds {have:,} complete minutes, fewer than the "
-                        f"{need} weights its fits need (the sub-meter map's and the baseline's): "
-                        f"raise --calibration-days (got {calibration_days:g})")
+                        f"{need:,} weights its fits need (the sub-meter map's and the baseline's): "
+                        f"{remedy}")
     learn_samples = None if keep_learning else cal.stop + lag
     if view is None:
         view = bool(getattr(stream, "isatty", lambda: False)())

@@ -145,6 +145,47 @@ def test_bench(files, capsys):
                          "--no-progress"], capsys)
     assert code == 0
     assert "streamed 500 samples" in out and "push throughput" in out and "streaming / batch" in out
+    assert "batch predict_proba (recognition)" in out
+
+
+def test_bench_exact_posterior_is_compared_with_the_exact_batch_pass(files, capsys):
+    """--posterior exact: the same-run reference is exact smoothing, not the recognition
+    pass of a model with networks (a ratio of two different posteriors' speeds)."""
+    code, out, _ = _run(["bench", files["csv"], "--model", files["model"], "--samples", "300",
+                         "--posterior", "exact", "--no-progress"], capsys)
+    assert code == 0 and "posterior='exact'" in out
+    assert "batch predict_proba (exact)" in out, out
+
+
+def test_sigterm_while_writing_leaves_no_file(files, tmp_path, capsys, monkeypatch):
+    """SIGTERM during predict's atomic write (a scheduler's stop, `timeout`): exit 143,
+    one line, neither the table nor its temporary file left (SIGTERM killed the process
+    on the spot, leaving the temporary file); the handler is put back afterwards."""
+    import signal
+    import time
+
+    def not_handled(signum, frame):   # the test runner's stand-in: main must install its own
+        raise RuntimeError("SIGTERM reached the default handler")
+
+    before = signal.signal(signal.SIGTERM, not_handled)
+
+    def savetxt(fh, A, **kw):   # a write that SIGTERM interrupts half-way
+        fh.write(b"0.5,0.5\n" * 1000)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not end the command")
+
+    monkeypatch.setattr(np, "savetxt", savetxt)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    try:
+        code, _, err = _run(["predict", files["csv"], "--model", files["model"],
+                             "--out", str(out_dir / "p.csv")], capsys)
+    finally:
+        restored = signal.signal(signal.SIGTERM, before)
+    assert code == 143 and err.strip() == "streamfhmm predict: terminated", err
+    assert os.listdir(out_dir) == []
+    assert restored is not_handled   # the command put the handler back
 
 
 def test_fit_with_columns(files, capsys):
@@ -158,7 +199,9 @@ def test_fit_with_columns(files, capsys):
 @pytest.mark.parametrize("option,value,kwargs", [("--net-warmup", "30", {"net_warmup": 30}),
                                                   ("--n-jobs", "2", {"n_jobs": 2}),
                                                   ("--n-init", "3", {"n_init": 3}),
-                                                  ("--n-restarts", "2", {"n_restarts": 2})])
+                                                  ("--n-restarts", "2", {"n_restarts": 2}),
+                                                  ("--batch-size", "4", {"batch_size": 4}),
+                                                  ("--learning-rate", "0.02", {"learning_rate": 0.02})])
 def test_fit_options_reach_fhmm_fit(files, capsys, option, value, kwargs):
     """--net-warmup, --n-jobs, --n-init and --n-restarts reach FHMM.fit: the same model
     as the library's fit with them (and, but for --n-jobs, another than without them)."""
@@ -168,7 +211,7 @@ def test_fit_options_reach_fhmm_fit(files, capsys, option, value, kwargs):
                        "--max-iter", "40", option, value, "--seed", "3", "--out", out_path,
                        "--no-progress"], capsys)
     assert code == 0
-    ref = FHMM(**args).fit(files["X"], max_iter=40, learning_rate=1e-2, progress=False, **kwargs)
+    ref = FHMM(**args).fit(files["X"], max_iter=40, progress=False, **{"learning_rate": 1e-2, **kwargs})
     got = FHMM.load(out_path)
     np.testing.assert_array_equal(got.W_, ref.W_)
     if "n_jobs" not in kwargs:
@@ -297,7 +340,23 @@ def _errors(tmp_path, files):
     np.save(t / "cube.npy", np.zeros((2, 2, 2)))
     np.save(t / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     m, csv = files["model"], files["csv"]
+    many = str(t / "many.npz")     # more chains than exact inference enumerates
+    FHMM.from_params(W=np.ones((22, 3)), covariance=np.eye(3),
+                     transmat=np.tile([[0.9, 0.1], [0.2, 0.8]], (21, 1, 1))).save(many)
+    no_net = str(t / "no_net.npz")
+    FHMM.from_params(W=np.ones((3, 3)), covariance=np.eye(3),
+                     transmat=np.tile([[0.9, 0.1], [0.2, 0.8]], (2, 1, 1))).save(no_net)
     return [
+        # in the options' terms, not the library's (method='...'); score has no --method
+        (["predict", csv, "--model", many, "--method", "exact"], 1,
+         f"--method exact enumerates the 2^M joint states: at most 20 chains, {many} has 21"),
+        (["score", csv, "--model", many], 1,
+         f"score (the exact log-likelihood) enumerates the 2^M joint states: at most 20 chains, {many} has 21"),
+        (["predict", csv, "--model", no_net, "--method", "recognition"], 1,
+         f"--method recognition needs a model fitted with --method svi; {no_net} has no recognition networks"),
+        (["predict", nan_rows, "--model", m, "--method", "exact"], 1,
+         f"{nan_rows} has missing values; --method exact needs complete rows"),
+        (["predict", nan_rows, "--model", no_net], 1, f"{nan_rows} has missing values; --method exact/smf"),
         # argument errors: status 2
         (["fit", csv, "--out", "x.npz", "--bogus"], 2, "streamfhmm fit: error: unrecognized arguments: --bogus"),
         (["fit", csv], 2, "the following arguments are required: --out"),
@@ -343,6 +402,14 @@ def _errors(tmp_path, files):
         (["fit", csv, "--n-jobs", "two", "--out", "x"], 2, "argument --n-jobs: expected an integer >= 1 or -1, got 'two'"),
         (["fit", csv, "--method", "em", "--n-jobs", "2", "--out", "x"], 1,
          "--n-jobs applies to --method svi, got --method em"),
+        # SVI's settings with another method: refused, not ignored
+        (["fit", csv, "--method", "smf", "--batch-size", "999", "--out", "x"], 1,
+         "--batch-size applies to --method svi, got --method smf"),
+        (["fit", csv, "--method", "em", "--learning-rate", "50", "--out", "x"], 1,
+         "--learning-rate applies to --method svi, got --method em"),
+        # an empty --out: at once, not after the fit or the prediction
+        (["fit", csv, "--out", ""], 1, "--out must name a file, got ''; give a file name such as model.npz"),
+        (["predict", csv, "--model", m, "--out", ""], 1, "--out must name a file, got ''"),
         # checkable before the fit: refused before it
         (["fit", csv, "--max-iter", "5", "--net-warmup", "10", "--out", "x"], 1,
          "streamfhmm fit: error: --net-warmup 10 must be less than the 5 SVI steps (--max-iter): the model "
@@ -446,6 +513,32 @@ def test_serve_checks_files_and_sockets_before_warming_the_kernels(files, tmp_pa
         busy.close()
 
 
+def test_a_signal_during_serve_s_start_up_ends_it_after_the_phase_under_way(capsys, monkeypatch):
+    """SIGTERM while the cold engine's kernels compile: serve says it is stopping, lets
+    that phase end (a Numba cache write must not be cut), skips the phases left and says
+    it stopped (it went on through the whole warm-up, then exited 0 without a word)."""
+    import signal
+    import streamfhmm.cli as cli
+    phases = []
+    monkeypatch.setattr(cli, "_start_learner_compilation", lambda *a: None)
+
+    def compiling(*a):   # the signal arrives during the first phase
+        phases.append("cold engine")
+        os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(cli, "_run_cold_engine", compiling)
+    monkeypatch.setattr(cli, "_warm_lane", lambda *a: phases.append("lane"))
+    before = signal.getsignal(signal.SIGTERM)
+    code, _, err = _run(["serve", "--cold", "--features", "2", "--chains", "2", "--hidden", "2",
+                         "--sub", "tcp://127.0.0.1:*", "--bind", "--pub", "tcp://127.0.0.1:*",
+                         "--status-interval", "0"], capsys)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert code == 0 and phases == ["cold engine"], (phases, err)
+    assert "streamfhmm serve: stopping the start-up" in err and "stopped during the start-up" in err, err
+    # and a stop that comes before a phase skips it
+    cli._warm_cold_engine(None, None, 2, lambda: True)
+    assert phases == ["cold engine"]
+
+
 def test_serve_cold_warms_its_kernels_with_enough_samples_for_the_chains(capsys, monkeypatch):
     """The kernels are warmed up on an internal stream long enough to initialise the
     chains, whatever --warmup says: --chains 400 --warmup 5000 was refused with "the
@@ -536,7 +629,7 @@ def test_serve_warmup_reaches_a_model_whose_streams_train_a_network(files, capsy
     import streamfhmm.cli as cli
     seen = {}
 
-    def warm(StreamEngine, factory, new_model, args, n_features):
+    def warm(StreamEngine, factory, new_model, args, n_features, stopped):
         eng = factory(b"")
         try:
             X, _ = new_model().sample(7, random_state=0)
@@ -620,6 +713,35 @@ def test_disaggregate_unwritable_out_dir_before_loading(tmp_path, capsys, monkey
     code, out, err = _run(["disaggregate", "--out-dir", blocker + "/plots"], capsys)
     assert code == 1 and out == ""
     assert err == f"streamfhmm disaggregate: error: --out-dir {blocker}/plots: cannot create it: Not a directory\n"
+
+
+def test_disaggregate_plot_failure_names_out_dir_after_the_table(tmp_path, capsys, monkeypatch):
+    """A PNG that cannot be written after the fit: the table is out, and the one-line
+    error names --out-dir (it was the bare OSError)."""
+    pytest.importorskip("matplotlib")
+    import types
+    import streamfhmm.datasets as ds
+    import streamfhmm.power as power
+    ts = np.datetime64("2009-01-01T00:00") + np.arange(5000) * np.timedelta64(1, "m")
+    monkeypatch.setattr(ds, "load_household_power", lambda: _Minutes(ts))
+
+    def report(*a, before_plots, **k):
+        before_plots(types.SimpleNamespace(format=lambda: "THE TABLE"))
+        raise OSError(27, "File too large")
+    monkeypatch.setattr(power, "disaggregate_report", report)
+    code, out, err = _run(["disaggregate", "--n-train", "100", "--calibration-days", "1",
+                           "--evaluation-days", "1", "--out-dir", str(tmp_path)], capsys)
+    assert code == 1 and "THE TABLE" in out
+    assert err == f"streamfhmm disaggregate: error: --out-dir {tmp_path}: cannot write the plots: File too large\n"
+
+
+class _Minutes:
+    """Stands in for the household data: its time stamps and length."""
+    def __init__(self, ts):
+        self.timestamps = ts
+
+    def __len__(self):
+        return len(self.timestamps)
 
 
 @pytest.mark.parametrize("options,message", [

@@ -335,6 +335,11 @@ def test_demo_without_the_data_package(monkeypatch, capsys):
     (["--samples", "12960", "--calibration-days", "0.0001"],
      "the calibration period holds 0 complete minutes, fewer than the 13 weights its fits need (the "
      "sub-meter map's and the baseline's): raise --calibration-days (got 0.0001)\n"),
+    # capped at a third of the stream after the warm-up: more days would not help
+    (["--samples", "13000", "--chains", "700", "--calibration-days", "50"],
+     "the calibration period holds 974 complete minutes, fewer than the 1,401 weights its fits need "
+     "(the sub-meter map's and the baseline's): stream more minutes (--seconds, --samples) or use "
+     "fewer --chains: the calibration takes at most a third of the stream after the warm-up\n"),
     # the data's first day (which starts at 17:24) is accepted: the stream starts at row 0
     (["--start", "2006-12-16", "--samples", "100"], "the stream must hold at least 12,960 samples (the warm-up "
                                                     "and two days), got 100: raise --seconds or --samples\n"),
