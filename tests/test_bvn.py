@@ -556,3 +556,51 @@ def test_clip_theta_and_rho_ranges_and_derivatives():
             fd = (bvn.clip_rho(b + step) - bvn.clip_rho(b - step)) / (2 * step)
             assert abs(fd - deriv) <= 1e-7 * deriv + 1e-11
     assert bvn.clip_theta(0.0) == 0.5 and bvn.clip_rho(0.0) == 0.0
+
+
+# ---- B02: clip_rho_deriv between |b| = 20 and its underflow cut-off
+def test_clip_rho_deriv_keeps_relative_precision_up_to_its_cutoff():
+    """dρ/db between |b| = 20 and the cut-off where it underflows (the grid stopped at 20)."""
+    import math
+    from streamfhmm.kernels import bvn
+    for b in (20.5, 25.0, 60.0, 100.0, 200.0, 300.0, 350.0):
+        for s in (1.0, -1.0):
+            ref = (1 - bvn.EPS_RHO) / math.cosh(b) ** 2
+            d = bvn.clip_rho_deriv(s * b)
+            assert ref > 0 and abs(d - ref) <= 1e-14 * ref, (b, d, ref)
+
+
+# ---- B07/B08: the θ-derivatives of the cells keep their relative precision as |ρ| → 1
+def test_copula_cells_h_theta_derivatives_against_mpmath_near_unit_rho():
+    """∂q/∂θ = ∓Φ(±A), ∓Φ(±B) keep their relative precision as |ρ| → 1 (the thresholds
+    are given as doubles, so h's own rounding is out of the comparison): r = √(1-ρ²)
+    instead of √((1-ρ)(1+ρ)) lost 5e-9, the ρ ≥ 0 form of (h2 - ρh1)/r for ρ < 0 2e-11."""
+    import mpmath as mp
+    from scipy import special
+    from streamfhmm.kernels import bvn
+    mp.mp.dps = 50
+    q, dq = np.empty(4), np.empty((4, 3))
+    worst = 0.0
+    for rho in (-(1 - 1e-6), -(1 - 1e-5), -(1 - 1e-4), 1 - 1e-6, 1 - 1e-5):
+        r = np.sqrt((1 - rho) * (1 + rho))
+        for h1 in (4.75, 3.0, -4.0):
+            for A in (-30.0, -10.0, -3.0, 0.5, 3.0, 10.0, 30.0):
+                h2 = A * r + rho * h1            # a double: the reference uses it as given
+                tp, tc = special.ndtr(-h1), special.ndtr(-h2)
+                if not (bvn.EPS_THETA <= tp <= 1 - bvn.EPS_THETA
+                        and bvn.EPS_THETA <= tc <= 1 - bvn.EPS_THETA):
+                    continue
+                bvn.copula_cells_h(tp, tc, h1, h2, rho, q, dq)
+                R = mp.sqrt((1 - mp.mpf(rho)) * (1 + mp.mpf(rho)))
+                a = (mp.mpf(h2) - mp.mpf(rho) * h1) / R
+                b = (mp.mpf(h1) - mp.mpf(rho) * h2) / R
+                ref = {(0, 0): -mp.ncdf(a), (1, 0): -mp.ncdf(-a),
+                       (0, 1): -mp.ncdf(b), (2, 1): -mp.ncdf(-b)}
+                for (i, j), v in ref.items():
+                    v = float(v)
+                    if abs(v) < 1e-290:
+                        continue
+                    rel = abs(dq[i, j] - v) / abs(v)
+                    worst = max(worst, rel)
+                    assert rel <= 1e-12, (rho, h1, A, i, j, dq[i, j], v)
+    print(f"worst {worst:.2e}")

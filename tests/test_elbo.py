@@ -483,3 +483,45 @@ def test_exact_posterior_long_sequence_in_subchains():
     assert abs(v - ll) <= 1e-6, (v, ll)
     # and it is a stationary point in θ and ρ (the bound touches log p(y) there)
     assert np.max(np.abs(g[0])) < 1e-4 and np.max(np.abs(g[1][1:])) < 1e-4
+
+
+# ---- E10: gradients where copula cells are tiny but above the floor (1e-300 < q < 1e-12)
+def _elbo_T2(theta, rho, W, L, log_A, log_pi, Y):
+    M, D = theta.shape[1], W.shape[1]
+    P = np.linalg.inv(L @ L.T)
+    g = [np.zeros_like(theta), np.zeros_like(rho), np.zeros_like(W), np.zeros((D, D)),
+         np.zeros(M), np.zeros(M), np.zeros((M, 2))]
+    v = elbo_subchain(Y, theta, rho, True, W, L, P, log_A, log_pi, *g)
+    return v, g
+
+
+def test_elbo_value_and_gradients_with_tiny_cells_above_the_floor():
+    """θ near its clip and |ρ| near 1 give a pair cell of ~1e-12 with derivatives of
+    ~1e-5: the value and ∂/∂θ against the naive ELBO (a floor applied above 1e-300,
+    e.g. at 1e-12, moved the value by 6.6e-10 and ∂/∂θ by 3e-4 relative, unseen by the
+    tests on θ in [0.05, 0.95])."""
+    # θ near EPS_THETA / 1-EPS_THETA and |ρ| near 1: a pair cell of 1e-12 whose
+    # derivatives are ~1e-5 (bvn.copula_cells). Against the naive (unfloored) ELBO:
+    # the value tightly, ∂/∂θ by central differences with a relative step.
+    W = np.array([[0.7], [0.1]])
+    L = np.array([[0.8]])
+    Y = np.array([[0.3], [-0.2]])
+    log_A = log_transitions(np.array([-1.0]), np.array([-1.5]))
+    log_pi = np.log(np.array([[0.6, 0.4]]))
+    Sigma = L @ L.T
+    cases = [((5e-6, 2e-6), 0.999), ((2e-6, 5e-6), 0.999), ((1 - 5e-6, 2e-6), -0.999)]
+    for (tp, tc), r in cases:
+        theta = np.array([[tp], [tc]])
+        rho = np.array([[0.0], [r]])
+        v, g = _elbo_T2(theta, rho, W, L, log_A, log_pi, Y)
+        ref = elbo_naive(Y, theta, rho, W, Sigma, log_A, log_pi)
+        assert abs(v - ref) <= 1e-12 * max(1.0, abs(ref)), (tp, tc, r, v, ref)
+        for t in range(2):
+            h = 1e-4 * min(theta[t, 0], 1 - theta[t, 0])
+            tpl, tmi = theta.copy(), theta.copy()
+            tpl[t, 0] += h
+            tmi[t, 0] -= h
+            fd = (elbo_naive(Y, tpl, rho, W, Sigma, log_A, log_pi)
+                  - elbo_naive(Y, tmi, rho, W, Sigma, log_A, log_pi)) / (2 * h)
+            print(tp, tc, r, t, g[0][t, 0], fd)
+            assert abs(g[0][t, 0] - fd) <= 1e-5 * abs(fd), (tp, tc, r, t, g[0][t, 0], fd)

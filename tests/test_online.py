@@ -442,3 +442,39 @@ def test_sample_beyond_the_float_range_after_whitening_is_left_out():
     Z = X.copy()
     Z[10] = np.nan
     np.testing.assert_allclose(theta, _run(p, Z, lag=0)[0], rtol=0, atol=1e-12)
+
+
+# ---- O10: fixed-lag smoothing over a long lag where β would underflow unless rescaled
+def test_fixed_lag_long_lag_keeps_beta_scaled():
+    """A lag of 120 over data that switches every chain at every step: β must be
+    rescaled as it goes back (unscaled it underflowed to 0, and so did the marginals;
+    the other tests' lags are at most 6)."""
+    M, D = 2, 2
+    sw = 1e-3
+    params = FHMMParams.from_natural(W=[[3.0, 0.0], [0.0, 3.0], [0.0, 0.0]],
+                                     covariance=0.3**2 * np.eye(D),
+                                     transmat=[[[1 - sw, sw], [sw, 1 - sw]]] * M)
+    T, lag = 160, 120
+    S = (np.arange(T)[:, None] + np.arange(M)[None, :]) % 2   # every chain switches every step
+    X = S @ params.W[:M] + params.W[M]
+    theta, _, tau, _, tail, _ = _run(params, X, lag)
+    _, smooth = exact.smoothed_marginals(params, X)
+    assert np.isfinite(theta).all() and np.isfinite(tail).all()
+    np.testing.assert_allclose(tail, smooth[-lag:], rtol=0, atol=1e-10)
+
+
+# ---- O14: a step whose gradient is finite but whose square overflows the RMSprop average
+def test_svi_run_discards_a_step_whose_running_average_overflows():
+    """A finite gradient whose square overflows RMSprop's mean squares (values of 1e80,
+    below the reservoir's 1e150 cut): the step is rolled back with sq, not only x."""
+    p, net, Y, S, L, x, nm = _svi_setup(seed=47)
+    sc = _svi_scratch(net, 2, L, x, p.n_chains, p.n_features)
+    Ybig = Y.copy()
+    Ybig[:S] *= 1e80      # finite ELBO (~1e160) and gradient (~1e160), gradient² = inf
+    slots = np.array([[0, 1], [2, 3]], dtype=np.int64)
+    x1, sq = x.copy(), np.zeros_like(x)
+    values = np.empty(2)
+    n_ok = _call_svi_run(Ybig, slots, S, L, net, x1, nm, p.n_features, sq, np.full(2, 1e-2),
+                         False, sc, values)
+    assert np.isfinite(sq).all() and np.isfinite(x1).all()
+    assert n_ok == 1 and np.isnan(values[0]) and np.isfinite(values[1])

@@ -1242,3 +1242,22 @@ def test_expected_subchains_checks_its_arguments():
                                 ([5], 2.5, "subchain_length must be")):
         with pytest.raises(ValueError, match=message):
             expected_subchains(lengths, L)
+
+
+# ---- S11: a non-finite gradient entry anywhere, the last one included
+def test_rmsprop_refuses_a_non_finite_entry_at_every_position():
+    """NaN, +inf or -inf at any position, the last included: refused, x and sq as they
+    were (the existing check put its bad value at one position only)."""
+    from streamfhmm.kernels.svi import rmsprop_update
+    seed = 5
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    n = 6
+    for pos in range(n):
+        for bad in (np.nan, np.inf, -np.inf):
+            x, sq, g = rng.normal(size=n), rng.random(n), rng.normal(size=n)
+            g[pos] = bad
+            x0, sq0 = x.copy(), sq.copy()
+            assert not rmsprop_update(x, g, sq, 0.9, 1e-8, 0.1, 2)
+            np.testing.assert_array_equal(x, x0)
+            np.testing.assert_array_equal(sq, sq0)
