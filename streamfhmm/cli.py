@@ -1113,6 +1113,8 @@ def _cmd_replay(args) -> int:
         raise CliError(f"--start-seq {args.start_seq} leaves room for {_plural(room, 'row')} (sequence "
                        f"numbers are below 2**63) and {args.data} has {_plural(X.shape[0], 'row')} to "
                        f"replay: lower --start-seq, or give --limit {room}")
+    if args.wait_timeout is not None and args.wait_subscribers == 0:
+        raise CliError("--wait-timeout applies to --wait-subscribers N with N >= 1 (0 does not wait)")
     curve = _curve(args)
     _warn_exposed(args.pub, not args.connect, curve, "streamfhmm replay")
     stop = {"flag": False}
@@ -1132,7 +1134,8 @@ def _cmd_replay(args) -> int:
             raise CliError(str(exc)) from None
     finally:
         _restore_handlers(old)
-    print(f"streamfhmm replay: sent {res['sent']:,} messages (seq {args.start_seq}..{res['last_seq']}) "
+    seqs = f" (seq {args.start_seq}..{res['last_seq']})" if res["sent"] else ""
+    print(f"streamfhmm replay: sent {res['sent']:,} messages{seqs} "
           f"in {res['seconds']:.3f} s: {res['rate']:,.0f} messages/s", file=sys.stderr, flush=True)
     return 0
 

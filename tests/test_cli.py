@@ -369,6 +369,8 @@ def _errors(tmp_path, files):
          "argument --sub: expected an endpoint such as tcp://127.0.0.1:5555 (or a port number)"),
         (["serve", "--model", m, "--metrics-port", "70000"], 2, "expected a TCP port number in 1..65535"),
         (["replay", csv, "--rate", "-5"], 2, "argument --rate: expected a finite number >= 0, got -5"),
+        (["replay", csv, "--wait-subscribers", "0", "--wait-timeout", "5"], 1,
+         "--wait-timeout applies to --wait-subscribers N with N >= 1 (0 does not wait)"),
         (["replay", csv, "--wait-timeout", "1e308"], 2,
          "argument --wait-timeout: expected a number >= 0 and at most 31,536,000, got 1e308"),
         # a port out of range would wrap (70000 binds 4464)
@@ -644,6 +646,15 @@ def test_serve_warmup_reaches_a_model_whose_streams_train_a_network(files, capsy
                          "--sub", "tcp://127.0.0.1:*", "--bind", "--pub", "tcp://127.0.0.1:*"], capsys)
     assert (code, err) == (1, "streamfhmm serve: error: checked\n")
     assert seen == {"warming_up": False}
+
+def test_replay_stopped_before_sending_reports_no_sequence_range(files, capsys, monkeypatch):
+    """Stopped while waiting for subscribers: 'sent 0 messages', not '(seq 0..-1)'."""
+    import streamfhmm.io.zmq as zmq_io
+    monkeypatch.setattr(zmq_io, "replay", lambda *a, **k: dict(sent=0, seconds=0.0, rate=0.0,
+                                                                last_seq=-1, dropped=0))
+    code, _, err = _run(["replay", files["npy"], "--pub", "tcp://127.0.0.1:*"], capsys)
+    assert code == 0 and err == "streamfhmm replay: sent 0 messages in 0.000 s: 0 messages/s\n", err
+
 
 def test_replay_without_subscriber_times_out(files, capsys):
     code, _, err = _run(["replay", files["npy"], "--pub", "tcp://127.0.0.1:*", "--wait-timeout", "0.1"], capsys)
