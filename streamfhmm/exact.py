@@ -7,7 +7,7 @@ small. ``MAX_EXACT_CHAINS`` bounds M so that one message stays at 8 MB. The filt
 keeps one message; the smoother keeps a checkpoint every ``b`` steps and the ``b``
 messages of one block, ``b = min(SMOOTH_BLOCK, ⌈√T⌉)`` for a longest sequence of T
 steps (:func:`smooth_block`): about ``(T/b + b) · 2^M · 8`` bytes, e.g. 35 messages
-(280 MB) for 300 steps at M = 20, 8,000 messages (64 MB) for 10^6 steps at M = 10.
+(280 MB) for 300 steps at M = 20, about 4,200 messages (34 MB) for 10^6 steps at M = 10.
 """
 from __future__ import annotations
 
