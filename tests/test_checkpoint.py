@@ -532,3 +532,84 @@ def test_resume_refuses_a_checkpoint_that_contradicts_its_configuration(tmp_path
         expected = eng.push_many(X[80:]).theta
     with StreamEngine.resume(tmp_path / "rec.npz") as again:
         np.testing.assert_allclose(again.push_many(X[80:]).theta, expected, atol=1e-12)
+
+
+def test_a_late_periodic_checkpoint_does_not_replace_a_newer_explicit_one(tmp_path, monkeypatch):
+    """The learner thread writes a periodic checkpoint after capturing it; an explicit
+    checkpoint() of a later position to the same file made during that write ended
+    first, and the older file then replaced it (resume went back to sample 100)."""
+    import threading
+    import streamfhmm.io.checkpoint as ck
+    real = ck.save_checkpoint
+
+    def slow(path, arrays, meta):   # the learner thread's write takes a while (a slow disk)
+        if threading.current_thread().name == "streamfhmm-learner":
+            time.sleep(0.5)
+        return real(path, arrays, meta)
+    monkeypatch.setattr(ck, "save_checkpoint", slow)
+    seed = 71
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed, noise=0.3)
+    model = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, window=3, n_hidden=4)
+    X, _ = p.sample(150, random_state=seed)
+    path = str(tmp_path / "ck.npz")
+    eng = StreamEngine(model, mode="filter", posterior="exact", learn=True, learner_duty=1.0,
+                       checkpoint_path=path, checkpoint_every=100, random_state=seed)
+    try:
+        for x in X:            # a periodic checkpoint falls due at 100, on the learner thread
+            eng.push(x)
+        deadline = time.monotonic() + 30
+        while eng._learner.fence is not None and time.monotonic() < deadline:
+            time.sleep(0.001)  # the thread has taken the job
+        assert eng.checkpoint(path) == path
+        time.sleep(1.0)        # (the slow write is over)
+        assert int(load_checkpoint(path)[1]["state"][0]) == 150
+        with StreamEngine.resume(path, checkpoint_path=None, checkpoint_every=None, learn=False) as back:
+            assert back.n_samples == 150
+    finally:
+        eng._ckpt_path = None
+        eng.close()
+
+
+@pytest.mark.parametrize("value", [np.inf, 1e200])
+def test_resume_refuses_warmup_samples_push_would_refuse(tmp_path, value):
+    """A warm-up row holding inf or 1e200 resumed, then every block that would end the
+    warm-up was refused with an error blaming the caller's clean data."""
+    seed = 72
+    p = FHMMParams.random(2, 2, random_state=seed, noise=0.3)
+    X, _ = p.sample(300, random_state=seed)
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed), mode="filter",
+                      learn=False, posterior="exact", warmup=200, random_state=seed) as eng:
+        eng.push_many(X[:100])
+        path = eng.checkpoint(tmp_path / "w")
+    meta, arrays = load_checkpoint(path)
+    rows = arrays["warmup.rows"].copy()
+    rows[10, 0] = value
+    save_checkpoint(tmp_path / "bad.npz", dict(arrays, **{"warmup.rows": rows}), meta)
+    with pytest.raises(ValueError, match=r"warmup.rows holds .* at row 10, column 0: a warm-up sample "
+                                         r"holds NaN or values within"):
+        StreamEngine.resume(tmp_path / "bad.npz")
+
+
+def test_a_seeded_engine_resumed_mid_warmup_continues_identically(tmp_path):
+    """The engine's generator (the warm-up's start and networks draw from it) is in the
+    checkpoint: resumed without random_state, a seeded engine ends its warm-up as the
+    uninterrupted one (a fresh unseeded generator gave another start: θ off by 6e-4)."""
+    seed = 73
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed, noise=0.3)
+    X, _ = p.sample(400, random_state=seed)
+    kw = dict(mode="filter", learn=False, posterior="exact", warmup=200, random_state=5)
+
+    def model():
+        return FHMM(n_chains=2, window=3, n_hidden=4, random_state=7)
+    with StreamEngine(model(), **kw) as ref:
+        ref.push_many(X[:50])
+        ref._rng.random(3)       # (draws before the cut: the saved state is not the seed's)
+        ref.push_many(X[50:100])
+        path = ref.checkpoint(tmp_path / "w")
+        full = ref.push_many(X[100:])
+    for _ in range(2):
+        with StreamEngine.resume(path) as back:
+            b = back.push_many(X[100:])
+        np.testing.assert_array_equal(b.theta, full.theta)

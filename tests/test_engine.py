@@ -1308,3 +1308,53 @@ def test_filtered_is_the_newest_samples_forward_message(mode):
         eng.push(X[0])
         with pytest.raises(ValueError, match="needs an exact-mode engine"):
             eng.filtered()
+
+
+def test_the_blas_limit_is_held_while_any_engine_is_open():
+    """The thread limit is process-wide: each engine restored what it had found, so with
+    two open, closing the first lifted the second's limit, closing the second left the
+    process limited, and an engine freed unclosed never gave it back."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas():
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+    p = FHMMParams.random(2, 2, random_state=0, noise=0.3)
+    m = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, window=3, n_hidden=4)
+    outer = threadpool_limits(limits=2, user_api="blas")
+    try:
+        if blas() != {2}:
+            pytest.skip("this BLAS does not run two threads here")
+        a = StreamEngine(m, mode="filter", learn=False, posterior="exact")
+        b = StreamEngine(m, mode="filter", learn=False, posterior="exact")
+        assert blas() == {1}
+        a.close()
+        assert blas() == {1}           # b is still open
+        b.close()
+        assert blas() == {2}
+        c = StreamEngine(m, mode="filter", learn=False, posterior="exact")
+        assert blas() == {1}
+        del c
+        gc.collect()
+        assert blas() == {2}
+    finally:
+        outer.restore_original_limits()
+
+
+def test_filtered_out_and_checkpoint_path_are_checked(tmp_path):
+    """filtered(out=) takes a writable float64 array of 2^M entries (a list raised
+    TypeError, a (3, 2^M) array had every row filled); checkpoint paths are str or
+    path-like (checkpoint_path=5 wrote ./5.npz at close)."""
+    p = FHMMParams.random(2, 2, random_state=0, noise=0.3)
+    m = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, window=3, n_hidden=4)
+    X, _ = p.sample(5, random_state=1)
+    with StreamEngine(m, mode="filter", learn=False, posterior="exact") as eng:
+        eng.push_many(X)
+        for bad in ([0.0] * 4, np.zeros(4, dtype=int), np.zeros((3, 4)), np.zeros(5)):
+            with pytest.raises(ValueError, match=r"out must be a writable float64 array of shape \(4,\)"):
+                eng.filtered(out=bad)
+        out = np.empty(4)
+        assert eng.filtered(out=out) == eng.filtered()[1] and np.isclose(out.sum(), 1.0)
+        with pytest.raises(ValueError, match="path must be a str or path-like, got int"):
+            eng.checkpoint(123)
+    with pytest.raises(ValueError, match="checkpoint_path must be a str or path-like, got int"):
+        StreamEngine(m, mode="filter", learn=False, posterior="exact", checkpoint_path=5)

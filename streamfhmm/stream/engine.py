@@ -30,6 +30,8 @@ cold-start warm-up, emitted once the model is initialised.
 from __future__ import annotations
 
 import math
+import os
+import threading
 import time
 import weakref
 from typing import NamedTuple
@@ -39,7 +41,7 @@ import numpy as np
 from .. import exact as _exact
 from .._validation import (MAX_ABS_VALUE, check_bool, check_positive_int, check_random_state, check_real,
                            unmask)
-from .._blas import limit_blas_threads
+from .._blas import BlasHold
 from ..kernels import online as _ko
 from ..kernels import recognition as _rk
 from ..model import FHMMParams
@@ -47,7 +49,7 @@ from ..network import RecognitionNet, check_net
 from .learner import (DEFAULT_LEARNER_DUTY, Learner, LearnerThread, Snapshot, check_duty,
                       make_snapshot)
 from .posterior import FLAG_EDGE, FLAG_IMPUTED, FLAG_WARMUP, Posterior
-from .reservoir import Reservoir
+from .reservoir import Reservoir, generator_from_json, generator_to_json
 from .ring import RingBuffer
 
 __all__ = ["StreamEngine", "PosteriorBatch", "model_network"]
@@ -253,6 +255,44 @@ def _moment_scaler(params: FHMMParams):
     return mean, np.sqrt(np.maximum(var, 1e-300))
 
 
+
+def _check_path(path, name: str = "checkpoint_path"):
+    """``path`` as str (None stays None) if it is a str or path-like, else ValueError
+    (any object was taken through str(): checkpoint_path=5 wrote ./5.npz)."""
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a str or path-like, got {type(path).__name__}")
+    return os.fspath(path)
+
+
+def _check_warmup_values(rows: np.ndarray, name: str) -> None:
+    """A checkpoint's warm-up samples hold what push lets in: NaN or values within
+    ±MAX_ABS_VALUE (an inf or 1e200 resumed, then every block ending the warm-up was
+    refused, blaming the caller's clean data)."""
+    with np.errstate(invalid="ignore"):
+        bad = np.abs(rows) > MAX_ABS_VALUE
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise ValueError(f"{name} holds {rows[r, c]:g} at row {r}, column {c}: a warm-up sample "
+                         f"holds NaN or values within ±{MAX_ABS_VALUE:g}")
+
+
+def _save_newest(guard, path, position: int, arrays: dict, meta: dict):
+    """``save_checkpoint`` under ``guard`` = (lock, {file: newest position written}),
+    unless a checkpoint of a later stream position is already in that file; the path
+    written, or None when skipped."""
+    from ..io.checkpoint import npz_target, save_checkpoint
+    lock, newest = guard
+    key = os.path.abspath(npz_target(path))
+    with lock:
+        if newest.get(key, -1) > position:
+            return None
+        out = save_checkpoint(path, arrays, meta)
+        newest[key] = position
+        return out
+
+
 class StreamEngine:
     """Online posterior inference for a factorial HMM, with an optional background learner.
 
@@ -398,7 +438,7 @@ class StreamEngine:
                    learning_rate=learning_rate, lr_decay_steps=lr_decay_steps,
                    min_learning_rate=min_learning_rate, decay=decay,
                    snapshot_interval=snapshot_interval, learner_duty=learner_duty,
-                   net_burnin=net_burnin, learn_samples=learn_samples, checkpoint_path=None if checkpoint_path is None else str(checkpoint_path),
+                   net_burnin=net_burnin, learn_samples=learn_samples, checkpoint_path=_check_path(checkpoint_path),
                    checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
                    latency_window=latency_window, blas_threads=blas_threads,
                    n_chains=model.n_chains, window=model.window, n_hidden=model.n_hidden,
@@ -455,7 +495,7 @@ class StreamEngine:
         self._limiter = None
         self._closed = False
         if blas_threads is not None:
-            self._limiter = limit_blas_threads(check_positive_int(blas_threads, "blas_threads"))
+            self._limiter = BlasHold(check_positive_int(blas_threads, "blas_threads"), owner=self)
         try:
             if params is None or self._new_net:
                 self._phase = "warmup"
@@ -563,6 +603,10 @@ class StreamEngine:
         self._ckpt_error = None
         self._next_ckpt_t = None
         self._next_ckpt_ns = None
+        # checkpoint writes, explicit or from the learner thread, one at a time; the
+        # stream position of the newest file written per path: an older cut written late
+        # on the learner thread must not replace a newer explicit checkpoint
+        self._ckpt_guard = (threading.Lock(), {})
 
     @property
     def mode(self) -> str:
@@ -1114,8 +1158,10 @@ class StreamEngine:
         -------
         PosteriorBatch
             The posteriors that became available, in order (a sequence of
-            :class:`Posterior`, with the arrays exposed). Identical to pushing the rows
-            one at a time with the same parameter snapshot.
+            :class:`Posterior`, with the arrays exposed). The posteriors of pushing the
+            rows one at a time with the same parameter snapshot: the same positions,
+            flags, versions and learner subchains, bit for bit in exact mode, and θ, ρ
+            and means equal to rounding (≤ 1e-15) in recognition mode.
 
         Raises
         ------
@@ -1442,6 +1488,13 @@ class StreamEngine:
             raise ValueError("filtered(): no sample has been filtered yet")
         slot = (self._t - 1) % self._alpha_ring.shape[0]   # (the rings' slot t % (lag + 1))
         if out is not None:
+            K = self._alpha_ring.shape[1]
+            if not (isinstance(out, np.ndarray) and out.dtype == np.float64 and out.shape == (K,)
+                    and out.flags.writeable):
+                raise ValueError(f"out must be a writable float64 array of shape ({K},), got "
+                                 f"{type(out).__name__}"
+                                 + (f" of shape {out.shape} and dtype {out.dtype}"
+                                    if isinstance(out, np.ndarray) else ""))
             np.copyto(out, self._alpha_ring[slot])
             return float(self._logc_ring[slot])
         return self._alpha_ring[slot].copy(), float(self._logc_ring[slot])
@@ -1573,7 +1626,7 @@ class StreamEngine:
             except Exception as exc:  # reported through metrics; close must not fail
                 self._ckpt_error = exc
         if self._limiter is not None:
-            self._limiter.restore_original_limits()
+            self._limiter.release()
             self._limiter = None
 
     def __enter__(self):
@@ -1633,6 +1686,9 @@ class StreamEngine:
                 "shared_net": self._learner_net is self._net and self._net is not None,
                 "learner": self._learner is not None, "learning": bool(self._learning_wanted),
                 "imputed_start": self._imputed_start,
+                # (the warm-up's start, networks and reservoir draw from it: a seeded
+                # engine resumed mid-warm-up starts as the uninterrupted one)
+                "rng": generator_to_json(self._rng),
                 "S": getattr(self, "_S", None),
                 "L": getattr(self, "_L", None), "C": getattr(self, "_C", None)}
         return arrays, meta
@@ -1656,10 +1712,9 @@ class StreamEngine:
             The path written.
         """
         self._check_open()
-        return self._checkpoint(path)
+        return self._checkpoint(_check_path(path))
 
     def _checkpoint(self, path=None) -> str:
-        from ..io.checkpoint import save_checkpoint
         path = path if path is not None else self._ckpt_path
         if path is None:
             raise ValueError("checkpoint() needs a path (or the engine's checkpoint_path)")
@@ -1672,7 +1727,7 @@ class StreamEngine:
                 arrays.update({f"learner.{k}": v for k, v in self._learner.to_arrays().items()})
         else:
             arrays, meta = self._engine_arrays()
-        out = save_checkpoint(path, arrays, meta)
+        out = _save_newest(self._ckpt_guard, path, self._t, arrays, meta)
         self._n_checkpoints += 1
         return out
 
@@ -1699,7 +1754,6 @@ class StreamEngine:
         file. For a consistent cut the learner state must be that at the captured
         position ``t``: the learner's ``fence`` keeps the segments fed from ``t`` on
         waiting (not in the reservoir) until the job has captured it."""
-        from ..io.checkpoint import save_checkpoint
         self._schedule_checkpoints()
         path = self._ckpt_path
         thread = self._thread
@@ -1714,6 +1768,7 @@ class StreamEngine:
         if threaded:
             learner = self._learner
             engine_ref = weakref.ref(self)
+            guard = self._ckpt_guard
             cut = self._t   # segments ending before it are the engine's past
             learner.fence = cut
 
@@ -1736,8 +1791,7 @@ class StreamEngine:
                 def write():
                     engine = engine_ref()
                     try:
-                        save_checkpoint(path, arrays, meta)
-                        if engine is not None:
+                        if _save_newest(guard, path, cut, arrays, meta) is not None and engine is not None:
                             engine._n_checkpoints += 1
                     except Exception as exc:
                         if engine is not None:
@@ -1752,7 +1806,7 @@ class StreamEngine:
             if self._learner is not None:
                 with self._learner.lock:
                     arrays.update({f"learner.{k}": v for k, v in self._learner.to_arrays().items()})
-            save_checkpoint(path, arrays, meta)
+            _save_newest(self._ckpt_guard, path, self._t, arrays, meta)
             self._n_checkpoints += 1
         except Exception as exc:
             self._ckpt_error = exc
@@ -1834,9 +1888,11 @@ class StreamEngine:
             buf = np.asarray(arrays["warmup.buf"], dtype=np.float64)
             if buf.ndim != 2 or buf.shape[1] != D:
                 raise ValueError(f"warmup.buf has shape {buf.shape}, expected (n, {D})")
+            _check_warmup_values(buf, "warmup.buf")
             at = np.flatnonzero(~np.isnan(buf).all(axis=1))
             return len(buf), buf[at], at
         rows = np.asarray(arrays["warmup.rows"], dtype=np.float64)
+        _check_warmup_values(rows, "warmup.rows")
         at = np.asarray(arrays["warmup.at"])
         n = len(rows) if rows.ndim == 2 else -1
         if rows.ndim != 2 or rows.shape[1] != D or at.shape != (n,) or at.dtype.kind not in "iu":
@@ -1855,11 +1911,13 @@ class StreamEngine:
         cfg = dict(meta["config"])
         cfg.setdefault("learner_duty", DEFAULT_LEARNER_DUTY)  # checkpoints from before it existed
         random_state = overrides.pop("random_state", None)
-        cfg.update({k: (str(v) if k == "checkpoint_path" and v is not None else v)
+        cfg.update({k: (_check_path(v) if k == "checkpoint_path" else v)
                     for k, v in overrides.items()})
         self = cls.__new__(cls)
         self._closed = True
         self._set_config(cfg, random_state)
+        if random_state is None and meta.get("rng") is not None:   # (older files have none)
+            self._rng = generator_from_json(meta["rng"])
         model = FHMM(n_chains=cfg["n_chains"], window=cfg["window"], n_hidden=cfg["n_hidden"],
                      share_hidden=cfg["share_hidden"],
                      covariance_type=cfg.get("covariance_type", "full"))
@@ -1908,7 +1966,7 @@ class StreamEngine:
             if D is None:
                 return self
             if cfg["blas_threads"] is not None:
-                self._limiter = limit_blas_threads(check_positive_int(cfg["blas_threads"], "blas_threads"))
+                self._limiter = BlasHold(check_positive_int(cfg["blas_threads"], "blas_threads"), owner=self)
             # every array agrees with n_features and n_chains (else a resumed engine
             # refused every sample, or ran on a ring of another width), checked before
             # anything of their size is allocated (exact mode: 2^M joint states)
@@ -2008,6 +2066,8 @@ class StreamEngine:
                                            if k.startswith("learner.")})
                 if random_state is not None:
                     self._learner.reservoir.rng = self._rng
+                else:   # one generator, as before the checkpoint (the reservoir's is the newer)
+                    self._rng = self._learner.reservoir.rng
             elif self._learn:
                 if self.posterior == "recognition" and self._net is None:
                     raise ValueError("this checkpoint has no recognition network")

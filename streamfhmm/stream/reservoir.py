@@ -53,6 +53,25 @@ def _state_from_json(value):
     return value
 
 
+def generator_to_json(rng: np.random.Generator):
+    """A numpy Generator's bit-generator state as JSON-able values."""
+    return _state_to_json(rng.bit_generator.state)
+
+
+def generator_from_json(state) -> np.random.Generator:
+    """The Generator :func:`generator_to_json` described (ValueError for an unknown bit
+    generator or a malformed state)."""
+    name = state.get("bit_generator") if isinstance(state, dict) else None
+    if name not in _BIT_GENERATORS:
+        raise ValueError(f"unknown random bit generator {name!r} in the saved state")
+    bg = getattr(np.random, name)()
+    try:
+        bg.state = _state_from_json(state)
+    except (TypeError, KeyError) as exc:
+        raise ValueError(f"malformed {name} state: {exc}") from None
+    return np.random.Generator(bg)
+
+
 class Reservoir:
     """A fixed-size sample of stream segments.
 
@@ -189,7 +208,7 @@ class Reservoir:
         meta = {"capacity": self.capacity, "segment_length": self.segment_length,
                 "n_features": self.n_features, "half_life": self.half_life,
                 "stride": self.stride, "size": self.size, "n_seen": self.n_seen,
-                "rng": _state_to_json(self.rng.bit_generator.state)}
+                "rng": generator_to_json(self.rng)}
         return {"meta": np.array(json.dumps(meta)), "data": self.data[:self.size].copy(),
                 "end": self.end[:self.size].copy()}
 
@@ -215,10 +234,5 @@ class Reservoir:
         res.end[:size] = end
         res.size = size
         res.n_seen = n_seen
-        name = meta["rng"].get("bit_generator")
-        if name not in _BIT_GENERATORS:
-            raise ValueError(f"unknown random bit generator {name!r} in reservoir state")
-        bg = getattr(np.random, name)()
-        bg.state = _state_from_json(meta["rng"])
-        res.rng = np.random.Generator(bg)
+        res.rng = generator_from_json(meta["rng"])
         return res
