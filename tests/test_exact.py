@@ -194,3 +194,36 @@ def test_filtering_honours_lengths():
     (ll1, one), (ll2, two) = exact.filtered_marginals(p, X[:20]), exact.filtered_marginals(p, X[20:])
     assert ll == pytest.approx(ll1 + ll2, rel=1e-13)
     np.testing.assert_allclose(both, np.r_[one, two], rtol=0, atol=1e-13)
+
+
+def test_a_sample_whose_density_overflows_is_left_out_as_the_engine_does():
+    """One finite value of 1e200 (½‖L⁻¹(y - μ)‖² overflows): batch exact inference made
+    the whole posterior and log-likelihood NaN. Its emission is left out, as the
+    streaming filter leaves it out: the posteriors are those of the path enumeration
+    without that emission, and the log-likelihood is -inf (below the float range)."""
+    import itertools
+    from scipy.stats import multivariate_normal
+    seed = 61
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed, noise=0.5)
+    X, _ = p.sample(6, random_state=seed)
+    k = 3
+    Y = X.copy()
+    Y[k, 1] = 1e200
+    # the reference: every path's log joint without sample k's emission
+    states = naive.joint_states(2)
+    seqs = list(itertools.product(range(4), repeat=len(X)))
+    logs = []
+    for seq in seqs:
+        S = states[list(seq)]
+        mean_k = S[k] @ p.W[:2] + p.W[2]
+        logs.append(naive.log_joint(p, X, S) - multivariate_normal.logpdf(X[k], mean_k, p.covariance))
+    logs = np.array(logs)
+    w = np.exp(logs - np.logaddexp.reduce(logs))
+    theta = sum(wi * states[list(seq)] for seq, wi in zip(seqs, w))
+    ll, got = exact.smoothed_marginals(p, Y)
+    assert ll == -np.inf and exact.log_likelihood(p, Y) == -np.inf
+    np.testing.assert_allclose(got, theta, rtol=0, atol=1e-12)
+    ll_f, filt = exact.filtered_marginals(p, Y)
+    assert ll_f == -np.inf and np.isfinite(filt).all()
+    np.testing.assert_allclose(filt[:k], exact.filtered_marginals(p, X[:k])[1], rtol=0, atol=1e-12)

@@ -146,6 +146,32 @@ def log_emission(y, bias, Linv, Ut, half_c, const, ytil, out):
 
 
 @jit
+def emission_or_left_out(y, bias, Linv, Ut, half_c, const, ytil, out):
+    """:func:`log_emission`, except for a sample so far from the model that
+    ``½‖L⁻¹(y - μ)‖²`` overflows (|y| above ~1e154 times the noise scale): every log
+    density is then -inf or NaN, and one such sample made a whole batch posterior and
+    log-likelihood NaN. Its emission is left out (``out`` = 0), as the streaming filter
+    leaves it out (``online.filter_step``), which is what the float arithmetic already
+    does a little below the overflow (the state-dependent terms vanish next to ½‖ỹ‖²).
+
+    Returns
+    -------
+    mx : float
+        The largest entry of ``out`` (0 when left out).
+    kept : bool
+        False when the emission was left out: the sample's log density is below the
+        float range (-inf), which the caller adds to the log-likelihood.
+    """
+    mx = log_emission(y, bias, Linv, Ut, half_c, const, ytil, out)
+    for s in range(out.shape[0]):
+        if out[s] - out[s] != 0.0:   # inf or NaN
+            for k in range(out.shape[0]):
+                out[k] = 0.0
+            return 0.0, False
+    return mx, True
+
+
+@jit
 def transition_forward(u, A):
     """In place ``u ← Aᵀ u`` for the factorial transition, chain by chain.
 
@@ -375,8 +401,9 @@ def forward_filter(X, bounds, W, L, A, startprob, want_marginals, theta):
                     u[s] = pi[s]
             else:
                 transition_forward(u, A)
-            mx = log_emission(X[t], bias, Linv, Ut, half_c, const, ytil, le)
-            total += _step(u, pred, le, mx)
+            mx, kept = emission_or_left_out(X[t], bias, Linv, Ut, half_c, const, ytil, le)
+            c = _step(u, pred, le, mx)
+            total += c if kept else -np.inf
             if want_marginals:
                 _chain_marginals(u, theta[t])
     return total
@@ -494,9 +521,9 @@ def forward_backward(X, bounds, W, L, A, startprob, block, want_pairs, theta, xi
                     u[s] = pi[s]
             else:
                 transition_forward(u, A)
-            mx = log_emission(X[t], bias, Linv, Ut, half_c, const, ytil, le)
+            mx, kept = emission_or_left_out(X[t], bias, Linv, Ut, half_c, const, ytil, le)
             logc[r] = _step(u, pred, le, mx)
-            total += logc[r]
+            total += logc[r] if kept else -np.inf
             if r % block == 0:
                 ckpt[r // block] = u
         # backward pass, block by block
@@ -511,7 +538,7 @@ def forward_backward(X, bounds, W, L, A, startprob, block, want_pairs, theta, xi
                 for s in range(K):
                     u[s] = alphas[r - 1 - r0, s]
                 transition_forward(u, A)
-                mx = log_emission(X[start + r], bias, Linv, Ut, half_c, const, ytil, le)
+                mx = emission_or_left_out(X[start + r], bias, Linv, Ut, half_c, const, ytil, le)[0]
                 _step(u, pred, le, mx)
                 alphas[r - r0] = u
             for r in range(r1 - 1, r0 - 1, -1):
@@ -529,7 +556,7 @@ def forward_backward(X, bounds, W, L, A, startprob, block, want_pairs, theta, xi
                 if r == 0:
                     break
                 # g(s) = e_r(s) beta_r(s) / c_r, then beta_{r-1} = A g
-                mx = log_emission(X[start + r], bias, Linv, Ut, half_c, const, ytil, le)
+                mx = emission_or_left_out(X[start + r], bias, Linv, Ut, half_c, const, ytil, le)[0]
                 _backward_weights(alphas[r - r0], le, mx, logc[r], beta, g)
                 if want_pairs:
                     if r - 1 >= r0:
@@ -572,6 +599,6 @@ def prev_block_last(ckpt, b, X, start, block, bias, Linv, Ut, half_c, const, A, 
     r0 = b * block
     for r in range(r0 + 1, r0 + block):
         transition_forward(u, A)
-        mx = log_emission(X[start + r], bias, Linv, Ut, half_c, const, ytil, le)
+        mx = emission_or_left_out(X[start + r], bias, Linv, Ut, half_c, const, ytil, le)[0]
         _step(u, pred, le, mx)
     return u
