@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from . import exact
-from .io.checkpoint import npz_read_error, npz_target, write_atomically
+from .io.checkpoint import npz_read_error, npz_target, path_str, write_atomically
 from ._validation import (check_bool, check_fit_magnitude, check_lengths, check_observations,
                           check_positive_int, check_random_state, check_real)
 from .learn.objective import (COVARIANCE_TYPES, check_covariance_matches, check_covariance_type,
@@ -417,10 +417,12 @@ class FHMM:
             time_budget = check_real(time_budget, "time_budget", low_open=True)
         from .learn.svi import check_n_jobs
         check_n_jobs(n_jobs)  # fit_svi resolves -1; the checks below take it as given
-        if method == "svi":
-            from .learn.svi import check_svi_settings
-            check_svi_settings(max_iter or 1, batch_size, subchain_length, learning_rate,
-                               final_lr_ratio, decay, time_budget)
+        # every method's settings, whichever method runs: a bad value is refused, not
+        # silently ignored (fit(method="smf", learning_rate=-5) was accepted)
+        from .learn.svi import check_svi_settings
+        check_svi_settings(max_iter or 1, batch_size, subchain_length, learning_rate,
+                           final_lr_ratio, decay, time_budget)
+        check_real(tol, "tol")
         if n_restarts > 1 and (method != "svi" or client is not None):
             raise ValueError(f"n_restarts applies to method='svi' without a client, got "
                              f"method={method!r}{' and a client' if client is not None else ''}")
@@ -453,50 +455,58 @@ class FHMM:
         rng = check_random_state(self.random_state)
         bounds = exact.bounds_from_lengths(lengths)
         t0 = time.perf_counter()
+        # the earlier fit's scores come back if this one is refused or fails (they were
+        # cleared by a refusal inside the start, and replaced by a failed run's)
+        saved = (getattr(self, "init_scores_", np.empty(0)),
+                 getattr(self, "restart_scores_", np.empty(0)))
         self._clear_scores()
-        params = self._initial_params(X, init, init_samples, n_init, rng, time_budget, bounds)
-        if method == "em":
-            from .learn.em import fit_exact_em
+        try:
+            params = self._initial_params(X, init, init_samples, n_init, rng, time_budget, bounds)
+            if method == "em":
+                from .learn.em import fit_exact_em
+                budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
+                params, history = fit_exact_em(X, lengths, params=params,
+                                               max_iter=100 if max_iter is None else max_iter, tol=tol, time_budget=budget, progress=progress,
+                                               covariance_type=self.covariance_type)
+                self._set_params(params)  # networks trained for earlier parameters would mislead
+                self.history_ = history
+                self.fit_method_ = "em"
+                return self
+            if method == "smf":
+                from .learn.smf import fit_smf
+                budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
+                params, history = fit_smf(X, lengths, params=params,
+                                          max_iter=100 if max_iter is None else max_iter, tol=tol,
+                                          time_budget=budget, random_state=rng, progress=progress,
+                                          covariance_type=self.covariance_type)
+                self._set_params(params)  # networks trained for earlier parameters would mislead
+                self.history_ = history
+                self.fit_method_ = "smf"
+                return self
+            from .learn.svi import DEFAULT_MAX_ITER, fit_svi
+            net = self._continued_net(init, X.shape[1])
+            if net is None:
+                net = self._new_net(X.shape[1], rng)
+                net.fit_scaler(X)
             budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
-            params, history = fit_exact_em(X, lengths, params=params,
-                                           max_iter=100 if max_iter is None else max_iter, tol=tol, time_budget=budget, progress=progress,
-                                           covariance_type=self.covariance_type)
-            self._set_params(params)  # networks trained for earlier parameters would mislead
-            self.history_ = history
-            self.fit_method_ = "em"
+            total = DEFAULT_MAX_ITER if max_iter is None else max_iter
+            svi = dict(batch_size=batch_size, subchain_length=subchain_length,
+                       learning_rate=learning_rate, final_lr_ratio=final_lr_ratio, decay=decay,
+                       rng=rng, progress=progress, covariance_type=self.covariance_type,
+                       n_jobs=n_jobs)
+            if n_restarts == 1:
+                state = fit_svi(X, bounds, params, net, max_iter=total, time_budget=budget,
+                                net_warmup=net_warmup, **svi)
+            else:
+                state = self._restarts(X, bounds, params, net, total, restart_steps, net_warmup,
+                                       svi, run_inits, (init_samples, n_init))
+            self._set_params(state.params, state.net)
+            self.history_ = state.history
+            self.fit_method_ = "svi"
             return self
-        if method == "smf":
-            from .learn.smf import fit_smf
-            budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
-            params, history = fit_smf(X, lengths, params=params,
-                                      max_iter=100 if max_iter is None else max_iter, tol=tol,
-                                      time_budget=budget, random_state=rng, progress=progress,
-                                      covariance_type=self.covariance_type)
-            self._set_params(params)  # networks trained for earlier parameters would mislead
-            self.history_ = history
-            self.fit_method_ = "smf"
-            return self
-        from .learn.svi import DEFAULT_MAX_ITER, fit_svi
-        net = self._continued_net(init, X.shape[1])
-        if net is None:
-            net = self._new_net(X.shape[1], rng)
-            net.fit_scaler(X)
-        budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
-        total = DEFAULT_MAX_ITER if max_iter is None else max_iter
-        svi = dict(batch_size=batch_size, subchain_length=subchain_length,
-                   learning_rate=learning_rate, final_lr_ratio=final_lr_ratio, decay=decay,
-                   rng=rng, progress=progress, covariance_type=self.covariance_type,
-                   n_jobs=n_jobs)
-        if n_restarts == 1:
-            state = fit_svi(X, bounds, params, net, max_iter=total, time_budget=budget,
-                            net_warmup=net_warmup, **svi)
-        else:
-            state = self._restarts(X, bounds, params, net, total, restart_steps, net_warmup,
-                                   svi, run_inits, (init_samples, n_init))
-        self._set_params(state.params, state.net)
-        self.history_ = state.history
-        self.fit_method_ = "svi"
-        return self
+        except BaseException:
+            self.init_scores_, self.restart_scores_ = saved
+            raise
 
     def _new_net(self, n_features, rng):
         """Recognition networks of this model's architecture, initialised from ``rng``
@@ -549,6 +559,9 @@ class FHMM:
                                      Workspace(state.packer, state.net))
             runs.append(state)
             scores.append(float(value) / len(rows))
+        if not np.isfinite(scores).any():
+            raise FloatingPointError(f"every one of the {n_restarts} runs diverged (ELBO per step "
+                                     f"{scores}): lower learning_rate")
         best = _best(scores)
         self.restart_scores_ = np.array(scores)
         self.init_scores_ = init_scores[best]
@@ -911,7 +924,7 @@ class FHMM:
             Not a streamfhmm model file (foreign, damaged, or of a newer version).
         """
         from .network import RecognitionNet
-        path = os.fspath(path)
+        path = path_str(path)
         if not os.path.exists(path) and not path.endswith(".npz"):
             path += ".npz"  # as save() names it
         try:

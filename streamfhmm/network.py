@@ -321,10 +321,20 @@ class RecognitionNet:
         mean = Y0.sum(axis=0) / np.maximum(count, 1)
         var = (np.where(observed, Y - mean, 0.0) ** 2).sum(axis=0) / np.maximum(count, 1)
         std = np.sqrt(var)
-        scale = np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), std, 1.0)
+        # constant: a spread below rounding of the feature's own magnitude (a floor of
+        # 1e-12 in absolute units took data in units of 1e-13 for constant, and the fit
+        # was no longer the rescaled one)
+        big = np.abs(Y0).max(axis=0) if Y0.shape[0] else np.zeros(Y0.shape[1])
+        scale = np.where(std > 1e-12 * big, std, 1.0)
         return self.set_scaler(mean, scale)
 
     # ---------------------------------------------------------- (de)serialise
+    def __reduce__(self):
+        # pickle and copy.deepcopy go through to_arrays/from_arrays: copied one by one,
+        # the views (U, c, V, e, heads) no longer shared the weights' memory, and init()
+        # or the weights setter then changed one and not the other
+        return (RecognitionNet.from_arrays, (self.to_arrays(),))
+
     def copy(self) -> "RecognitionNet":
         """An independent copy (weights and scaler copied)."""
         new = RecognitionNet(self._n_chains, self._n_features, self._window, self._n_hidden,

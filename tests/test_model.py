@@ -1,4 +1,6 @@
 """FHMMParams and the public FHMM: construction, validation, sampling statistics."""
+import io
+import os
 import re
 
 import numpy as np
@@ -769,7 +771,12 @@ def test_a_refused_fit_keeps_the_earlier_fits_scores():
     m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed)
     m.fit(X, max_iter=12, n_restarts=2, init="smf", n_init=2, progress=False)
     scores = (m.init_scores_.copy(), m.restart_scores_.copy())
-    for bad in (dict(method="bogus"), dict(n_jobs=0), dict(X=X[:, :1])):
+    # (the last two are refused inside the start, after the scores were cleared; and a
+    # method's settings are checked whichever method runs)
+    for bad in (dict(method="bogus"), dict(n_jobs=0), dict(X=X[:, :1]),
+                dict(method="smf", learning_rate=-5.0), dict(method="em", batch_size=0),
+                dict(method="svi", tol="x"), dict(init="auto", n_init=3),
+                dict(init="kmeans", X=np.r_[X[:3], np.full((5, 2), np.nan)])):
         with pytest.raises(ValueError):
             m.fit(**{"X": X, "max_iter": 5, "progress": False, **bad})
         np.testing.assert_array_equal(m.init_scores_, scores[0])
@@ -869,3 +876,34 @@ def test_lengths_reach_every_learner_and_the_smf_posterior(monkeypatch):
     np.testing.assert_allclose(both, np.vstack([m.predict_proba(X[:300], method="smf"),
                                                 m.predict_proba(X[300:], method="smf")]), atol=1e-6)
     assert not np.allclose(both, m.predict_proba(X, method="smf"), atol=1e-6)
+
+
+def test_restarts_that_all_diverge_are_an_error_that_keeps_the_model(monkeypatch):
+    """Every run's ELBO non-finite: a FloatingPointError saying so (the best of no run
+    was continued and failed with "L must be finite", and its scores stayed on the model
+    and in its file)."""
+    import streamfhmm.learn.objective as objective
+    seed = 34
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(2, 2, random_state=seed, noise=0.4).sample(600, random_state=seed)
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed)
+    m.fit(X, method="smf", max_iter=3, progress=False)
+    W = m.W_.copy()
+    monkeypatch.setattr(objective, "sequence_elbo", lambda *a: (np.nan, None))
+    with pytest.raises(FloatingPointError, match="every one of the 2 runs diverged"):
+        m.fit(X, max_iter=12, n_restarts=2, init="smf", progress=False)
+    np.testing.assert_array_equal(m.W_, W)
+    assert m.fit_method_ == "smf" and m.restart_scores_.size == 0 and m.init_scores_.size == 0
+
+
+def test_save_and_load_refuse_a_path_that_is_no_file_name(tmp_path):
+    """None, a number or a file object: ValueError (TypeError from os.fspath), and a
+    bytes path works as its decoded str (load's '.npz' test failed on bytes)."""
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
+    for bad in (None, 123, io.BytesIO()):
+        with pytest.raises(ValueError, match="path must be a file name"):
+            m.save(bad)
+        with pytest.raises(ValueError, match="path must be a file name"):
+            FHMM.load(bad)
+    m.save(os.fsencode(tmp_path / "m"))
+    np.testing.assert_array_equal(FHMM.load(os.fsencode(tmp_path / "m")).W_, m.W_)

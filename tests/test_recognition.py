@@ -329,6 +329,26 @@ def test_weights_setter_keeps_views_and_copy_is_independent():
     assert repr(clone) == repr(net)
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_deepcopy_and_pickle_keep_the_views_on_the_weights(how):
+    """Copied attribute by attribute, U, c, V, e and the heads were arrays of their own:
+    init() and the weights setter then changed the weights and not the views (or the
+    reverse), and the forward pass read stale weights."""
+    import copy
+    import pickle
+    net = _net(2, 2, 3, 3, "all", "centred", seed=19)
+    twin = copy.deepcopy(net) if how == "deepcopy" else pickle.loads(pickle.dumps(net))
+    assert np.shares_memory(twin.U, twin.weights) and not np.shares_memory(twin.weights, net.weights)
+    np.testing.assert_array_equal(twin.weights, net.weights)
+    np.testing.assert_array_equal(twin.scale, net.scale)
+    twin.weights = np.zeros(net.n_weights)
+    assert not twin.U.any()
+    twin.init(random_state=5)
+    assert twin.weights.any() and np.shares_memory(twin.U, twin.weights)
+    Y = _data([9], 2, seed=20)
+    np.testing.assert_array_equal(copy.deepcopy(net).forward(Y)[0], net.forward(Y)[0])
+
+
 @pytest.mark.parametrize("share,mode", [("all", "centred"), ("chain", "causal")])
 def test_arrays_round_trip_through_npz(share, mode):
     net = _net(3, 2, 5, 4, share, mode, seed=17)

@@ -304,7 +304,9 @@ def test_svi_fit_does_not_depend_on_the_data_units(two_chain_data, covariance_ty
         return m.fit(Y, init="kmeans", max_iter=300, progress=False)
 
     ref = fit(X)
-    units = [np.full(D, 1e-6), np.full(D, 1e8)]
+    # (1e-14: below the scaler's old absolute floor of 1e-12, which took such features
+    # for constant and gave the networks inputs of 1e-14)
+    units = [np.full(D, 1e-6), np.full(D, 1e8), np.full(D, 1e-14)]
     if covariance_type != "spherical":
         units.append(np.array([1e-6, 1e4]))
     for unit in units:
@@ -1261,3 +1263,14 @@ def test_rmsprop_refuses_a_non_finite_entry_at_every_position():
             assert not rmsprop_update(x, g, sq, 0.9, 1e-8, 0.1, 2)
             np.testing.assert_array_equal(x, x0)
             np.testing.assert_array_equal(sq, sq0)
+
+
+def test_fit_svi_refuses_values_a_fit_cannot_square(three_chain_setup):
+    """As FHMM.fit: beyond ±1e150 is a ValueError naming the value, before any step (it
+    was a FloatingPointError whenever the sampler first reached the row)."""
+    X, params, net, seed = three_chain_setup
+    Y = X.copy()
+    Y[300, 0] = 1e200
+    with pytest.raises(ValueError, match=r"X must hold values within ±1e\+150 to fit a model .* "
+                                         r"found 1e\+200 at row 300, column 0"):
+        _threaded_fit(Y, params, net, 1, 10, seed)

@@ -23,6 +23,14 @@ FORMAT_TAG = "streamfhmm.StreamEngine.checkpoint"
 FORMAT_VERSION = 2
 
 
+def path_str(path, what: str = "path") -> str:
+    """``path`` (str, bytes or path-like) as str; ValueError for anything else (a
+    number, None or a file object raised TypeError from os.fspath)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise ValueError(f"{what} must be a file name (str or path-like), got {type(path).__name__}")
+    return os.fsdecode(os.fspath(path))
+
+
 def npz_target(path, what: str = "path") -> str:
     """The file a save to ``path`` writes: ``path`` with ``.npz`` appended unless it ends
     so (as ``np.savez`` names it).
@@ -35,7 +43,7 @@ def npz_target(path, what: str = "path") -> str:
     FileNotFoundError
         The directory it would go in does not exist (the error named the temporary file).
     """
-    path = os.fsdecode(os.fspath(path))
+    path = path_str(path, what)
     if not path or path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)) \
             or os.path.isdir(path):
         raise ValueError(f"{what} must name a file (such as model.npz), got the directory {path!r}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._blas import limit_blas_threads
-from .._validation import (check_bounds, check_generator, check_observations,
+from .._validation import (check_bounds, check_fit_magnitude, check_generator, check_observations,
                            check_positive_int, check_real)
 from ..kernels import svi as _ks
 from ..model import FHMMParams, check_params
@@ -416,7 +416,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         log_every = check_positive_int(log_every, "log_every")
     continued = state is not None
     state = start_state(state, params, net, decay, covariance_type)
-    X = check_observations(X, n_features=state.packer.n_features, allow_nan=True)
+    X = check_fit_magnitude(check_observations(X, n_features=state.packer.n_features, allow_nan=True))
     bounds = check_bounds(bounds, X.shape[0])
     if continued and covariance_type is not None:
         state.covariance_type = check_covariance_type(covariance_type)
