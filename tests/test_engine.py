@@ -1358,3 +1358,5 @@ def test_filtered_out_and_checkpoint_path_are_checked(tmp_path):
             eng.checkpoint(123)
     with pytest.raises(ValueError, match="checkpoint_path must be a str or path-like, got int"):
         StreamEngine(m, mode="filter", learn=False, posterior="exact", checkpoint_path=5)
+    with pytest.raises(ValueError, match="latency_window must be at most 10,000,000 pushes"):
+        StreamEngine(m, mode="filter", learn=False, posterior="exact", latency_window=10**13)

@@ -256,6 +256,10 @@ def _moment_scaler(params: FHMMParams):
 
 
 
+#: the largest latency_window (its ring holds one int64 per push: 80 MB)
+MAX_LATENCY_WINDOW = 10_000_000
+
+
 def _check_path(path, name: str = "checkpoint_path"):
     """``path`` as str (None stays None) if it is a str or path-like, else ValueError
     (any object was taken through str(): checkpoint_path=5 wrote ./5.npz)."""
@@ -384,7 +388,8 @@ class StreamEngine:
         checkpoint that fails does not fail the push: see
         ``metrics()["checkpoint_error"]``.
     latency_window : int
-        Pushes over which the latency percentiles are computed.
+        Pushes over which the latency percentiles are computed (at most
+        ``MAX_LATENCY_WINDOW``, 10^7).
     blas_threads : int, optional
         Limit BLAS to so many threads while the engine is open (the learner and the
         inference path each use one core); ``None`` leaves BLAS alone.
@@ -553,7 +558,10 @@ class StreamEngine:
                        low_open=True)
         check_real(cfg["min_learning_rate"], "min_learning_rate")
         check_real(cfg["decay"], "decay", 0.0, 1.0, high_open=True)
-        self._lat = np.zeros(check_positive_int(cfg["latency_window"], "latency_window"), np.int64)
+        lat_n = check_positive_int(cfg["latency_window"], "latency_window")
+        if lat_n > MAX_LATENCY_WINDOW:   # (one int64 per push: 10**13 was a MemoryError)
+            raise ValueError(f"latency_window must be at most {MAX_LATENCY_WINDOW:,} pushes, got {lat_n:,}")
+        self._lat = np.zeros(lat_n, np.int64)
         self._ckpt_path = cfg["checkpoint_path"]
         every = cfg["checkpoint_every"]
         secs = cfg["checkpoint_seconds"]
