@@ -1360,3 +1360,27 @@ def test_filtered_out_and_checkpoint_path_are_checked(tmp_path):
         StreamEngine(m, mode="filter", learn=False, posterior="exact", checkpoint_path=5)
     with pytest.raises(ValueError, match="latency_window must be at most 10,000,000 pushes"):
         StreamEngine(m, mode="filter", learn=False, posterior="exact", latency_window=10**13)
+
+
+def test_values_near_the_float_range_keep_recognition_posteriors_finite():
+    """Two adjacent 1e308 (finite, accepted once the engine runs): standardised they
+    overflowed to inf, and inf·w - inf·w made every window holding them NaN in the
+    block, one-by-one and batch paths. The standardised input is clipped at ±1e150."""
+    seed = 57
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 3, random_state=seed, noise=0.3)
+    m = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, window=5, n_hidden=4)
+    X, _ = p.sample(60, random_state=seed)
+    net = RecognitionNet(2, 3, window=5, n_hidden=4, share="all", mode="centred").init(
+        random_state=seed).fit_scaler(X)
+    Y = X.copy()
+    Y[30:32] = 1e308
+    Y[40, 1] = -1e308
+    with StreamEngine(m, mode="smooth", learn=False, net=net) as eng:
+        block = eng.push_many(Y)
+    with StreamEngine(m, mode="smooth", learn=False, net=net) as eng:
+        ones = PosteriorBatch.from_posteriors([q for y in Y for q in eng.push(y)] + eng.flush())
+    theta, rho = net.forward(Y)
+    for got in (block.theta, block.rho, block.mean, ones.theta, ones.rho, theta, rho):
+        assert np.isfinite(got).all()
+    np.testing.assert_allclose(ones.theta[:len(block)], block.theta, rtol=0, atol=1e-12)

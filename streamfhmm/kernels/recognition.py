@@ -9,7 +9,10 @@ Conventions
 * Rows outside a sequence ``[seq_start, seq_end)`` repeat the edge sample (the row
   index is clamped into ``[seq_start, seq_end - 1]``).
 * Inputs are standardised, ``(y - mean) / scale``; a missing value (NaN) becomes 0, the
-  standardised mean.
+  standardised mean, and a standardised value is clipped to ±1e150 (two finite values
+  near the float range, or one over a small scale, overflowed to inf, and ``inf·w -
+  inf·w`` made the posteriors of every window holding them NaN; the units saturate
+  long before the clip).
 * Hidden units come in ``G`` groups of ``Hg`` units (``G = 1``: one layer shared by all
   heads; ``G = M``: one group per chain), every unit sees the whole window:
   ``z = tanh(U x + c)``. Group ``g`` feeds ``P = 2M / G`` heads.
@@ -68,6 +71,8 @@ _FORWARD_BLOCK = 256
 # the one clipping of θ and ρ used everywhere (MATH.md §2)
 _EPS_THETA = EPS_THETA
 _EPS_RHO = EPS_RHO
+#: the clip of a standardised input (see the module notes)
+_Z_MAX = 1e150
 
 
 def weight_layout(n_chains, n_features, window, n_groups, n_hidden):
@@ -136,6 +141,19 @@ def _drho_db(rho):
 
 
 @jit(inline="always")
+def standardise(v, mean, scale):
+    """``(v - mean) / scale`` clipped to ±1e150; 0 for a missing value (NaN)."""
+    if v != v:
+        return 0.0
+    z = (v - mean) / scale
+    if z > _Z_MAX:
+        return _Z_MAX
+    if z < -_Z_MAX:
+        return -_Z_MAX
+    return z
+
+
+@jit(inline="always")
 def _heads(pre, E, out_theta, out_rho):
     """θ_m = clip(pre_{2m} + E_{2m}), ρ_m = clip(pre_{2m+1} + E_{2m+1}) for one window
     (MATH.md §3: the output layer's pre-activations, interleaved θ, ρ)."""
@@ -190,7 +208,7 @@ def consecutive_windows(Z, window, mean, scale, zs, out):
     for r in range(n + window - 1):
         for d in range(D):
             v = Z[r, d]
-            zs[r, d] = 0.0 if v != v else (v - mean[d]) / scale[d]
+            zs[r, d] = standardise(v, mean[d], scale[d])
     # (element by element: a slice assignment compiles a shape check whose error message
     # alone took 3.6 s of a first run's compilation)
     for i in range(n):
@@ -240,11 +258,7 @@ def build_windows(Y, seq_start, seq_end, positions, window, off, mean, scale, ou
                 r = hi
             base = k * D
             for d in range(D):
-                v = Y[r, d]
-                if v != v:
-                    out[i, base + d] = 0.0
-                else:
-                    out[i, base + d] = (v - mean[d]) / scale[d]
+                out[i, base + d] = standardise(Y[r, d], mean[d], scale[d])
 
 
 @jit
@@ -414,12 +428,7 @@ def forward_one(window_buf, start, weights, layout, mean, scale, scratch, out_th
     oE = layout[LAYOUT_OFF_E]
     x = scratch[0:K]
     for k in range(K):
-        v = window_buf[start + k]
-        d = k % D
-        if v != v:
-            x[k] = 0.0
-        else:
-            x[k] = (v - mean[d]) / scale[d]
+        x[k] = standardise(window_buf[start + k], mean[k % D], scale[k % D])
     z = scratch[K:K + GH]
     U = weights[oU:oU + GH * K].reshape((GH, K))
     np.dot(U, x, z)
