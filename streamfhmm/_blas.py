@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import deque
 
 import scipy.linalg.cython_blas  # noqa: F401  (load scipy's BLAS before limiting it)
 from threadpoolctl import threadpool_limits
@@ -15,8 +16,38 @@ from threadpoolctl import threadpool_limits
 __all__ = ["limit_blas_threads", "BlasHold"]
 
 _lock = threading.Lock()
-_holds: list = []        # the thread counts of the holds now open
+_holds: list = []        # the open holds
 _original = None         # the limiter that restores the limits found by the first hold
+#: holds whose owner was garbage collected while the lock was taken (by the collector
+#: running inside a hold's own threadpoolctl call): released at the next hold or release
+_orphans: deque = deque()
+
+
+def _apply() -> None:
+    """(``_lock`` held) Release the orphaned holds, then set the limit the open holds
+    ask for, or restore the original limits when none is left."""
+    global _original
+    while _orphans:
+        hold = _orphans.popleft()
+        if hold in _holds:
+            _holds.remove(hold)
+    if _holds:
+        threadpool_limits(limits=min(h.n for h in _holds), user_api="blas")
+    elif _original is not None:
+        _original.restore_original_limits()
+        _original = None
+
+
+def _collected(hold) -> None:
+    """A hold's owner was garbage collected without releasing it: release it now if the
+    lock is free, else leave it to the next hold or release (waiting here could wait on
+    this very thread: the collector may run inside a hold's threadpoolctl call)."""
+    _orphans.append(hold)
+    if _lock.acquire(blocking=False):
+        try:
+            _apply()
+        finally:
+            _lock.release()
 
 
 class BlasHold:
@@ -32,29 +63,21 @@ class BlasHold:
     def __init__(self, n: int, owner=None):
         global _original
         self.n = int(n)
-        self._open = True
         with _lock:
-            if not _holds:
+            if not _holds and not _orphans:
                 _original = threadpool_limits(limits=self.n, user_api="blas")
-            _holds.append(self.n)
-            threadpool_limits(limits=min(_holds), user_api="blas")
-        self._finalizer = None if owner is None else weakref.finalize(owner, self.release)
+            _holds.append(self)
+            _apply()
+        self._finalizer = None if owner is None else weakref.finalize(owner, _collected, self)
 
     def release(self) -> None:
         """Give the hold up (idempotent)."""
-        global _original
-        with _lock:
-            if not self._open:
-                return
-            self._open = False
-            _holds.remove(self.n)
-            if _holds:
-                threadpool_limits(limits=min(_holds), user_api="blas")
-            elif _original is not None:
-                _original.restore_original_limits()
-                _original = None
         if self._finalizer is not None:
             self._finalizer.detach()
+        with _lock:
+            if self in _holds:
+                _holds.remove(self)
+                _apply()
 
 
 def limit_blas_threads(n: int = 1):

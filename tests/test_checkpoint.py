@@ -536,17 +536,22 @@ def test_resume_refuses_a_checkpoint_that_contradicts_its_configuration(tmp_path
 
 def test_a_late_periodic_checkpoint_does_not_replace_a_newer_explicit_one(tmp_path, monkeypatch):
     """The learner thread writes a periodic checkpoint after capturing it; an explicit
-    checkpoint() of a later position to the same file made during that write ended
-    first, and the older file then replaced it (resume went back to sample 100)."""
+    checkpoint() of a later position to the same file that finished first was then
+    replaced by the older one (resume went back to sample 100 of 150). Here the learner
+    thread's write is held until the explicit checkpoint has returned."""
     import threading
-    import streamfhmm.io.checkpoint as ck
-    real = ck.save_checkpoint
+    import streamfhmm.stream.engine as engine_module
+    real = engine_module._save_newest
+    explicit_done = threading.Event()
+    order = []
 
-    def slow(path, arrays, meta):   # the learner thread's write takes a while (a slow disk)
+    def held(guard, path, position, arrays, meta):
         if threading.current_thread().name == "streamfhmm-learner":
-            time.sleep(0.5)
-        return real(path, arrays, meta)
-    monkeypatch.setattr(ck, "save_checkpoint", slow)
+            assert explicit_done.wait(30)
+        out = real(guard, path, position, arrays, meta)
+        order.append((threading.current_thread().name, position, out is not None))
+        return out
+    monkeypatch.setattr(engine_module, "_save_newest", held)
     seed = 71
     print(f"seed={seed}")
     p = FHMMParams.random(2, 2, random_state=seed, noise=0.3)
@@ -560,13 +565,18 @@ def test_a_late_periodic_checkpoint_does_not_replace_a_newer_explicit_one(tmp_pa
             eng.push(x)
         deadline = time.monotonic() + 30
         while eng._learner.fence is not None and time.monotonic() < deadline:
-            time.sleep(0.001)  # the thread has taken the job
+            time.sleep(0.001)  # the thread has taken the job (its write now waits)
         assert eng.checkpoint(path) == path
-        time.sleep(1.0)        # (the slow write is over)
+        explicit_done.set()
+        deadline = time.monotonic() + 30
+        while len(order) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert order == [("MainThread", 150, True), ("streamfhmm-learner", 100, False)], order
         assert int(load_checkpoint(path)[1]["state"][0]) == 150
         with StreamEngine.resume(path, checkpoint_path=None, checkpoint_every=None, learn=False) as back:
             assert back.n_samples == 150
     finally:
+        explicit_done.set()
         eng._ckpt_path = None
         eng.close()
 

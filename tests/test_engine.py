@@ -1354,8 +1354,9 @@ def test_filtered_out_and_checkpoint_path_are_checked(tmp_path):
                 eng.filtered(out=bad)
         out = np.empty(4)
         assert eng.filtered(out=out) == eng.filtered()[1] and np.isclose(out.sum(), 1.0)
-        with pytest.raises(ValueError, match="path must be a str or path-like, got int"):
+        with pytest.raises(ValueError, match="^path must be a str or path-like, got int"):
             eng.checkpoint(123)
+        assert eng.checkpoint(os.fsencode(tmp_path / "b")) == str(tmp_path / "b.npz")   # (bytes)
     with pytest.raises(ValueError, match="checkpoint_path must be a str or path-like, got int"):
         StreamEngine(m, mode="filter", learn=False, posterior="exact", checkpoint_path=5)
     with pytest.raises(ValueError, match="latency_window must be at most 10,000,000 pushes"):
@@ -1384,3 +1385,40 @@ def test_values_near_the_float_range_keep_recognition_posteriors_finite():
     for got in (block.theta, block.rho, block.mean, ones.theta, ones.rho, theta, rho):
         assert np.isfinite(got).all()
     np.testing.assert_allclose(ones.theta[:len(block)], block.theta, rtol=0, atol=1e-12)
+
+
+def test_an_engine_collected_inside_a_blas_hold_does_not_deadlock():
+    """An unclosed engine in a reference cycle is freed by the cyclic collector, which
+    may run inside the next engine's BlasHold (threadpoolctl allocates while the hold's
+    lock is taken): its finalizer then waited on that lock for ever. In a subprocess,
+    with the collector set to run a few allocations into the next hold."""
+    import subprocess
+    import textwrap
+    code = textwrap.dedent("""
+        import gc, sys
+        from streamfhmm import FHMM, _blas
+        from streamfhmm.stream.engine import StreamEngine
+
+        class Holder:                      # an object in a reference cycle holding an engine
+            def __init__(self, engine):
+                self.engine = engine
+                self.callback = self.on_sample
+            def on_sample(self, *a):
+                pass
+
+        model = FHMM(n_chains=2, window=5, random_state=0)
+        for n in (2, 5, 20, 100):
+            gc.disable()
+            h = Holder(StreamEngine(model, n_features=2, posterior="exact", learn=False))
+            del h
+            gc.set_threshold(gc.get_count()[0] + n, 10, 10)
+            gc.enable()
+            hold = _blas.BlasHold(1)       # what the next engine does
+            hold.release()
+        gc.set_threshold(700, 10, 10)
+        gc.collect()
+        print("held", len(_blas._holds), len(_blas._orphans))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "held 0 0", out.stdout

@@ -265,9 +265,9 @@ def _check_path(path, name: str = "checkpoint_path"):
     (any object was taken through str(): checkpoint_path=5 wrote ./5.npz)."""
     if path is None:
         return None
-    if not isinstance(path, (str, os.PathLike)):
+    if not isinstance(path, (str, bytes, os.PathLike)):
         raise ValueError(f"{name} must be a str or path-like, got {type(path).__name__}")
-    return os.fspath(path)
+    return os.fsdecode(os.fspath(path))
 
 
 def _check_warmup_values(rows: np.ndarray, name: str) -> None:
@@ -1720,7 +1720,7 @@ class StreamEngine:
             The path written.
         """
         self._check_open()
-        return self._checkpoint(_check_path(path))
+        return self._checkpoint(_check_path(path, "path"))
 
     def _checkpoint(self, path=None) -> str:
         path = path if path is not None else self._ckpt_path
@@ -1900,12 +1900,12 @@ class StreamEngine:
             at = np.flatnonzero(~np.isnan(buf).all(axis=1))
             return len(buf), buf[at], at
         rows = np.asarray(arrays["warmup.rows"], dtype=np.float64)
-        _check_warmup_values(rows, "warmup.rows")
         at = np.asarray(arrays["warmup.at"])
         n = len(rows) if rows.ndim == 2 else -1
         if rows.ndim != 2 or rows.shape[1] != D or at.shape != (n,) or at.dtype.kind not in "iu":
             raise ValueError(f"warmup.rows and warmup.at have shapes {rows.shape} and {at.shape}, "
                              f"expected (n, {D}) and (n,) integers")
+        _check_warmup_values(rows, "warmup.rows")
         if n and (at[0] < 0 or at[-1] >= wn or (np.diff(at) <= 0).any()
                   or np.isnan(rows).all(axis=1).any()):
             raise ValueError(f"warmup.at must hold the increasing positions (0 to {wn - 1}) "
