@@ -432,13 +432,22 @@ class FHMM:
             raise ValueError(f"n_jobs applies to method='svi' without a client (the threads of "
                              f"the local learner), got n_jobs={n_jobs!r} with "
                              f"method={method!r}{' and a client' if client is not None else ''}")
+        # the earlier fit's scores come back if this one is refused or fails (they were
+        # cleared by a refusal inside the start, and replaced by a failed run's)
+        saved = (getattr(self, "init_scores_", np.empty(0)),
+                 getattr(self, "restart_scores_", np.empty(0)))
         if client is not None:
-            return self._fit_distributed(X, lengths, method, client, max_iter=max_iter,
-                                         time_budget=time_budget, batch_size=batch_size,
-                                         subchain_length=subchain_length,
-                                         learning_rate=learning_rate, final_lr_ratio=final_lr_ratio,
-                                         decay=decay, init=init, init_samples=init_samples,
-                                         n_init=n_init, net_warmup=net_warmup, progress=progress)
+            try:
+                return self._fit_distributed(X, lengths, method, client, max_iter=max_iter,
+                                             time_budget=time_budget, batch_size=batch_size,
+                                             subchain_length=subchain_length,
+                                             learning_rate=learning_rate,
+                                             final_lr_ratio=final_lr_ratio, decay=decay, init=init,
+                                             init_samples=init_samples, n_init=n_init,
+                                             net_warmup=net_warmup, progress=progress)
+            except BaseException:
+                self.init_scores_, self.restart_scores_ = saved
+                raise
         if method not in ("svi", "smf", "em"):
             raise ValueError(f"method must be 'svi', 'smf' or 'em', got {method!r}")
         if method != "svi" and net_warmup:
@@ -455,10 +464,6 @@ class FHMM:
         rng = check_random_state(self.random_state)
         bounds = exact.bounds_from_lengths(lengths)
         t0 = time.perf_counter()
-        # the earlier fit's scores come back if this one is refused or fails (they were
-        # cleared by a refusal inside the start, and replaced by a failed run's)
-        saved = (getattr(self, "init_scores_", np.empty(0)),
-                 getattr(self, "restart_scores_", np.empty(0)))
         self._clear_scores()
         try:
             params = self._initial_params(X, init, init_samples, n_init, rng, time_budget, bounds)

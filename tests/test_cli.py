@@ -515,7 +515,7 @@ def test_serve_checks_files_and_sockets_before_warming_the_kernels(files, tmp_pa
         busy.close()
 
 
-def test_a_signal_during_serve_s_start_up_ends_it_after_the_phase_under_way(capsys, monkeypatch):
+def test_a_signal_during_serve_s_start_up_ends_it_after_the_phase_under_way(files, capsys, monkeypatch):
     """SIGTERM while the cold engine's kernels compile: serve says it is stopping, lets
     that phase end (a Numba cache write must not be cut), skips the phases left and says
     it stopped (it went on through the whole warm-up, then exited 0 without a word)."""
@@ -539,6 +539,18 @@ def test_a_signal_during_serve_s_start_up_ends_it_after_the_phase_under_way(caps
     # and a stop that comes before a phase skips it
     cli._warm_cold_engine(None, None, 2, lambda: True)
     assert phases == ["cold engine"]
+    # a fitted model: a signal while its engine's kernels warm up skips the lane's
+    phases.clear()
+
+    def engine_warm_up(eng, *a):
+        phases.append("engine")
+        eng.close()
+        os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(cli, "_run_through", engine_warm_up)
+    code, _, err = _run(["serve", "--model", files["model"], "--sub", "tcp://127.0.0.1:*", "--bind",
+                         "--pub", "tcp://127.0.0.1:*", "--status-interval", "0"], capsys)
+    assert code == 0 and phases == ["engine"], (phases, err)
+    assert "stopped during the start-up" in err, err
 
 
 def test_serve_cold_warms_its_kernels_with_enough_samples_for_the_chains(capsys, monkeypatch):

@@ -1017,3 +1017,20 @@ def test_a_nested_list_is_one_array_not_chunks(problem, client):
     b = FHMM(n_chains=2, window=3, n_hidden=4, random_state=SEED).fit(X, **kw)
     assert a.n_features_in_ == 2 and a.history_[-1]["iteration"] == 20
     np.testing.assert_array_equal(a.W_, b.W_)
+
+
+def test_a_refused_dask_fit_keeps_the_earlier_fits_scores(problem, client):
+    """As the local fit: a fit with a client refused inside its start (no complete row to
+    initialise from) keeps init_scores_ (they were cleared, beside the earlier fit's
+    parameters)."""
+    X = problem[0][:400]
+    bad = X.copy()
+    bad[::2, 0] = np.nan
+    bad[1::2, 1] = np.nan                    # no complete row
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=SEED)
+    m.fit(X, init="smf", n_init=2, max_iter=20, progress=False)
+    scores = m.init_scores_.copy()
+    assert scores.size == 2
+    with pytest.raises(ValueError, match="too few complete rows"):
+        m.fit(bad, init="smf", n_init=2, max_iter=20, progress=False, client=client)
+    np.testing.assert_array_equal(m.init_scores_, scores)

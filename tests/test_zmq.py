@@ -363,7 +363,8 @@ def test_replay_time_budget_holds_while_blocked(ctx):
     sub.close(0)
 
 
-def test_replay_asked_to_stop_with_a_stalled_subscriber_ends_promptly(ctx, caplog):
+@pytest.mark.parametrize("linger_ms", [60_000, -1])   # (-1: ZeroMQ's linger for ever)
+def test_replay_asked_to_stop_with_a_stalled_subscriber_ends_promptly(ctx, caplog, linger_ms):
     """Ctrl-C while a subscriber has stopped reading: the queue gets a short linger, not
     the minute of linger_ms (replay ended 62 s after the signal), and the warning about
     the end-of-stream heartbeat says why it was not sent (it claimed a 10 s wait)."""
@@ -371,7 +372,7 @@ def test_replay_asked_to_stop_with_a_stalled_subscriber_ends_promptly(ctx, caplo
     res, ep, stop = {}, {}, threading.Event()
     ready = threading.Event()
     th = threading.Thread(daemon=True, target=lambda: res.update(replay(
-        X, ANY, format="binary", hwm=10, wait_timeout=10.0, linger_ms=60_000,
+        X, ANY, format="binary", hwm=10, wait_timeout=10.0, linger_ms=linger_ms,
         should_stop=stop.is_set, announce=lambda e: (ep.setdefault("e", e), ready.set()))))
     th.start()   # (its own context, terminated at the end: where the linger is waited)
     assert ready.wait(10.0)

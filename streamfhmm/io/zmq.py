@@ -1056,7 +1056,8 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
             bar.close()
         # asked to stop: the queue gets at most _STOP_LINGER_MS to be delivered (a
         # subscriber that stopped reading held the stop for the whole linger, a minute)
-        sink.close(min(linger_ms, _STOP_LINGER_MS) if asked_to_stop() else None)
+        sink.close((_STOP_LINGER_MS if linger_ms < 0 else min(linger_ms, _STOP_LINGER_MS))
+                   if asked_to_stop() else None)   # (linger_ms -1: ZeroMQ's for ever)
         if own:
             context.term()   # blocks until the queue is delivered or the linger has passed
 
