@@ -623,3 +623,20 @@ def test_a_seeded_engine_resumed_mid_warmup_continues_identically(tmp_path):
         with StreamEngine.resume(path) as back:
             b = back.push_many(X[100:])
         np.testing.assert_array_equal(b.theta, full.theta)
+
+
+def test_checkpoints_to_other_files_are_not_tracked(tmp_path):
+    """Only the engine's own checkpoint_path, the file a late periodic write can target,
+    has its newest position kept: every other path written (a river adapter pickles
+    through a new temporary file each time) added an entry for good."""
+    p = FHMMParams.random(2, 2, random_state=74, noise=0.3)
+    model = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, window=3, n_hidden=4)
+    X, _ = p.sample(30, random_state=74)
+    own = tmp_path / "own"
+    with StreamEngine(model, mode="filter", posterior="exact", learn=False,
+                      checkpoint_path=own) as eng:
+        eng.push_many(X)
+        for k in range(20):
+            eng.checkpoint(tmp_path / f"copy{k}")
+        eng.checkpoint(own)
+        assert list(eng._ckpt_guard[1]) == [str(tmp_path / "own.npz")]

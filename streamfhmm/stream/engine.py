@@ -282,6 +282,12 @@ def _check_warmup_values(rows: np.ndarray, name: str) -> None:
                          f"holds NaN or values within ±{MAX_ABS_VALUE:g}")
 
 
+def _same_file(a, b) -> bool:
+    """Whether checkpoints to paths ``a`` and ``b`` write the same file."""
+    from ..io.checkpoint import npz_target
+    return os.path.abspath(npz_target(a)) == os.path.abspath(npz_target(b))
+
+
 def _save_newest(guard, path, position: int, arrays: dict, meta: dict):
     """``save_checkpoint`` under ``guard`` = (lock, {file: newest position written}),
     unless a checkpoint of a later stream position is already in that file; the path
@@ -1735,7 +1741,13 @@ class StreamEngine:
                 arrays.update({f"learner.{k}": v for k, v in self._learner.to_arrays().items()})
         else:
             arrays, meta = self._engine_arrays()
-        out = _save_newest(self._ckpt_guard, path, self._t, arrays, meta)
+        if self._ckpt_path is not None and _same_file(path, self._ckpt_path):
+            # (the one file a late periodic write can target: positions are kept for it
+            # alone, not for every path written, e.g. a river adapter's temporary copies)
+            out = _save_newest(self._ckpt_guard, path, self._t, arrays, meta)
+        else:
+            from ..io.checkpoint import save_checkpoint
+            out = save_checkpoint(path, arrays, meta)
         self._n_checkpoints += 1
         return out
 
