@@ -867,29 +867,29 @@ def test_the_last_learnt_dict_is_known_by_identity_not_by_id():
     sc.close()
 
 
-def test_unpickling_in_the_warmup_is_reproducible():
-    """A pickle taken during the warm-up: the copy's warm-up fit draws from the seed (the
-    engine checkpoint keeps no random state: it drew from fresh entropy)."""
+@pytest.mark.parametrize("adapter_seed", [1, None])
+def test_unpickling_in_the_warmup_is_reproducible(adapter_seed):
+    """A pickle taken during the warm-up: the copy's warm-up fit draws from where the
+    original's generator had got to (the engine checkpoint keeps it), so the copy goes on
+    as the original, seeded or not (unseeded, it drew from fresh entropy)."""
     seed = 33
     print(f"seed={seed}")
     X = np.random.default_rng(seed).normal(size=(60, 2))
     xs = _dicts(X)
-
-    def run():
-        a = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=50, warmup_steps=10,
-                            learn=False, seed=1)
-        for x in xs[:30]:
-            a.learn_one(x)
-        b = pickle.loads(pickle.dumps(a))
-        a.close()
+    a = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=50, warmup_steps=10,
+                        learn=False, seed=adapter_seed)
+    for x in xs[:30]:
+        a.learn_one(x)
+    b = pickle.loads(pickle.dumps(a))
+    outs = []
+    for tr in (a, b):
         out = []
         for x in xs[30:]:
-            b.learn_one(x)
-            out.append(b.transform_one(x))
-        b.close()
-        return out
-
-    assert run() == run()
+            tr.learn_one(x)
+            out.append(tr.transform_one(x))
+        tr.close()
+        outs.append(out)
+    assert outs[0] == outs[1]
 
 
 def test_values_beyond_the_float_range_and_iterator_features():

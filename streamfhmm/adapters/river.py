@@ -819,9 +819,9 @@ class _StreamAdapter:
             meta, arrays = engine_state
             with tempfile.TemporaryDirectory(prefix="streamfhmm-") as tmp:
                 path = save_checkpoint(os.path.join(tmp, "engine.npz"), arrays, meta)
-                # the seed again: a warm-up still to fit draws from it (the checkpoint
-                # keeps no random state)
-                self._engine = StreamEngine.resume(path, random_state=self.seed, **overrides)
+                # (the checkpoint keeps the engine's random state: a warm-up still to
+                # fit draws from where the original had got to, seeded or not)
+                self._engine = StreamEngine.resume(path, **overrides)
 
 
 # --------------------------------------------------------------------------------------
