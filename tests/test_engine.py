@@ -1422,3 +1422,38 @@ def test_an_engine_collected_inside_a_blas_hold_does_not_deadlock():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "held 0 0", out.stdout
+
+
+def test_an_engine_opened_during_a_fit_and_closed_after_it_restores_the_blas_limit():
+    """The SVI learner held the process-wide limit with its own limiter: an engine opened
+    during the fit took the fit's limit for the original, the fit's end lifted the
+    engine's, and the engine's close then left the process at one thread."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+    from streamfhmm.learn.svi import fit_svi
+
+    def blas():
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+    seed = 58
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed, noise=0.3)
+    m = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, window=3, n_hidden=4)
+    X, _ = p.sample(300, random_state=seed)
+    net = RecognitionNet(2, 2, window=3, n_hidden=4, share="all").init(random_state=seed).fit_scaler(X)
+    outer = threadpool_limits(limits=2, user_api="blas")
+    opened = []
+    try:
+        if blas() != {2}:
+            pytest.skip("this BLAS does not run two threads here")
+
+        def open_engine(state):
+            if not opened:
+                opened.append(StreamEngine(m, mode="filter", learn=False, posterior="exact"))
+        fit_svi(X, np.array([0, len(X)]), p, net, max_iter=20, log_every=5, progress=False,
+                rng=np.random.default_rng(seed), callback=open_engine)
+        assert opened and blas() == {1}      # the engine is still open
+        opened[0].close()
+        assert blas() == {2}
+    finally:
+        for e in opened:
+            e.close()
+        outer.restore_original_limits()

@@ -102,8 +102,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
+from .._blas import BlasHold
 from .._validation import (check_fit_magnitude, check_observations, check_positive_int,
                            check_random_state)
 from ..kernels import svi as _ks
@@ -1066,7 +1066,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
             from tqdm.auto import tqdm
             bar = tqdm(total=max_iter, desc="svi (dask)", unit="it", leave=False, mininterval=0.5)
         # in-process workers share this process: one BLAS thread, as the local learner
-        limiter = threadpool_limits(limits=1, user_api="blas")
+        limiter = BlasHold(1)   # (the process-wide limit, as the local learner holds it)
         acc_compute = acc_wall = 0.0
         acc_n = 0
         for i in range(1, max_iter + 1):
@@ -1116,7 +1116,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         if np.isfinite(x).all():
             store(state, x)
         if limiter is not None:
-            limiter.restore_original_limits()
+            limiter.release()
         if bar is not None:
             bar.close()
         pool.close()

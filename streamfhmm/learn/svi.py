@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._blas import limit_blas_threads
+from .._blas import BlasHold
 from .._validation import (check_bounds, check_fit_magnitude, check_generator, check_observations,
                            check_positive_int, check_real)
 from ..kernels import svi as _ks
@@ -446,7 +446,9 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
     opt = state.opt
     # one BLAS thread: the step's products are small, and on a busy machine
     # multithreaded BLAS waits for its threads far longer than it computes
-    limiter = limit_blas_threads(1)
+    # (a hold, as the streaming engines take: the limit is the process's, and an engine
+    # opened during the fit and closed after it must find it as it was)
+    limiter = BlasHold(1)
     threaded = None
     try:
         if n_jobs > 1:
@@ -491,7 +493,7 @@ def fit_svi(X, bounds, params: FHMMParams, net: RecognitionNet, *, max_iter: int
         state.seconds += time.perf_counter() - t0
         if np.isfinite(x).all():
             store(state, x)
-        limiter.restore_original_limits()
+        limiter.release()
         if bar is not None:
             bar.close()
     return state
