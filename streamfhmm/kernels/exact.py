@@ -146,29 +146,35 @@ def log_emission(y, bias, Linv, Ut, half_c, const, ytil, out):
 
 
 @jit
-def emission_or_left_out(y, bias, Linv, Ut, half_c, const, ytil, out):
-    """:func:`log_emission`, except for a sample so far from the model that
-    ``½‖L⁻¹(y - μ)‖²`` overflows (|y| above ~1e154 times the noise scale): every log
-    density is then -inf or NaN, and one such sample made a whole batch posterior and
-    log-likelihood NaN. Its emission is left out (``out`` = 0), as the streaming filter
-    leaves it out (``online.filter_step``), which is what the float arithmetic already
-    does a little below the overflow (the state-dependent terms vanish next to ½‖ỹ‖²).
+def leave_out_overflow(le, mx):
+    """The rule for a sample so far from the model that ``½‖L⁻¹(y - μ)‖²`` overflows
+    (|y| above ~1e154 times the noise scale): every log density in ``le`` is then -inf
+    or NaN, and ``exp(-inf - -inf)`` put NaN into every message. Its emission is left out
+    (``le`` = 0), which is what the float arithmetic already does a little below the
+    overflow (the state-dependent terms vanish next to ½‖ỹ‖²). Shared by the batch
+    passes (:func:`emission_or_left_out`) and the streaming filter
+    (``online.filter_step``).
 
     Returns
     -------
     mx : float
-        The largest entry of ``out`` (0 when left out).
+        ``mx`` as given, or 0 when the emission is left out.
     kept : bool
-        False when the emission was left out: the sample's log density is below the
-        float range (-inf), which the caller adds to the log-likelihood.
+        False when it was left out: the sample's log density is below the float range
+        (-inf), which the caller adds to the log-likelihood.
     """
-    mx = log_emission(y, bias, Linv, Ut, half_c, const, ytil, out)
-    for s in range(out.shape[0]):
-        if out[s] - out[s] != 0.0:   # inf or NaN
-            for k in range(out.shape[0]):
-                out[k] = 0.0
+    for s in range(le.shape[0]):
+        if le[s] - le[s] != 0.0:   # inf or NaN
+            for k in range(le.shape[0]):
+                le[k] = 0.0
             return 0.0, False
     return mx, True
+
+
+@jit
+def emission_or_left_out(y, bias, Linv, Ut, half_c, const, ytil, out):
+    """:func:`log_emission` with :func:`leave_out_overflow`: ``(mx, kept)``."""
+    return leave_out_overflow(out, log_emission(y, bias, Linv, Ut, half_c, const, ytil, out))
 
 
 @jit

@@ -25,7 +25,8 @@ import numpy as np
 
 from ._jit import jit
 from .elbo import observed_cholesky
-from .exact import _chain_marginals, _step, log_emission, transition_backward, transition_forward
+from .exact import (_chain_marginals, _step, leave_out_overflow, log_emission, transition_backward,
+                    transition_forward)
 from .recognition import LAYOUT_N_CHAINS, consecutive_windows, forward_batch, forward_one
 from .svi import svi_step
 
@@ -378,31 +379,15 @@ def filter_step(y, first, alpha_prev, alpha, le, work, bias, Linv, Ut, half_c, c
         mx = log_emission_missing(y, W, L, le)
     else:
         mx = log_emission(y, bias, Linv, Ut, half_c, const, ytil, le)
-    if _all_finite(le):
-        return _step(alpha, work, le, mx)
-    # A finite sample so far from the model that ½‖ỹ‖², ỹ = L⁻¹(y - μ), overflows
-    # (|y| above ~1e154 with unit noise, less with a small one): every log density is
-    # -inf (or NaN), and exp(-inf - -inf) put NaN into the forward message for good.
-    # Its emission is left out (the filtered message is the prediction), which is what
-    # the float arithmetic already does a little below the overflow (from |y| ~ 1e16
-    # times the noise scale the state-dependent terms vanish next to ½‖ỹ‖², and every
-    # state gets the same density), so the posteriors do not jump at the overflow;
-    # log p(y_t | y_<t) is below the float range: -inf. Refusing such samples in the
-    # engine instead would change the input contract (only infinities are refused),
-    # would miss the other users of this kernel (the river adapter) and would need a
-    # bound that depends on Σ.
-    for s in range(K):
-        le[s] = 0.0
-    _step(alpha, work, le, 0.0)
-    return -np.inf
-
-
-@jit
-def _all_finite(a):
-    for i in range(a.shape[0]):
-        if a[i] - a[i] != 0.0:   # inf or NaN
-            return False
-    return True
+    # a finite sample so far from the model that its log densities overflow: its
+    # emission is left out (exact.leave_out_overflow; the filtered message is then the
+    # prediction, log p(y_t | y_<t) is -inf). Refusing such samples in the engine
+    # instead would change the input contract (only infinities are refused), would miss
+    # the other users of this kernel (the river adapter) and would need a bound that
+    # depends on Σ.
+    mx, kept = leave_out_overflow(le, mx)
+    logc = _step(alpha, work, le, mx)
+    return logc if kept else -np.inf
 
 
 @jit
