@@ -6,6 +6,7 @@ a trailing underscore: ``W_`` (M+1, D), ``covariance_`` (D, D), ``transmat_`` (M
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
 import os
@@ -434,38 +435,31 @@ class FHMM:
                              f"method={method!r}{' and a client' if client is not None else ''}")
         # the earlier fit's scores come back if this one is refused or fails (they were
         # cleared by a refusal inside the start, and replaced by a failed run's)
-        saved = (getattr(self, "init_scores_", np.empty(0)),
-                 getattr(self, "restart_scores_", np.empty(0)))
-        if client is not None:
-            try:
+        with self._earlier_scores_on_failure():
+            if client is not None:
                 return self._fit_distributed(X, lengths, method, client, max_iter=max_iter,
                                              time_budget=time_budget, batch_size=batch_size,
                                              subchain_length=subchain_length,
-                                             learning_rate=learning_rate,
-                                             final_lr_ratio=final_lr_ratio, decay=decay, init=init,
-                                             init_samples=init_samples, n_init=n_init,
-                                             net_warmup=net_warmup, progress=progress)
-            except BaseException:
-                self.init_scores_, self.restart_scores_ = saved
-                raise
-        if method not in ("svi", "smf", "em"):
-            raise ValueError(f"method must be 'svi', 'smf' or 'em', got {method!r}")
-        if method != "svi" and net_warmup:
-            raise ValueError(f"net_warmup applies to method='svi' only (it has no networks), "
-                             f"got net_warmup={net_warmup!r} with method={method!r}")
-        if method == "em":   # (before the start, which takes a while on long data)
-            from .learn.em import check_em_chains
-            check_em_chains(self.n_chains)
-        X = check_fit_magnitude(check_observations(X, allow_nan=(method == "svi")))
-        lengths = check_lengths(lengths, X.shape[0])
-        self._check_n_features(X.shape[1], init)
-        if method == "svi" and X.shape[0] < 2:
-            raise ValueError("X must have at least 2 samples for SVI")
-        rng = check_random_state(self.random_state)
-        bounds = exact.bounds_from_lengths(lengths)
-        t0 = time.perf_counter()
-        self._clear_scores()
-        try:
+                                             learning_rate=learning_rate, final_lr_ratio=final_lr_ratio,
+                                             decay=decay, init=init, init_samples=init_samples,
+                                             n_init=n_init, net_warmup=net_warmup, progress=progress)
+            if method not in ("svi", "smf", "em"):
+                raise ValueError(f"method must be 'svi', 'smf' or 'em', got {method!r}")
+            if method != "svi" and net_warmup:
+                raise ValueError(f"net_warmup applies to method='svi' only (it has no networks), "
+                                 f"got net_warmup={net_warmup!r} with method={method!r}")
+            if method == "em":   # (before the start, which takes a while on long data)
+                from .learn.em import check_em_chains
+                check_em_chains(self.n_chains)
+            X = check_fit_magnitude(check_observations(X, allow_nan=(method == "svi")))
+            lengths = check_lengths(lengths, X.shape[0])
+            self._check_n_features(X.shape[1], init)
+            if method == "svi" and X.shape[0] < 2:
+                raise ValueError("X must have at least 2 samples for SVI")
+            rng = check_random_state(self.random_state)
+            bounds = exact.bounds_from_lengths(lengths)
+            t0 = time.perf_counter()
+            self._clear_scores()
             params = self._initial_params(X, init, init_samples, n_init, rng, time_budget, bounds)
             if method == "em":
                 from .learn.em import fit_exact_em
@@ -509,9 +503,6 @@ class FHMM:
             self.history_ = state.history
             self.fit_method_ = "svi"
             return self
-        except BaseException:
-            self.init_scores_, self.restart_scores_ = saved
-            raise
 
     def _new_net(self, n_features, rng):
         """Recognition networks of this model's architecture, initialised from ``rng``
@@ -576,6 +567,18 @@ class FHMM:
                        schedule_start=restart_steps, schedule_length=total,
                        net_warmup=max(0, net_warmup - restart_steps), log_every=log_every,
                        **dict(svi, progress=label))
+
+    @contextlib.contextmanager
+    def _earlier_scores_on_failure(self):
+        """Put the earlier fit's ``init_scores_`` and ``restart_scores_`` back if the block
+        raises (a fit refused inside its start, or failed, after :meth:`_clear_scores`)."""
+        saved = (getattr(self, "init_scores_", np.empty(0)),
+                 getattr(self, "restart_scores_", np.empty(0)))
+        try:
+            yield
+        except BaseException:
+            self.init_scores_, self.restart_scores_ = saved
+            raise
 
     def _clear_scores(self):
         """Once the arguments passed every check, as the start begins: scores of an earlier
