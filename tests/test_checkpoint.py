@@ -596,8 +596,8 @@ def test_resume_refuses_warmup_samples_push_would_refuse(tmp_path, value):
     rows = arrays["warmup.rows"].copy()
     rows[10, 0] = value
     save_checkpoint(tmp_path / "bad.npz", dict(arrays, **{"warmup.rows": rows}), meta)
-    with pytest.raises(ValueError, match=r"warmup.rows holds .* at row 10, column 0: a warm-up sample "
-                                         r"holds NaN or values within"):
+    with pytest.raises(ValueError, match=r"warmup.rows must hold values within ±1e\+150 .* found .* at "
+                                         r"row 10, column 0"):
         StreamEngine.resume(tmp_path / "bad.npz")
 
 
@@ -638,5 +638,6 @@ def test_checkpoints_to_other_files_are_not_tracked(tmp_path):
         eng.push_many(X)
         for k in range(20):
             eng.checkpoint(tmp_path / f"copy{k}")
+        assert eng._ckpt_guard[1] == [-1]     # (nothing kept for the other files)
         eng.checkpoint(own)
-        assert list(eng._ckpt_guard[1]) == [str(tmp_path / "own.npz")]
+        assert eng._ckpt_guard[1] == [30]

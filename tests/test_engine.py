@@ -1354,10 +1354,10 @@ def test_filtered_out_and_checkpoint_path_are_checked(tmp_path):
                 eng.filtered(out=bad)
         out = np.empty(4)
         assert eng.filtered(out=out) == eng.filtered()[1] and np.isclose(out.sum(), 1.0)
-        with pytest.raises(ValueError, match="^path must be a str or path-like, got int"):
+        with pytest.raises(ValueError, match=r"^path must be a file name \(str or path-like\), got int"):
             eng.checkpoint(123)
         assert eng.checkpoint(os.fsencode(tmp_path / "b")) == str(tmp_path / "b.npz")   # (bytes)
-    with pytest.raises(ValueError, match="checkpoint_path must be a str or path-like, got int"):
+    with pytest.raises(ValueError, match=r"checkpoint_path must be a file name \(str or path-like\), got int"):
         StreamEngine(m, mode="filter", learn=False, posterior="exact", checkpoint_path=5)
     with pytest.raises(ValueError, match="latency_window must be at most 10,000,000 pushes"):
         StreamEngine(m, mode="filter", learn=False, posterior="exact", latency_window=10**13)

@@ -39,7 +39,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import exact as _exact
-from .._validation import (MAX_ABS_VALUE, check_bool, check_positive_int, check_random_state, check_real,
+from .._validation import (MAX_ABS_VALUE, check_bool, check_fit_magnitude, check_positive_int,
+                           check_random_state, check_real,
                            unmask)
 from .._blas import BlasHold
 from ..kernels import online as _ko
@@ -261,25 +262,10 @@ MAX_LATENCY_WINDOW = 10_000_000
 
 
 def _check_path(path, name: str = "checkpoint_path"):
-    """``path`` as str (None stays None) if it is a str or path-like, else ValueError
-    (any object was taken through str(): checkpoint_path=5 wrote ./5.npz)."""
-    if path is None:
-        return None
-    if not isinstance(path, (str, bytes, os.PathLike)):
-        raise ValueError(f"{name} must be a str or path-like, got {type(path).__name__}")
-    return os.fsdecode(os.fspath(path))
-
-
-def _check_warmup_values(rows: np.ndarray, name: str) -> None:
-    """A checkpoint's warm-up samples hold what push lets in: NaN or values within
-    ±MAX_ABS_VALUE (an inf or 1e200 resumed, then every block ending the warm-up was
-    refused, blaming the caller's clean data)."""
-    with np.errstate(invalid="ignore"):
-        bad = np.abs(rows) > MAX_ABS_VALUE
-    if bad.any():
-        r, c = np.argwhere(bad)[0]
-        raise ValueError(f"{name} holds {rows[r, c]:g} at row {r}, column {c}: a warm-up sample "
-                         f"holds NaN or values within ±{MAX_ABS_VALUE:g}")
+    """``path`` as str (None stays None) if it is a str, bytes or path-like, else
+    ValueError (any object was taken through str(): checkpoint_path=5 wrote ./5.npz)."""
+    from ..io.checkpoint import path_str
+    return None if path is None else path_str(path, name)
 
 
 def _same_file(a, b) -> bool:
@@ -289,17 +275,16 @@ def _same_file(a, b) -> bool:
 
 
 def _save_newest(guard, path, position: int, arrays: dict, meta: dict):
-    """``save_checkpoint`` under ``guard`` = (lock, {file: newest position written}),
-    unless a checkpoint of a later stream position is already in that file; the path
-    written, or None when skipped."""
-    from ..io.checkpoint import npz_target, save_checkpoint
+    """``save_checkpoint`` to the engine's own checkpoint file under ``guard`` =
+    (lock, [the stream position of the newest checkpoint in it]), unless a later
+    position is already there; the path written, or None when skipped."""
+    from ..io.checkpoint import save_checkpoint
     lock, newest = guard
-    key = os.path.abspath(npz_target(path))
     with lock:
-        if newest.get(key, -1) > position:
+        if newest[0] > position:
             return None
         out = save_checkpoint(path, arrays, meta)
-        newest[key] = position
+        newest[0] = position
         return out
 
 
@@ -617,10 +602,10 @@ class StreamEngine:
         self._ckpt_error = None
         self._next_ckpt_t = None
         self._next_ckpt_ns = None
-        # checkpoint writes, explicit or from the learner thread, one at a time; the
-        # stream position of the newest file written per path: an older cut written late
-        # on the learner thread must not replace a newer explicit checkpoint
-        self._ckpt_guard = (threading.Lock(), {})
+        # writes to checkpoint_path, explicit or from the learner thread, one at a time;
+        # the stream position of the newest one: an older cut written late on the
+        # learner thread must not replace a newer explicit checkpoint
+        self._ckpt_guard = (threading.Lock(), [-1])
 
     @property
     def mode(self) -> str:
@@ -1908,7 +1893,7 @@ class StreamEngine:
             buf = np.asarray(arrays["warmup.buf"], dtype=np.float64)
             if buf.ndim != 2 or buf.shape[1] != D:
                 raise ValueError(f"warmup.buf has shape {buf.shape}, expected (n, {D})")
-            _check_warmup_values(buf, "warmup.buf")
+            check_fit_magnitude(buf, "warmup.buf")   # (what push lets in: see below)
             at = np.flatnonzero(~np.isnan(buf).all(axis=1))
             return len(buf), buf[at], at
         rows = np.asarray(arrays["warmup.rows"], dtype=np.float64)
@@ -1917,7 +1902,9 @@ class StreamEngine:
         if rows.ndim != 2 or rows.shape[1] != D or at.shape != (n,) or at.dtype.kind not in "iu":
             raise ValueError(f"warmup.rows and warmup.at have shapes {rows.shape} and {at.shape}, "
                              f"expected (n, {D}) and (n,) integers")
-        _check_warmup_values(rows, "warmup.rows")
+        # what push lets into a warm-up (an inf or 1e200 resumed, then every block
+        # ending the warm-up was refused, blaming the caller's clean data)
+        check_fit_magnitude(rows, "warmup.rows")
         if n and (at[0] < 0 or at[-1] >= wn or (np.diff(at) <= 0).any()
                   or np.isnan(rows).all(axis=1).any()):
             raise ValueError(f"warmup.at must hold the increasing positions (0 to {wn - 1}) "
