@@ -64,10 +64,12 @@ class BlasHold:
         global _original
         self.n = int(n)
         with _lock:
-            if not _holds and not _orphans:
+            if not _holds and not _orphans:   # (this call sets the limit, too)
                 _original = threadpool_limits(limits=self.n, user_api="blas")
-            _holds.append(self)
-            _apply()
+                _holds.append(self)
+            else:
+                _holds.append(self)
+                _apply()
         self._finalizer = None if owner is None else weakref.finalize(owner, _collected, self)
 
     def release(self) -> None:
