@@ -468,11 +468,6 @@ def _check_writable_dir(path, option) -> None:
         raise CliError(f"{option}: cannot write to {path}: {exc.strerror or exc}") from None
 
 
-#: fit's SVI settings where the options are not given
-FIT_BATCH_SIZE = 10
-FIT_LEARNING_RATE = 1e-2
-
-
 def _check_out_file(path, option, directory_hint="") -> None:
     """``path`` can be written: a name, not a directory, in a directory we can write to."""
     if not path:
@@ -531,10 +526,12 @@ def _cmd_fit(args) -> int:
                  covariance_type=args.covariance_type)
     t0 = time.perf_counter()
     model.fit(X, method=args.method, max_iter=args.max_iter, time_budget=args.time_budget,
-              batch_size=args.batch_size or FIT_BATCH_SIZE,
-              learning_rate=args.learning_rate or FIT_LEARNING_RATE, progress=_progress(args),
+              progress=_progress(args),
               net_warmup=args.net_warmup or 0, n_jobs=args.n_jobs, n_init=args.n_init,
-              n_restarts=args.n_restarts)
+              n_restarts=args.n_restarts,
+              # (the given ones only: FHMM.fit's defaults apply otherwise)
+              **{k: v for k, v in (("batch_size", args.batch_size),
+                                   ("learning_rate", args.learning_rate)) if v is not None})
     dt = time.perf_counter() - t0
     model.save(args.out)
     print(f"fitted {model!r} ({args.method}) on {_plural(X.shape[0], 'sample')} x {_plural(X.shape[1], 'feature')} "
@@ -1293,9 +1290,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--time-budget", type=_positive_float, metavar="SECONDS", help="stop learning after this long")
     # (defaults None: given with another --method, they are refused, not ignored)
     f.add_argument("--batch-size", type=_positive_int,
-                   help=f"subchains per SVI step (default {FIT_BATCH_SIZE})")
+                   help="subchains per SVI step (default 10, FHMM.fit's)")
     f.add_argument("--learning-rate", type=_positive_float,
-                   help=f"RMSprop learning rate of --method svi (default {FIT_LEARNING_RATE:g})")
+                   help="RMSprop learning rate of --method svi (default 0.01, FHMM.fit's)")
     f.add_argument("--net-warmup", type=_nonneg_int, metavar="STEPS",
                    help="svi: first steps training the recognition networks only, the model held (default 0)")
     f.add_argument("--n-jobs", type=_n_jobs, default=1, metavar="N",
