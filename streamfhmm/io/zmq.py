@@ -972,7 +972,7 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
         first = encode_sample(topic, start_seq, 0.0, X[0] if len(X) else np.zeros(X.shape[1]), format)[0]
         if wait_subscribers > 0:
             if not sink.wait_for_subscribers(wait_subscribers, wait_timeout, first, should_stop):
-                if should_stop is not None and should_stop():
+                if asked_to_stop():
                     return {"sent": 0, "seconds": 0.0, "rate": 0.0, "last_seq": start_seq - 1, "dropped": 0}
                 raise TimeoutError(f"no subscriber for topic {topic!r} on {sink.endpoint} after "
                                    f"{wait_timeout:g} s")
@@ -994,14 +994,13 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
         shown = 0
 
         def stopping() -> bool:   # polled while a nodrop send waits for a subscriber
-            return (should_stop is not None and should_stop()) or (
-                deadline is not None and time.perf_counter() >= deadline)
+            return asked_to_stop() or (deadline is not None and time.perf_counter() >= deadline)
 
         while i < n:
             now = time.perf_counter()
             if deadline is not None and now >= deadline:
                 break
-            if should_stop is not None and should_stop():
+            if asked_to_stop():
                 break
             due = n if not period else min(n, int((now - t0) / period) + 1)
             if due <= i:
