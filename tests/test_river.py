@@ -197,6 +197,9 @@ def test_preview_commits_nothing_and_matches_the_committed_result(posterior, lea
             tr.learning = False
             assert _wait_for(lambda: _settled(tr.engine))
         elif learn and t < pause_at:
+            if t == 101:   # past the warm-up: the learner publishes (its kernel compiled:
+                v0 = tr.engine.version   # on an empty cache that takes a minute)
+                assert _wait_for(lambda: tr.engine.version > v0, timeout=600)
             time.sleep(0.002)  # a stream slow enough for the learner to publish in between
         version = tr.engine.version if tr.engine is not None else 0
         first = tr.transform_one(x)
@@ -880,6 +883,7 @@ def test_unpickling_in_the_warmup_is_reproducible(adapter_seed):
                         learn=False, seed=adapter_seed)
     for x in xs[:30]:
         a.learn_one(x)
+    a.engine._rng.random(3)      # (draws before the pickle: the state is no longer the seed's)
     b = pickle.loads(pickle.dumps(a))
     outs = []
     for tr in (a, b):
