@@ -41,6 +41,20 @@ def main(argv=None):
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty(),
                     help="the fit's progress bar (default: when stderr is a terminal)")
     args = ap.parse_args(argv)
+    for option, value, ok, expected in (
+            ("--iters", args.iters, args.iters >= 1, "a positive integer"),
+            ("--net-warmup", args.net_warmup, args.net_warmup is None or 0 <= args.net_warmup < args.iters,
+             "an integer from 0 to --iters - 1"),
+            ("--n-jobs", args.n_jobs, args.n_jobs >= 1 or args.n_jobs == -1, "a positive integer or -1"),
+            ("--train-rows", args.train_rows, args.train_rows is None or args.train_rows >= 1,
+             "a positive integer"),
+            ("--calibration-days", args.calibration_days, args.calibration_days > 0, "a positive number"),
+            ("--evaluation-days", args.evaluation_days, args.evaluation_days > 0, "a positive number"),
+            ("--on-threshold", args.on_threshold, args.on_threshold >= 0, "a number >= 0"),
+            ("--learning-rate", args.learning_rate, args.learning_rate > 0, "a positive number"),
+            ("--seed", args.seed, args.seed >= 0, "an integer >= 0")):
+        if not ok:
+            ap.error(f"{option} must be {expected}, got {value}")
     print(f"seed={args.seed}")
     t0 = time.perf_counter()
     data = load_household_power()

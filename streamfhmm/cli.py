@@ -240,18 +240,41 @@ def _is_number(s: str) -> bool:
 def _load_model(path):
     from . import FHMM
     if not os.path.exists(path):
-        raise CliError(f"{path}: no such model file")
+        # FHMM.load tries path + ".npz" too, as fit --out names the file it writes
+        if path.endswith(".npz") or not os.path.exists(path + ".npz"):
+            also = "" if path.endswith(".npz") else f" (nor {path}.npz)"
+            raise CliError(f"{path}: no such model file{also}")
     try:
         return FHMM.load(path)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
 
-def _check_features(model, X, data):
+def _named(data: str) -> bool:
+    """Whether ``load_data(data)``'s names are the columns' own (a CSV header, the
+    household data), not the positions of a .npy file's columns."""
+    return data == "household" or not data.endswith(".npy")
+
+
+def _check_features(model, X, data, names):
+    """``X`` (read from ``data``, its columns called ``names``) as the model's features:
+    as many, and, when both the file and the model name them, by the same names in the
+    same order (a file that names none of the model's features is read by position,
+    with a warning)."""
     D = model.n_features_in_
+    known = getattr(model, "feature_names_in_", None)
+    known = None if known is None else [str(n) for n in known]
+    choose = "choose them with --columns" + (f" {','.join(known)}" if known else "")
     if X.shape[1] != D:
-        raise CliError(f"{data} has {X.shape[1]} columns; the model expects {D} features "
-                       "(choose them with --columns)")
+        raise CliError(f"{data} has {X.shape[1]} columns; the model expects {D} features ({choose})")
+    if known is None or not _named(data) or names == known:
+        return
+    if set(names).isdisjoint(known):
+        print(f"warning: {data}'s columns ({', '.join(names)}) are none of the model's features "
+              f"({', '.join(known)}): read in order, as {', '.join(known)}", file=sys.stderr)
+        return
+    raise CliError(f"{data}'s columns ({', '.join(names)}) are not the model's features "
+                   f"({', '.join(known)}, in this order); {choose}")
 
 
 def _progress(args) -> bool:
@@ -533,6 +556,8 @@ def _cmd_fit(args) -> int:
               **{k: v for k, v in (("batch_size", args.batch_size),
                                    ("learning_rate", args.learning_rate)) if v is not None})
     dt = time.perf_counter() - t0
+    if _named(args.data):   # (score, predict and bench check a file's columns against them)
+        model.feature_names_in_ = np.array(names, dtype=str)
     model.save(args.out)
     print(f"fitted {model!r} ({args.method}) on {_plural(X.shape[0], 'sample')} x {_plural(X.shape[1], 'feature')} "
           f"({', '.join(names)}) in {dt:.1f} s; saved to {out}")
@@ -553,8 +578,8 @@ def _cmd_score(args) -> int:
         raise CliError(f"--elbo needs a model fitted with --method svi (the ELBO is its recognition "
                        f"networks'); {args.model} has none")
     _check_exact(model, args.model, "score (the exact log-likelihood)")
-    X, _ = load_data(args.data, _split_columns(args.columns))
-    _check_features(model, X, args.data)
+    X, names = load_data(args.data, _split_columns(args.columns))
+    _check_features(model, X, args.data, names)
     if np.isnan(X).any():
         raise CliError(f"{args.data} has missing values; the exact log-likelihood needs complete rows")
     ll = model.score(X)
@@ -600,7 +625,7 @@ def _cmd_predict(args) -> int:
         raise CliError(f"--method recognition needs a model fitted with --method svi; {args.model} has "
                        "no recognition networks (use --method exact or smf)")
     X, names = load_data(args.data, _split_columns(args.columns))
-    _check_features(model, X, args.data)
+    _check_features(model, X, args.data, names)
     if np.isnan(X).any() and (args.method in ("exact", "smf") or (args.method is None and not has_net)):
         raise CliError(f"{args.data} has missing values; --method {args.method or 'exact/smf'} needs "
                        "complete rows (--method recognition, a model fitted with --method svi, takes "
@@ -663,8 +688,8 @@ def _cmd_bench(args) -> int:
     StreamEngine = _engine_class()
     model = _load_model(args.model)
     _check_posterior(model, args.model, args.mode, args.posterior, args.learn)
-    X, _ = load_data(args.data, _split_columns(args.columns))
-    _check_features(model, X, args.data)
+    X, names = load_data(args.data, _split_columns(args.columns))
+    _check_features(model, X, args.data, names)
     if args.samples is not None:
         X = X[:args.samples]
     n = X.shape[0]
@@ -1132,7 +1157,10 @@ def _cmd_replay(args) -> int:
     finally:
         _restore_handlers(old)
     seqs = f" (seq {args.start_seq}..{res['last_seq']})" if res["sent"] else ""
-    print(f"streamfhmm replay: sent {res['sent']:,} messages{seqs} "
+    # (a stop by signal is a normal end, as serve's: exit 0, with what was left unsent)
+    stopped = (f"stopped by a signal after {res['sent']:,} of {X.shape[0]:,} rows: "
+               if stop["flag"] and res["sent"] < X.shape[0] else "")
+    print(f"streamfhmm replay: {stopped}sent {res['sent']:,} messages{seqs} "
           f"in {res['seconds']:.3f} s: {res['rate']:,.0f} messages/s", file=sys.stderr, flush=True)
     return 0
 
@@ -1286,7 +1314,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--method", choices=("svi", "smf", "em"), default="svi",
                    help="learning method: svi (default), smf (structured mean-field EM) or em (exact EM, "
                         "at most 14 chains)")
-    f.add_argument("--max-iter", type=_positive_int, help="SVI steps or EM iterations")
+    f.add_argument("--max-iter", type=_positive_int,
+                   help="SVI steps or EM iterations (default 20,000 SVI steps; 100 iterations with "
+                        "--method smf or em)")
     f.add_argument("--time-budget", type=_positive_float, metavar="SECONDS", help="stop learning after this long")
     # (defaults None: given with another --method, they are refused, not ignored)
     f.add_argument("--batch-size", type=_positive_int,

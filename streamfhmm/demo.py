@@ -701,6 +701,11 @@ def _frame(elapsed, received, n, last_t, ts, theta, est, Y, rate, version, steps
     when = _day(ts[last_t]) if last_t >= 0 else "-"
     if warm_end is None:
         phase = "warm-up: the service buffers samples, then initialises the model"
+        if warmup and received:
+            # each buffered sample's posterior (flagged warm-up) has come: the count the
+            # service's status line gives lags (it is printed every few seconds, and not
+            # while the service compiles its kernels)
+            buffered = max(buffered or 0, min(received, warmup))
         if buffered is not None and warmup:
             phase = (f"warm-up: the service buffered {buffered:,} of {warmup:,} samples, then "
                      "initialises the model" if buffered < warmup else

@@ -156,6 +156,19 @@ def _start_score(params, X, lengths, rng) -> float:
 _SCORE_ATTRIBUTES = ("init_scores_", "restart_scores_")
 
 
+def _check_feature_names(names, n_features: int) -> np.ndarray:
+    """``feature_names_in_`` as a 1-D str array of ``n_features`` names."""
+    try:
+        a = np.asarray(names)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"feature_names_in_ must be {n_features} strings: {exc}") from None
+    if a.shape != (n_features,) or a.dtype.kind != "U":
+        shown = np.asarray(a).ravel()[:8].tolist() if a.ndim else a.tolist()
+        raise ValueError(f"feature_names_in_ must be {n_features} strings (one name per feature), "
+                         f"got dtype {a.dtype} and shape {a.shape}: {shown!r}")
+    return a
+
+
 def _check_scores(value, name: str) -> np.ndarray:
     """A model file's 1-D float array of scores (NaN: a start or run that failed)."""
     try:
@@ -289,6 +302,9 @@ class FHMM:
         self.params_ = params
         self.n_features_in_ = params.n_features
         self.net_ = net
+        # (names given for earlier data need not be this data's: whoever knows them sets
+        # them again, as `streamfhmm fit` does from its file's header)
+        self.__dict__.pop("feature_names_in_", None)
 
     # -- learning --------------------------------------------------------------------
     def fit(self, X, lengths=None, method: str = "svi", *, max_iter: int | None = None,
@@ -858,8 +874,11 @@ class FHMM:
         """Write the model to a versioned ``.npz`` file (no pickle).
 
         It holds the hyper-parameters, the parameters, the recognition networks, the
-        fit's ``history_`` and, when the fit left them, ``init_scores_`` and
-        ``restart_scores_``. The file is written to a temporary name and moved into place, so a crash never
+        fit's ``history_``, when the fit left them, ``init_scores_`` and
+        ``restart_scores_``, and ``feature_names_in_`` when it is set (D strings naming
+        the features: ``streamfhmm fit`` sets it from its data file's header, and
+        ``streamfhmm score``, ``predict`` and ``bench`` check a file's columns against
+        it; a fit clears it). The file is written to a temporary name and moved into place, so a crash never
         leaves a half-written model behind.
 
         Parameters
@@ -898,6 +917,9 @@ class FHMM:
             "startprob": params.startprob,
             "history": np.array(json.dumps(history)),
         }
+        names = getattr(self, "feature_names_in_", None)
+        if names is not None:
+            arrays["feature_names"] = _check_feature_names(names, params.n_features)
         for name in _SCORE_ATTRIBUTES:   # a fit's starts' and runs' scores, if it had them
             scores = getattr(self, name, None)
             if scores is not None:      # (checked as load checks them: no unreadable file)
@@ -912,8 +934,8 @@ class FHMM:
         """Read a model written by :meth:`save`; never unpickles anything.
 
         Files of format version 1 (written before ``covariance_type`` existed) load as
-        ``covariance_type="full"``. ``init_scores_`` and ``restart_scores_`` are set when
-        the file holds them (files written before they were kept do not).
+        ``covariance_type="full"``. ``init_scores_``, ``restart_scores_`` and
+        ``feature_names_in_`` are set when the file holds them (files written before they were kept do not).
 
         Parameters
         ----------
@@ -967,6 +989,8 @@ class FHMM:
             history = json.loads(str(data["history"]))
             scores = {name: _check_scores(data[name[:-1]], name[:-1])
                       for name in _SCORE_ATTRIBUTES if name[:-1] in data}
+            names = (_check_feature_names(data["feature_names"], params.n_features)
+                     if "feature_names" in data else None)
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{damaged}: {exc}") from None
         if net is not None and (net.n_chains, net.n_features) != (params.n_chains, params.n_features):
@@ -1003,6 +1027,8 @@ class FHMM:
         model.history_ = history
         for name, value in scores.items():
             setattr(model, name, value)
+        if names is not None:
+            model.feature_names_in_ = names
         if fit_method:
             model.fit_method_ = fit_method
         return model

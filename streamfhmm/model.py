@@ -139,6 +139,15 @@ class FHMMParams:
         W = check_W(W)
         M, D = W.shape[0] - 1, W.shape[1]
         L = check_covariance(covariance, D)
+        try:
+            shape = np.shape(transmat)
+        except ValueError:      # (ragged: check_transmat says what is wrong)
+            shape = ()
+        n_given = shape[0] if len(shape) == 3 and shape[1:] == (2, 2) else None
+        if n_given == M + 1:   # (a slip as likely as a matrix too many: W without its bias row)
+            raise ValueError(f"transmat must have shape ({M}, 2, 2), one 2x2 matrix per chain, got "
+                             f"{shape}: W's {M + 1} rows are {M} chain{'s' if M != 1 else ''} and the "
+                             f"bias row (the last); for {n_given} chains W needs {n_given + 1} rows")
         A = check_transmat(transmat, M)
         alpha = logit(A[:, 0, 1])
         beta = logit(A[:, 1, 0])

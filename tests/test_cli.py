@@ -58,6 +58,13 @@ def test_every_command_has_help(cmd, capsys):
     assert out.startswith(f"usage: streamfhmm {cmd}")
 
 
+def test_fit_help_gives_the_library_s_defaults(capsys):
+    from streamfhmm.learn.svi import DEFAULT_MAX_ITER
+    code, out, _ = _run(["fit", "--help"], capsys)
+    assert code == 0
+    assert f"default {DEFAULT_MAX_ITER:,} SVI steps; 100 iterations" in " ".join(out.split())
+
+
 def test_no_command_prints_help(capsys):
     code, out, _ = _run([], capsys)
     assert code == 2 and "fit" in out and "serve" in out and "replay" in out
@@ -194,6 +201,64 @@ def test_fit_with_columns(files, capsys):
                          "--hidden", "4", "--max-iter", "20", "--out", out_path, "--no-progress"], capsys)
     assert code == 0 and "on 1,500 samples x 2 features (a, c)" in out
     assert FHMM.load(out_path + ".npz").n_features_in_ == 2
+
+
+def _csv(path, header, X):
+    return _write(path, header + "\n" + "".join(",".join(repr(float(v)) for v in r) + "\n" for r in X))
+
+
+def test_columns_are_matched_by_name(files, capsys):
+    """fit keeps the header's names with the model. score, predict and bench refuse the
+    model's columns in another order (naming --columns: they were read by position, a
+    wrong result without a word), take them chosen by --columns, and read a file that
+    names none of them by position, with a warning; a .npy file is read by position."""
+    model = FHMM.load(files["model"])
+    assert model.feature_names_in_.tolist() == ["a", "b", "c"]
+    X, m = files["X"], files["model"]
+    ll = model.score(X)
+    rev = _csv(files["dir"] / "reversed.csv", "c,b,a", X[:, ::-1])
+    refused = (f"{rev}'s columns (c, b, a) are not the model's features (a, b, c, in this order); "
+               "choose them with --columns a,b,c")
+    for argv in (["score", rev, "--model", m], ["predict", rev, "--model", m],
+                 ["bench", rev, "--model", m, "--samples", "100", "--no-progress"],
+                 ["score", rev, "--model", m, "--columns", "a,c,b"]):
+        code, out, err = _run(argv, capsys)
+        assert code == 1 and out == "", argv
+        assert err.strip() == f"streamfhmm {argv[0]}: error: " + refused.replace("(c, b, a)", "(a, c, b)"
+                                                                                 if "a,c,b" in argv else "(c, b, a)")
+    code, out, _ = _run(["score", rev, "--model", m, "--columns", "a,b,c"], capsys)
+    assert code == 0 and float(out.split()[1]) == pytest.approx(ll, rel=1e-12, abs=1e-6)
+    wide = _csv(files["dir"] / "wide.csv", "a,b,c,d", np.column_stack([X, X[:, 0]]))
+    code, _, err = _run(["score", wide, "--model", m], capsys)
+    assert code == 1 and err.strip().endswith("has 4 columns; the model expects 3 features (choose them "
+                                              "with --columns a,b,c)")
+    other = _csv(files["dir"] / "other.csv", "x,y,z", X)
+    code, out, err = _run(["score", other, "--model", m], capsys)
+    assert code == 0 and float(out.split()[1]) == pytest.approx(ll, rel=1e-12, abs=1e-6)
+    assert err.strip() == (f"warning: {other}'s columns (x, y, z) are none of the model's features "
+                           "(a, b, c): read in order, as a, b, c")
+    code, out, err = _run(["score", files["npy"], "--model", m], capsys)
+    assert code == 0 and err == "" and float(out.split()[1]) == pytest.approx(ll, rel=1e-12, abs=1e-6)
+    # a model fitted on a .npy file's columns has no names: read by position, as before
+    code, _, _ = _run(["fit", files["npy"], "--chains", "1", "--window", "3", "--hidden", "4",
+                       "--max-iter", "5", "--out", str(files["dir"] / "unnamed"), "--no-progress"], capsys)
+    assert code == 0 and not hasattr(FHMM.load(files["dir"] / "unnamed.npz"), "feature_names_in_")
+    code, _, err = _run(["score", rev, "--model", str(files["dir"] / "unnamed.npz")], capsys)
+    assert code == 0 and err == ""
+
+
+def test_model_option_finds_the_file_fit_wrote(files, capsys):
+    """fit --out NAME writes NAME.npz (as np.savez); --model NAME finds it, as FHMM.load
+    does, and a missing NAME names both files it looked for."""
+    name = str(files["dir"] / "bare")
+    code, out, _ = _run(["fit", files["csv"], "--chains", "1", "--window", "3", "--hidden", "4",
+                         "--max-iter", "5", "--out", name, "--no-progress"], capsys)
+    assert code == 0 and out.rstrip().endswith(f"saved to {name}.npz")
+    code, out, _ = _run(["score", files["csv"], "--model", name], capsys)
+    assert code == 0 and out.startswith("log-likelihood: ")
+    code, _, err = _run(["score", files["csv"], "--model", name + "x"], capsys)
+    assert code == 1 and err.strip() == (f"streamfhmm score: error: {name}x: no such model file "
+                                         f"(nor {name}x.npz)")
 
 
 @pytest.mark.parametrize("option,value,kwargs", [("--net-warmup", "30", {"net_warmup": 30}),
@@ -435,7 +500,7 @@ def _errors(tmp_path, files):
         (["score", csv, "--model", str(t / "none.npz")], 1, "none.npz: no such model file"),
         (["score", csv, "--model", csv], 1, f"{csv} is not a streamfhmm model file"),
         (["score", csv, "--model", m, "--columns", "a,b"], 1,
-         "has 2 columns; the model expects 3 features (choose them with --columns)"),
+         "has 2 columns; the model expects 3 features (choose them with --columns a,b,c)"),
         (["score", nan_rows, "--model", m], 1, "has missing values; the exact log-likelihood needs complete rows"),
         (["predict", csv, "--model", m, "--out", str(t)], 1, "is a directory"),
         (["bench", bad_number, "--model", m], 1, "line 4, column 2 ('b'): cannot read 'abc' as a number"),
@@ -666,6 +731,22 @@ def test_replay_stopped_before_sending_reports_no_sequence_range(files, capsys, 
                                                                 last_seq=-1, dropped=0))
     code, _, err = _run(["replay", files["npy"], "--pub", "tcp://127.0.0.1:*"], capsys)
     assert code == 0 and err == "streamfhmm replay: sent 0 messages in 0.000 s: 0 messages/s\n", err
+
+
+def test_replay_stopped_by_a_signal_says_how_much_it_left_unsent(files, capsys, monkeypatch):
+    """Ctrl-C during a replay: exit 0, as serve, but the line says the replay was cut short
+    (it read as a finished replay of fewer rows)."""
+    import signal
+    import streamfhmm.io.zmq as zmq_io
+
+    def replay(X, *a, should_stop, **k):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert should_stop()
+        return dict(sent=5, seconds=1.0, rate=5.0, last_seq=4, dropped=0)
+    monkeypatch.setattr(zmq_io, "replay", replay)
+    code, _, err = _run(["replay", files["npy"], "--pub", "tcp://127.0.0.1:*"], capsys)
+    assert code == 0 and err == ("streamfhmm replay: stopped by a signal after 5 of 1,500 rows: sent 5 "
+                                 "messages (seq 0..4) in 1.000 s: 5 messages/s\n"), err
 
 
 def test_replay_without_subscriber_times_out(files, capsys):

@@ -399,6 +399,14 @@ def test_live_frame_shows_chains_and_submeters():
     lines, _ = _frame(9.0, 0, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False,
                       None, 10_080, 10_080)
     assert "10,080 samples buffered; the service initialises the model" in lines[0], lines[0]
+    # the warm-up's posteriors count the samples taken: the service's last status line
+    # lags (it read 'buffered 9,027 of 10,080' beside 10,076 posteriors received)
+    lines, _ = _frame(68.0, 10_076, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False,
+                      None, 9_027, 10_080)
+    assert "the service buffered 10,076 of 10,080 samples" in lines[0], lines[0]
+    lines, _ = _frame(70.0, 10_080, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False,
+                      None, 9_027, 10_080)
+    assert "10,080 samples buffered; the service initialises the model" in lines[0], lines[0]
     assert _SAMPLES.search("streamfhmm serve: 12,345 samples (1,250/s), 0 posteriors").group(1) == "12,345"
 
 

@@ -168,6 +168,12 @@ def test_length_one_parameters_may_be_numbers():
     (dict(covariance=[[np.inf, 0], [0, 1.0]]), "covariance must be finite"),
     (dict(transmat=np.ones((2, 2, 2))), "transmat rows must sum to 1"),
     (dict(transmat=np.ones((3, 2, 2)) / 2), "transmat must have shape \\(2, 2, 2\\)"),
+    (dict(transmat=np.ones((4, 2, 2)) / 2), "transmat must have shape \\(2, 2, 2\\), one 2x2 matrix "
+                                            "per chain, got \\(4, 2, 2\\)$"),
+    # W without its bias row: the message says what W's rows are
+    (dict(W=W2[:2]), "transmat must have shape \\(1, 2, 2\\), one 2x2 matrix per chain, got \\(2, 2, 2\\): "
+                     "W's 2 rows are 1 chain and the bias row \\(the last\\); for 2 chains W needs 3 rows"),
+    (dict(transmat=[[[0.5, 0.5], [0.5]]] * 2), "transmat"),
     (dict(transmat=np.array([[[1.5, -0.5], [0.5, 0.5]]] * 2)), "transmat entries must be probabilities"),
     (dict(startprob=[0.5]), "startprob must have shape \\(2,\\)"),
     (dict(startprob=[0.5, 1.5]), "startprob entries must be probabilities"),
@@ -423,6 +429,31 @@ def test_save_load_keeps_the_fits_start_and_run_scores(tmp_path):
     assert not (tmp_path / "q.npz").exists()
 
 
+def test_save_load_keeps_feature_names_and_a_fit_clears_them(tmp_path):
+    """feature_names_in_ travels with the model file (one string per feature); save refuses
+    other names, load a file holding them, and a fit leaves none (names of earlier data)."""
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
+    m.save(tmp_path / "plain.npz")
+    assert not hasattr(FHMM.load(tmp_path / "plain.npz"), "feature_names_in_")
+    m.feature_names_in_ = ["power", "voltage"]
+    m.save(tmp_path / "named.npz")
+    back = FHMM.load(tmp_path / "named.npz")
+    assert back.feature_names_in_.tolist() == ["power", "voltage"]
+    m.feature_names_in_ = ["power"]
+    with pytest.raises(ValueError, match=r"feature_names_in_ must be 2 strings \(one name per feature\), "
+                                         r"got dtype <U5 and shape \(1,\): \['power'\]"):
+        m.save(tmp_path / "bad.npz")
+    m.feature_names_in_ = [1.0, 2.0]
+    with pytest.raises(ValueError, match="feature_names_in_ must be 2 strings"):
+        m.save(tmp_path / "bad.npz")
+    assert not (tmp_path / "bad.npz").exists()
+    seed = 13
+    print(f"seed={seed}")
+    X, _ = back.sample(300, random_state=seed)
+    back.fit(X, method="smf", max_iter=2, progress=False)
+    assert not hasattr(back, "feature_names_in_")
+
+
 def _rewrite(tmp_path, name, change):
     import json
     FHMM.from_params(W=W2, covariance=S2, transmat=A2).save(tmp_path / "good.npz")
@@ -457,6 +488,9 @@ def _rewrite(tmp_path, name, change):
     (lambda d, h: h.update(fit_method="nonsense"), "fit_method 'nonsense' \\(expected 'svi' with"),
     (lambda d, h: h.update(fit_method=[1, 2]), r"fit_method \[1, 2\] \(expected"),
     (lambda d, h: h.update(fit_method="svi"), "fit_method 'svi' \\(expected 'svi' with recognition networks"),
+    (lambda d, h: d.update(feature_names=np.array(["a", "b", "c"])),
+     r"feature_names_in_ must be 2 strings \(one name per feature\), got dtype <U1 and shape \(3,\)"),
+    (lambda d, h: d.update(feature_names=np.array([1, 2])), "feature_names_in_ must be 2 strings"),
 ])
 def test_load_refuses_damaged_files(tmp_path, change, message):
     path = _rewrite(tmp_path, "bad.npz", change)

@@ -881,3 +881,23 @@ def test_disaggregate_report_before_plots(monkeypatch, tmp_path):
                             before_plots=lambda r: seen.append(r.format()))
     assert len(seen) == 1
     assert "FHMM fit by SVI: 20 steps" in seen[0] and "Sub_metering_3" in seen[0] and "wrote" not in seen[0]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--iters", "-5"], "--iters must be a positive integer, got -5"),
+    (["--iters", "100", "--net-warmup", "100"], "--net-warmup must be an integer from 0 to --iters - 1, got 100"),
+    (["--n-jobs", "0"], "--n-jobs must be a positive integer or -1, got 0"),
+    (["--calibration-days", "nan"], "--calibration-days must be a positive number, got nan"),
+    (["--on-threshold", "-1"], "--on-threshold must be a number >= 0, got -1.0"),
+])
+def test_example_refuses_bad_options_in_their_names(argv, message):
+    """examples/power_disaggregation.py: a usage error naming the option (it printed the
+    library's traceback, in fit_kwargs' terms), before loading any data."""
+    import subprocess
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                          "power_disaggregation.py")
+    if not os.path.isfile(script):
+        pytest.skip(f"no examples/ beside the tests ({script}): run from a source checkout")
+    r = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1] == f"power_disaggregation.py: error: {message}"
