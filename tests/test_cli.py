@@ -401,6 +401,7 @@ def _errors(tmp_path, files):
     header_only = _write(t / "header_only.csv", "a,b,c\n")
     infinite = _write(t / "inf.csv", "a,b,c\n1,2,3\n\n4,-Infinity,3\n")   # a blank line too
     nan_rows = _write(t / "nan.csv", "a,b,c\n1,2,3\n,2,3\n")
+    empty_rows = _write(t / "empty_rows.csv", "a,b,c\n1,2,3\n,,\n4,5,6\n,,\n")
     two_rows = _write(t / "two.csv", "a,b,c\n1,2,3\n4,5,6\n")
     np.save(t / "cube.npy", np.zeros((2, 2, 2)))
     np.save(t / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
@@ -412,6 +413,12 @@ def _errors(tmp_path, files):
     FHMM.from_params(W=np.ones((3, 3)), covariance=np.eye(3),
                      transmat=np.tile([[0.9, 0.1], [0.2, 0.8]], (2, 1, 1))).save(no_net)
     return [
+        # a sample without a value is malformed on the wire: refused before sending
+        (["replay", empty_rows, "--pub", "tcp://127.0.0.1:*"], 1,
+         f"{empty_rows}, row 1: every value is missing; a sample on the wire needs at least one (drop or "
+         "fill the 2 such rows)"),
+        (["replay", empty_rows, "--pub", "tcp://127.0.0.1:*", "--start-row", "2"], 1,
+         f"{empty_rows}, row 3: every value is missing"),
         # in the options' terms, not the library's (method='...'); score has no --method
         (["predict", csv, "--model", many, "--method", "exact"], 1,
          f"--method exact enumerates the 2^M joint states: at most 20 chains, {many} has 21"),

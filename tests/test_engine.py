@@ -1185,6 +1185,31 @@ def test_a_huge_warmup_value_is_refused_and_does_not_wedge_the_warmup():
             eng.push(np.array([big, 0.0, 0.0]))   # once running, the model copes (loglik -inf)
 
 
+def test_resume_keeps_a_recorded_pause_until_the_host_ends_it(tmp_path):
+    """A checkpoint of a paused learner resumes paused, with learn=True too (``learn``
+    says whether a learner runs; a service restarted with --learn must not undo the
+    pause that learn_samples recorded), and ``learning = True`` ends the pause."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=31)
+    X = _data(model, 1200, seed=32)
+    with StreamEngine(model, mode="smooth", learn=True, warmup=300, warmup_steps=20,
+                      random_state=0) as eng:
+        eng.push_many(X[:600])
+        eng.learning = False
+        path = eng.checkpoint(tmp_path / "paused")
+    for overrides, learning in (({}, False), ({"learn": True}, False), ({"learn": False}, False)):
+        with StreamEngine.resume(path, **overrides) as back:
+            assert back.learning is learning and back.metrics()["learning"] is learning, overrides
+            back.push_many(X[600:700])
+    with StreamEngine.resume(path, learn=True) as back:
+        back.learning = True
+        s = back.metrics()["learner_steps"]
+        _pace(back, X[600:1200], 600, 0.02)
+        t0 = time.perf_counter()
+        while back.metrics()["learner_steps"] == s and time.perf_counter() - t0 < 10:
+            time.sleep(0.01)
+        assert back.metrics()["learner_steps"] > s
+
+
 def test_switches_must_be_booleans_and_mode_is_read_only():
     """``learn`` and :attr:`learning` take True or False (``"false"`` switched learning
     on); mode and posterior cannot be reassigned (``eng.mode = "filter"`` ran a centred

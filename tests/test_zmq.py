@@ -433,6 +433,68 @@ def test_replay_refuses_bad_arguments(ctx):
             replay(np.zeros((3, 1)), ANY, start_seq=start_seq, context=ctx)
 
 
+def test_replay_refuses_what_the_wire_cannot_carry_before_sending(ctx):
+    """An infinity, a row with every value missing, or text in X is refused at once with a
+    ValueError naming X (binary sent such rows, which every receiver dropped as malformed
+    behind a sequence gap; JSON failed half-way with json's own error)."""
+    sub = ctx.socket(zmq.SUB)
+    _OPEN.append(sub)
+    sub.setsockopt(zmq.LINGER, 0)
+    for X, message in (([[1.0, 2.0], [np.inf, 0.0]], "X must not contain infinities; found inf at row 1, column 0"),
+                       ([[1.0, 2.0], [np.nan, np.nan]], r"X has a row with every value missing \(row 1\)"),
+                       ([["a", "b"]], "X must be a numeric array")):
+        for fmt in ("binary", "json"):
+            with pytest.raises(ValueError, match=message):
+                replay(X, ANY, context=ctx, format=fmt, wait_subscribers=0)
+    # a missing value that is not the whole row travels (NaN in binary, null in JSON)
+    sink_ep = "tcp://127.0.0.1:*"
+    src = ZmqSource(sink_ep, 2, bind=True, context=ctx)
+    res = {}
+    th = threading.Thread(target=lambda: res.update(replay([[1.0, np.nan], [2.0, 3.0]], src.endpoint,
+                                                           bind=False, context=ctx, wait_timeout=10)))
+    th.start()
+    got = _recv_all(src, 2)
+    th.join(10)
+    assert res["sent"] == 2 and np.isnan(got[0].values[1]) and got[1].values.tolist() == [2.0, 3.0]
+    src.close(0)
+
+
+def test_closed_source_and_sink_raise_runtime_error(ctx):
+    """After close(): RuntimeError naming the class (pyzmq's ZMQError ENOTSOCK or ENOTSUP
+    before; the compiled paths would hand libzmq a freed socket)."""
+    src = ZmqSource(ANY, 1, bind=True, context=ctx)
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    src.close(0)
+    sink.close(0)
+    p = Posterior(t=0, theta=np.array([0.5]), rho=np.array([0.0]), mean=np.array([1.0]), version=0, flags=0)
+    for call in (lambda: src.recv(timeout=0.1), lambda: src.recv_ready(), lambda: src.recv_runs(),
+                 lambda: src.subscribe()):
+        with pytest.raises(RuntimeError, match="this ZmqSource is closed"):
+            call()
+    for call in (lambda: sink.send(b"a", 0, 1.0, p), lambda: sink.send_frames([b"a"]),
+                 lambda: sink.wait_for_subscribers(1, timeout=0.1), lambda: sink.poll_subscriptions()):
+        with pytest.raises(RuntimeError, match="this ZmqSink is closed"):
+            call()
+
+
+def test_sink_takes_a_str_topic(ctx):
+    """send and send_batch take the topic as str too (as replay and ZmqSource do): pyzmq's
+    'unicode not allowed' TypeError before, and JSON failed on topic.decode."""
+    for fmt in ("binary", "json"):
+        sink = ZmqSink(ANY, context=ctx, linger_ms=0, format=fmt)
+        sub = ctx.socket(zmq.SUB)
+        _OPEN.append(sub)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(sink.endpoint)
+        sub.subscribe(b"caf\xc3\xa9" if fmt == "binary" else b"")
+        assert sink.wait_for_subscribers(1, timeout=5.0)
+        p = Posterior(t=2, theta=np.array([0.25]), rho=np.array([0.0]), mean=np.array([1.0]), version=1, flags=0)
+        sink.send("café", 5, 1.5, p)
+        m = decode_output(sub.recv_multipart())
+        assert (m.topic, m.seq, m.t) == (b"caf\xc3\xa9", 5, 2), m
+        sink.close(0)
+
+
 def test_bind_failure_is_a_clear_error(ctx):
     sink = ZmqSink(ANY, context=ctx, linger_ms=0)
     with pytest.raises(OSError, match="cannot bind " + sink.endpoint):

@@ -505,12 +505,12 @@ def _json_dumps(obj) -> bytes:
 
 
 # -- output ---------------------------------------------------------------------------
-def encode_posterior(topic: bytes, seq: int, ts: float, post, format: str = "binary") -> list[bytes]:
+def encode_posterior(topic, seq: int, ts: float, post, format: str = "binary") -> list[bytes]:
     """The frames of one output posterior.
 
     Parameters
     ----------
-    topic : bytes
+    topic : bytes or str
     seq, ts :
         Sequence number and time stamp of the input sample the posterior is about
         (an integer in [0, 2**63), a finite number: else ValueError).
@@ -518,6 +518,7 @@ def encode_posterior(topic: bytes, seq: int, ts: float, post, format: str = "bin
         With ``t``, ``theta`` (M,), ``rho`` (M,), ``mean`` (D,), ``version``, ``flags``.
     format : {"binary", "json"}
     """
+    topic = _topic_bytes(topic)
     seq, ts = _check_seq_ts(seq, ts)
     theta, rho, mean = post.theta, post.rho, post.mean
     if format == "binary":
@@ -532,7 +533,7 @@ def encode_posterior(topic: bytes, seq: int, ts: float, post, format: str = "bin
     raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
 
 
-def encode_posterior_batch(topic: bytes, seqs, tss, batch, format: str = "binary") -> list:
+def encode_posterior_batch(topic, seqs, tss, batch, format: str = "binary") -> list:
     """The frames of several posteriors of one stream (one list of frames per posterior).
 
     ``batch`` has arrays ``t`` (n,), ``theta`` (n, M), ``rho`` (n, M), ``mean`` (n, D),
@@ -540,6 +541,7 @@ def encode_posterior_batch(topic: bytes, seqs, tss, batch, format: str = "binary
     ``seqs`` and ``tss`` (n,) are the input sequence numbers and time stamps (integers
     in [0, 2**63) and finite numbers: else ValueError).
     """
+    topic = _topic_bytes(topic)
     n = len(batch.t)
     seqs, tss = _check_seqs_tss(seqs, tss, n)
     t, version, flags = batch.t.tolist(), batch.version.tolist(), batch.flags.tolist()

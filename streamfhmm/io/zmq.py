@@ -51,10 +51,11 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
+from .._validation import check_observations
 from . import _libzmq
 from .fastwire import STOP_ERROR, STOP_SLOW, json_message_bytes, recv_samples, send_posteriors
 from .wire import (ERROR_KINDS, SEQ_LIMIT, TS_TEXT_BYTES, Heartbeat, Sample, SampleRun, WireError, decode_input,
-                   encode_heartbeat, topic_name, ts_from_text,
+                   _topic_bytes, encode_heartbeat, topic_name, ts_from_text,
                    encode_posterior, encode_posterior_batch, encode_sample, encode_service_heartbeat,
                    max_frame_bytes, subscription_prefixes)
 
@@ -312,6 +313,7 @@ class ZmqSource:
 
     def subscribe(self):
         """Subscribe to the topic prefixes (idempotent)."""
+        _check_open(self)
         if not self._subscribed:
             for p in self.prefixes:
                 self.socket.setsockopt(zmq.SUBSCRIBE, p)
@@ -496,6 +498,7 @@ class ZmqSource:
 
         Returns None on timeout. Malformed messages are counted and skipped.
         """
+        _check_open(self)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = 100
@@ -513,6 +516,7 @@ class ZmqSource:
 
     def recv_ready(self, max_messages: int = 1000) -> list:
         """Every valid message already queued (up to ``max_messages``), without waiting."""
+        _check_open(self)
         out = []
         recv = self.socket.recv
         feed = self.feed
@@ -548,6 +552,7 @@ class ZmqSource:
         With ``copy=False`` the runs' arrays are views of this source's buffers, valid
         until the next call (for a consumer that uses them at once).
         """
+        _check_open(self)
         lib = self._lib
         if lib is None:
             return self.recv_ready(max_messages)
@@ -709,6 +714,7 @@ class ZmqSink:
 
     def send_frames(self, frames) -> bool:
         """Send one message; False if it was dropped (``nodrop`` send timed out)."""
+        _check_open(self)
         send = self.socket.send
         last = len(frames) - 1
         try:
@@ -726,11 +732,12 @@ class ZmqSink:
         self.sent += 1
         return True
 
-    def send(self, topic: bytes, seq: int, ts: float, posterior) -> bool:
-        """Publish one posterior about input sample (``seq``, ``ts``) of ``topic``."""
+    def send(self, topic, seq: int, ts: float, posterior) -> bool:
+        """Publish one posterior about input sample (``seq``, ``ts``) of ``topic`` (bytes or
+        str)."""
         return self.send_frames(encode_posterior(topic, seq, ts, posterior, self.format))
 
-    def send_batch(self, topic: bytes, seqs, tss, batch) -> int:
+    def send_batch(self, topic, seqs, tss, batch) -> int:
         """Publish several posteriors of one stream (arrays, see
         :func:`~streamfhmm.io.wire.encode_posterior_batch`); returns how many were sent."""
         n = 0
@@ -743,12 +750,12 @@ class ZmqSink:
         """Whether :meth:`send_block` uses the compiled send path."""
         return self._lib is not None
 
-    def send_block(self, topic: bytes, seq, ts_text, ts_len, batch) -> int:
+    def send_block(self, topic, seq, ts_text, ts_len, batch) -> int:
         """Publish several posteriors of one stream, time stamps given as text.
 
         Parameters
         ----------
-        topic : bytes
+        topic : bytes or str
         seq : ndarray of int64, shape (n,)
             Input sequence numbers.
         ts_text : ndarray of uint8, shape (n, TS_TEXT_BYTES); ts_len : ndarray of int64, shape (n,)
@@ -762,6 +769,8 @@ class ZmqSink:
         int
             How many were sent (the rest were dropped, see ``nodrop``).
         """
+        _check_open(self)
+        topic = _topic_bytes(topic)
         lib = self._lib
         if lib is None:
             tss = [ts_from_text(r, m) for r, m in zip(ts_text, ts_len.tolist())]
@@ -820,6 +829,7 @@ class ZmqSink:
 
     def poll_subscriptions(self) -> int:
         """Read the pending (un)subscription notifications; returns how many arrived."""
+        _check_open(self)
         n = 0
         while True:
             try:
@@ -845,6 +855,7 @@ class ZmqSink:
 
         Returns False on timeout or when ``should_stop()`` becomes true.
         """
+        _check_open(self)
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.n_subscribers(first_frame) < n:
             if should_stop is not None and should_stop():
@@ -867,6 +878,14 @@ class ZmqSink:
 _END_TIMEOUT = 10.0
 #: milliseconds :func:`replay` lets the queue drain once asked to stop (else linger_ms)
 _STOP_LINGER_MS = 2000
+
+
+def _check_open(io) -> None:
+    """RuntimeError once ``io`` (a ZmqSource or ZmqSink) is closed (its socket's calls
+    raised ZMQError ENOTSOCK or ENOTSUP, and the compiled paths would pass libzmq a
+    freed socket)."""
+    if io.socket.closed:
+        raise RuntimeError(f"this {type(io).__name__} is closed")
 
 
 def _send_until(send, frames, give_up) -> bool:
@@ -941,10 +960,17 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
     Notes
     -----
     ``ts`` is the wall-clock time of sending (``time.time()``).
+
+    With ``bind=False`` (connecting to a subscriber that binds, as ``serve --bind`` or
+    ``ZmqSource(bind=True)``), libzmq passes the subscriber's subscription to the new
+    connection only once the subscriber's owner calls into its socket (a receive or a
+    poll), as a service's loop does. A :class:`ZmqSource` read only after ``replay``
+    returns, in the same thread, never is, and the wait for subscribers lasts until
+    ``wait_timeout``: call ``replay`` from another thread or process.
     """
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    if X.ndim != 2:
-        raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {X.shape}")
+    # (what the wire carries: an infinity, or a row with every value missing, reached
+    # every receiver as a malformed message and a sequence gap, and JSON failed mid-way)
+    X = check_observations(X, allow_nan=True, min_samples=0)
     if rate is not None and (not rate >= 0 or not math.isfinite(rate)):
         raise ValueError(f"rate must be a positive number of messages per second, got {rate}")
     if isinstance(start_seq, (bool, np.bool_)) or not isinstance(start_seq, (int, np.integer)) \

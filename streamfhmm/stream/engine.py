@@ -1824,7 +1824,9 @@ class StreamEngine:
         ----------
         path : str or path-like
         **overrides
-            Run-time arguments to change: ``learn``, ``learner_duty``, ``learn_samples``
+            Run-time arguments to change: ``learn`` (whether a learner runs; a pause the
+            checkpoint recorded, :attr:`learning` False, stays until the host sets
+            ``learning = True``), ``learner_duty``, ``learn_samples``
             (counted from the stream's start, like :attr:`n_samples`: an explicit
             ``learn_samples`` the checkpoint's position has already reached turns
             learning off at once; the checkpoint's own limit, once passed, is not applied
