@@ -123,6 +123,15 @@ def measure_push_learning(model, X, n, min_seconds=MIN_SECONDS, **kw):
     one-at-a-time pushes go on for at least ``min_seconds`` (the learner works in rounds
     of ``snapshot_interval`` steps and then waits by its duty: one pass of n pushes, a
     fraction of a second, can fall between two rounds) and with inference idle."""
+    # the learner's kernel compiled (or loaded from the cache) first, in an engine of its
+    # own: a first round that compiles takes tens of seconds, and the learner then waits
+    # by its duty (up to a minute), so that on an empty Numba cache the measured engine
+    # took 0 steps while measured and the "learner on" figures were the learner-off ones
+    with StreamEngine(model, learn=True, **kw) as warm:
+        warm.push_many(X[:3000])
+        t0 = time.perf_counter()
+        while warm.metrics()["learner_steps"] < 1 and time.perf_counter() - t0 < 600:
+            time.sleep(0.05)
     with StreamEngine(model, learn=True, latency_window=n, **kw) as eng:
         eng.push_many(X[:20_000])
         t0 = time.perf_counter()
@@ -231,11 +240,14 @@ def main(argv=None):
     print("# (times the lag for smoothing), the recognition path O(window·D·hidden) whatever M.")
 
     print()
-    checks = [("push one at a time, learner on: >= 20,000 samples/s", r_on, r_on >= 20_000),
-              ("push latency p99, learner on: <= 100 µs", p99_on, p99_on <= 100),
+    learned = steps > 0   # (else the "learner on" row measured the learner off)
+    checks = [("push one at a time, learner on: >= 20,000 samples/s", r_on, learned and r_on >= 20_000),
+              ("push latency p99, learner on: <= 100 µs", p99_on, learned and p99_on <= 100),
               ("push_many: >= 300,000 samples/s", pm, pm >= 300_000)]
     for text, value, ok in checks:
-        print(f"target {text}: {value:,.1f} ({'met' if ok else 'NOT met'})")
+        valid = learned or "learner on" not in text
+        print(f"target {text}: {value:,.1f} "
+              f"({('met' if ok else 'NOT met') if valid else 'not measured: the learner took no step'})")
     limiter.restore_original_limits()
 
 

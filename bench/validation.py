@@ -12,6 +12,12 @@ LL_test; W recovered within 0.1 per entry. Each seed draws new training and test
 sequences from the same model; the summary gives the mean and worst gap over seeds,
 for the proposed method and for SMF-EM.
 
+The paper's simulated model is given in its supplementary material, which this project
+does not have: the model below is ours, so its log-likelihood levels (about -1.0 per
+step) are not the paper's row (proposed -2.320 / -2.332, SMF-EM -2.315 / -2.338, which
+the bench prints for the record). What carries over is the comparison the paper makes:
+the proposed method's LL beside SMF-EM's and the true parameters', and W recovered.
+
 SMF-EM learns the start probabilities ``π_m = θ_1^m`` from the one training sequence,
 so they end at 0 or 1 (floored at 1e-12): a test sequence whose chain m starts in the
 other state costs up to log(1e12) ≈ 27.6 nats, 0.028 nats/step at T = 1,000. The true
@@ -72,7 +78,10 @@ def main(argv=None):
     ap.add_argument("--iterations", type=int, default=20000, help="SVI steps")
     ap.add_argument("--progress", action="store_true")
     args = ap.parse_args(argv)
-    header("validation experiment: T=1000, D=2, M=2 (paper Table 1, simulated row)")
+    header("validation experiment: T=1000, D=2, M=2 (the protocol of the paper's Table 1, simulated "
+           "row, on a model of our own)")
+    print("# the paper's row, on its own simulated model (not this one): proposed LL_train -2.320, "
+          "LL_test -2.332; SMF-EM -2.315, -2.338")
     gaps = {"proposed (SVI)": [], "SMF-EM": [], "SMF-EM, π stationary": []}
     werr = []
     for seed in args.seeds:
@@ -87,9 +96,13 @@ def main(argv=None):
         print(f"  {name:20s} mean {np.mean(g):+.4f}  worst {np.max(g):+.4f}  per seed "
               + " ".join(f"{x:+.4f}" for x in g))
     mean_gap = float(np.mean(gaps["proposed (SVI)"]))
-    print(f"target: proposed LL_test within 0.01 of true (mean over seeds): {mean_gap:+.4f} "
-          f"({'met' if mean_gap <= 0.01 else 'NOT met'}); seeds within 0.01: "
-          f"{sum(g <= 0.01 for g in gaps['proposed (SVI)'])}/{len(args.seeds)}")
+    within = sum(g <= 0.01 for g in gaps["proposed (SVI)"])
+    smf_within = sum(g <= 0.01 for g in gaps["SMF-EM, π stationary"])
+    # (per seed: the mean can pass while seeds miss; SMF-EM's count shows how much of
+    # that is the 1,000 samples' noise, which maximum likelihood itself pays)
+    print(f"target: proposed LL_test within 0.01 of true: {within}/{len(args.seeds)} seeds "
+          f"({'met' if within == len(args.seeds) else 'NOT met in every seed'}; mean {mean_gap:+.4f}); "
+          f"SMF-EM with π stationary within 0.01 in {smf_within}/{len(args.seeds)}")
     print(f"target: W within 0.1 per entry (aligned), worst seed: {max(werr):.4f} "
           f"({'met' if max(werr) <= 0.1 else 'NOT met'})")
 
