@@ -641,3 +641,63 @@ def test_checkpoints_to_other_files_are_not_tracked(tmp_path):
         assert eng._ckpt_guard[1] == [-1]     # (nothing kept for the other files)
         eng.checkpoint(own)
         assert eng._ckpt_guard[1] == [30]
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+def test_load_finds_the_npz_of_the_name_it_was_saved_as(tmp_path):
+    written = save_checkpoint(tmp_path / "ck", {"a": np.arange(3)}, {"k": 1})
+    assert written.endswith("ck.npz")
+    meta, arrays = load_checkpoint(tmp_path / "ck")
+    assert meta == {"k": 1} and sorted(arrays) == ["a"]     # (the format tag is not an array)
+    np.testing.assert_array_equal(arrays["a"], np.arange(3))
+    with np.load(written, allow_pickle=False) as f:
+        assert int(f["version"]) == FORMAT_VERSION
+
+
+def test_a_damaged_file_that_starts_as_a_zip_is_not_called_no_zip(tmp_path):
+    p = tmp_path / "ck.npz"
+    p.write_bytes(b"PK\x05\x06" + b"\x00" * 6)          # an empty archive's end record, cut
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(p)
+    assert "not a zip archive" not in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [123, None])
+def test_a_path_that_is_no_file_name_is_a_value_error(bad):
+    with pytest.raises(ValueError, match="must be a file name"):
+        save_checkpoint(bad, {"a": np.arange(3)}, {})
+
+
+def test_save_refuses_a_directory_and_names_a_missing_one(tmp_path):
+    with pytest.raises(ValueError, match="must name a file"):   # (a trailing separator)
+        save_checkpoint(str(tmp_path / "missing") + os.sep, {"a": np.arange(3)}, {})
+    (tmp_path / "ck.npz").mkdir()
+    with pytest.raises(ValueError, match="which is a directory"):
+        save_checkpoint(tmp_path / "ck", {"a": np.arange(3)}, {})
+    with pytest.raises(FileNotFoundError, match="its directory .* does not exist"):
+        save_checkpoint(tmp_path / "nope" / "ck.npz", {"a": np.arange(3)}, {})
+
+
+def test_write_atomically_fsyncs_the_file_and_cleans_up_a_failed_write(tmp_path, monkeypatch):
+    import stat
+    from streamfhmm.io.checkpoint import write_atomically
+    kinds = []
+    real = os.fsync
+
+    def spy(fd):
+        kinds.append("file" if stat.S_ISREG(os.fstat(fd).st_mode) else "other")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    write_atomically(str(tmp_path / "f.bin"), lambda fh: fh.write(b"x"))
+    assert "file" in kinds        # (durability: the data itself, not only the directory entry)
+    target = tmp_path / "f.txt"
+    target.write_text("old")
+
+    def boom(fh):
+        fh.write(b"partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_atomically(str(target), boom)
+    assert sorted(os.listdir(tmp_path)) == ["f.bin", "f.txt"] and target.read_text() == "old"

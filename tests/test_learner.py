@@ -19,18 +19,21 @@ SEED = 7
 BAD_DUTIES = [0, 0.0, -0.5, 1.0001, 2, math.nan, math.inf, "half", None, True]
 
 
-def _learner(seed=SEED, M=2, D=3, window=3, L=6):
-    """A learner whose reservoir is full of segments of a random model's samples."""
+def _learner(seed=SEED, M=2, D=3, window=3, L=6, scale=1.0, **kw):
+    """A learner whose reservoir is full of segments of a random model's samples (times
+    ``scale``, after the networks' scaler was fitted); ``kw`` go to Learner."""
     print(f"seed={seed}")
     params = FHMMParams.random(M, D, random_state=seed, noise=0.4, switch=(0.05, 0.3))
     X, _ = params.sample(4000, random_state=seed + 1)
     net = RecognitionNet(M, D, window=window, n_hidden=8, share="chain").init(random_state=seed)
     net.fit_scaler(X)
+    X = X * scale
     S = L + net.window
     res = Reservoir(200, S, D, stride=L, random_state=seed)
     for end in range(S - 1, len(X), L):
         res.offer(X[end - S + 1:end + 1].copy(), end)
-    return Learner(params, net, res, batch_size=10, subchain_length=L, learning_rate=1e-3)
+    kw.setdefault("learning_rate", 1e-3)
+    return Learner(params, net, res, batch_size=10, subchain_length=L, **kw)
 
 
 def _thread(learner, duty, interval=20, steps_per_call=1):
@@ -549,3 +552,85 @@ def test_enabling_an_engine_s_learner_wakes_its_thread():
         while len(ended) < n + 2 and time.monotonic() < deadline:
             time.sleep(0.001)
         assert True in ended[n:n + 2], ended[n - 2:]   # the wait it was in ended at once
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+def test_feed_keeps_at_most_max_pending_and_counts_the_rest():
+    learner = _learner(max_pending=3)
+    for t in range(4):
+        learner.feed(np.zeros((learner.reservoir.segment_length, 3)), 10_000 + t)
+    assert len(learner.pending) == 3 and learner.dropped == 1
+
+
+def test_learning_rates_decay_from_the_steps_taken_and_floor_at_the_minimum():
+    """η_k = η / √(1 + k / lr_decay_steps) from k = steps; min_learning_rate floors a
+    constant rate too."""
+    learner = _learner(learning_rate=1e-2, lr_decay_steps=10.0)
+    np.testing.assert_allclose(learner.learning_rates(3), 1e-2 / np.sqrt(1.0 + np.arange(3) / 10.0))
+    learner = _learner(learning_rate=1e-3, min_learning_rate=1e-2)
+    np.testing.assert_array_equal(learner.learning_rates(4), np.full(4, 1e-2))
+
+
+def test_freeze_counts_down_by_the_steps_taken_discarded_ones_included():
+    learner = _learner(scale=1e200, freeze_steps=10)   # every step's ELBO is non-finite
+    assert learner.run_steps(5) == 0 and learner.discarded == 5
+    assert learner.freeze_remaining == 5
+
+
+def test_elbo_running_mean_is_per_step_whatever_the_run_length():
+    a, b = _learner(), _learner()
+    a.run_steps(1)
+    b.run_steps(1)
+    a.run_steps(6)
+    for _ in range(6):
+        b.run_steps(1)
+    np.testing.assert_array_equal(a.x, b.x)          # the same steps were taken
+    assert a.steps == b.steps == 7
+    assert a.elbo == pytest.approx(b.elbo, rel=1e-12)
+
+
+def test_to_arrays_is_a_snapshot_and_load_arrays_checks_and_restores():
+    """to_arrays copies x; load_arrays refuses a reservoir of other segments, and a state
+    rejected after a load returns to the loaded one (not to the state before it)."""
+    src = _learner()
+    src.run_steps(20)
+    with src.lock:
+        arrays = src.to_arrays()
+    before = arrays["x"].copy()
+    assert src.run_steps(5) == 5
+    np.testing.assert_array_equal(arrays["x"], before)
+    dst = _learner()
+    dst.load_arrays(arrays)
+    dst.x[0] = math.nan                              # not a valid parameter set
+    assert dst.snapshot() is None
+    np.testing.assert_array_equal(dst.x, arrays["x"])
+    other = Reservoir(5, src.reservoir.segment_length + 1, 3, random_state=0)
+    for t in range(5):
+        other.offer(np.zeros((other.segment_length, 3)), t)
+    bad = dict(arrays, **{f"reservoir.{k}": v for k, v in other.to_arrays().items()})
+    with pytest.raises(ValueError, match="does not match"):
+        _learner().load_arrays(bad)
+
+
+def test_the_thread_learns_once_the_reservoir_holds_min_fill_segments():
+    M, D, L = 2, 3, 6
+    print(f"seed={SEED}")
+    params = FHMMParams.random(M, D, random_state=SEED, noise=0.4, switch=(0.05, 0.3))
+    X, _ = params.sample(400, random_state=SEED + 1)
+    net = RecognitionNet(M, D, window=3, n_hidden=8, share="chain").init(random_state=SEED)
+    net.fit_scaler(X)
+    S = L + net.window
+    res = Reservoir(10, S, D, stride=L, random_state=SEED)
+    for k in range(10):
+        res.offer(X[k * L:k * L + S].copy(), k * L + S - 1)
+    assert res.size == 10
+    learner = Learner(params, net, res, batch_size=4, subchain_length=L, learning_rate=1e-3)
+    th = LearnerThread(learner, lambda snap: None, snapshot_interval=5, min_fill=10)
+    th.start()
+    try:
+        deadline = time.monotonic() + 30
+        while learner.steps == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        th.stop(10)
+    assert th.error is None and learner.steps > 0

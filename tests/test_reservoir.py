@@ -156,3 +156,46 @@ def test_round_trip_with_every_bit_generator(bit_generator):
         seg = np.full((1, 1), float(t))
         assert r.offer(seg, t) == back.offer(seg, t)
     np.testing.assert_array_equal(r.sample_slots(3, 2), back.sample_slots(3, 2))
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+def test_offer_many_counts_the_segments_stored_in_a_full_reservoir():
+    """offer_many returns every segment stored, replacements of a full reservoir too."""
+    print("seed=0")
+    r = Reservoir(2, 1, 1, half_life=1e-9, random_state=0)   # insert probability 1: all stored
+    assert r.insert_probability == 1.0
+    assert r.offer_many([np.full((1, 1), float(t)) for t in range(5)], list(range(5))) == 5
+    assert r.offer_many([np.full((1, 1), float(t)) for t in range(3)], list(range(3))) == 3
+
+
+def test_from_arrays_refuses_infinite_data():
+    print("seed=0")
+    r = Reservoir(3, 2, 1, random_state=0)
+    for t in range(5):
+        r.offer(np.full((2, 1), float(t)), t)
+    arrays = r.to_arrays()
+    arrays["data"][1, 0, 0] = np.inf
+    with pytest.raises(ValueError, match="infinities"):
+        Reservoir.from_arrays(arrays)
+
+
+def test_to_arrays_is_a_snapshot_not_the_live_buffer():
+    print("seed=0")
+    r = Reservoir(2, 1, 1, half_life=1e-9, random_state=0)   # every offer overwrites a slot
+    r.offer(np.full((1, 1), 1.0), 0)
+    r.offer(np.full((1, 1), 2.0), 1)
+    arrays = r.to_arrays()
+    before = arrays["data"].copy()
+    for t in range(2, 10):
+        r.offer(np.full((1, 1), 100.0 + t), t)
+    np.testing.assert_array_equal(arrays["data"], before)
+
+
+def test_a_saved_generator_state_of_floats_is_refused():
+    """A bit generator's key must be integers (numpy truncated floats silently)."""
+    from streamfhmm.stream.reservoir import generator_from_json, generator_to_json
+    state = generator_to_json(np.random.Generator(np.random.MT19937(1)))
+    key = state["state"]["key"]
+    state["state"]["key"] = {"__array__": [float(v) + 0.5 for v in key["__array__"]], "dtype": "<f8"}
+    with pytest.raises(ValueError, match="holds integers"):
+        generator_from_json(state)

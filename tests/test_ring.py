@@ -73,3 +73,43 @@ def test_round_trip_and_errors():
         RingBuffer.from_arrays(np.zeros((3, 2)))
     with pytest.raises(ValueError, match="capacity"):
         RingBuffer(0, 2)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+def test_last_refuses_an_empty_window():
+    ring = RingBuffer(4, 2)
+    with pytest.raises(ValueError, match="w must be in"):
+        ring.last(3, 0)
+
+
+def test_to_arrays_is_a_snapshot_not_the_live_buffer():
+    ring = RingBuffer(3, 1)
+    for t in range(3):
+        ring.write(t, np.array([float(t)]))
+    saved = ring.to_arrays()["buf"]
+    before = saved.copy()
+    ring.write(3, np.array([99.0]))
+    np.testing.assert_array_equal(saved, before)
+
+
+def test_from_arrays_refuses_a_buffer_that_is_not_2_d():
+    with pytest.raises(ValueError, match="shape"):
+        RingBuffer.from_arrays(np.zeros(4))
+
+
+def test_slot_is_the_row_written_and_its_copy_c_rows_on():
+    C = 4
+    ring = RingBuffer(C, 1)
+    for t in range(11):
+        ring.write(t, np.array([float(t)]))
+        s = ring.slot(t)
+        assert ring.buf[s, 0] == t and ring.buf[s + C, 0] == t
+
+
+def test_fill_pads_a_sequence_starting_mid_stream():
+    """fill sets both copies of every row: a sequence starting at position 2 reads the
+    positions before it from rows >= C."""
+    ring = RingBuffer(5, 1)
+    ring.fill(np.array([7.0]))
+    ring.write(2, np.array([1.0]))
+    np.testing.assert_array_equal(ring.last(2, 5)[:, 0], [7, 7, 7, 7, 1])

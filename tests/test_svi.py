@@ -1274,3 +1274,47 @@ def test_fit_svi_refuses_values_a_fit_cannot_square(three_chain_setup):
     with pytest.raises(ValueError, match=r"X must hold values within ±1e\+150 to fit a model .* "
                                          r"found 1e\+200 at row 300, column 0"):
         _threaded_fit(Y, params, net, 1, 10, seed)
+
+
+# -- sampler gaps a mutation run found (each test fails on its mutant) ------------------------
+def test_sampler_batch_counts_positions_not_context_rows():
+    print("seed=2")
+    s = SubchainSampler(np.array([0, 20]), 4, 3, np.random.default_rng(2))
+    saw_context = False
+    for _ in range(5):
+        b = s.next_batch()
+        counted = sum(b.offsets[k + 1] - b.offsets[k] - (0 if b.first_is_start[k] else 1)
+                      for k in range(len(b.first_is_start)))
+        assert b.n_positions == counted
+        saw_context |= not all(b.first_is_start)
+    assert saw_context
+
+
+def test_sampler_n_positions_spans_bounds_not_starting_at_0():
+    s = SubchainSampler(np.array([3, 5, 10]), 2, 1, np.random.default_rng(0))
+    assert s.n_positions == 7
+
+
+def test_sampler_draws_the_next_epoch_only_when_this_one_is_used_up():
+    """An early draw bumped ``epoch`` and took the caller's generator's numbers ahead."""
+    print("seed=0")
+    rng = np.random.default_rng(0)
+    s = SubchainSampler(np.array([0, 6]), 6, 1, rng)   # one block per epoch
+    s.next_batch()
+    assert s.epoch == 1
+    ref = np.random.default_rng(0)
+    ref.permutation(1)                                  # the draws of exactly one epoch
+    assert rng.random() == ref.random()
+
+
+def test_sampler_carries_an_epoch_s_last_blocks_into_the_next_batch():
+    print("seed=1")
+    T, B = 7, 3                        # L = 1: 7 blocks per epoch, which B does not divide
+    s = SubchainSampler(np.array([0, T]), 1, B, np.random.default_rng(1))
+    counts = np.zeros(T, dtype=int)
+    for _ in range(7):                 # 21 blocks = 3 epochs
+        b = s.next_batch()
+        for k in range(B):
+            r = b.rows[b.offsets[k]:b.offsets[k + 1]]
+            counts[r[0 if b.first_is_start[k] else 1:]] += 1
+    np.testing.assert_array_equal(counts, 3)

@@ -347,3 +347,31 @@ def test_json_posterior_batch_is_what_encode_posterior_writes(nonfinite):
         got = encode_posterior_batch(topic, seqs, tss, batch, format="json")
         want = [encode_posterior(topic, seqs[k], tss[k], batch[k], format="json") for k in range(n)]
         assert got == want
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+def test_a_topic_of_the_most_bytes_allowed_travels():
+    from streamfhmm.io.wire import check_topic
+    topic = b"t" * MAX_TOPIC_BYTES
+    assert check_topic(topic) == topic
+    s = decode_input(encode_sample(topic, 1, 2.0, np.array([1.0])), n_features=1)
+    assert s.topic == topic
+
+
+def test_an_output_payload_without_the_mean_is_refused():
+    header = b'{"seq":1,"t":0,"ts":1.0,"version":0,"flags":0,"n_chains":2}'
+    payload = np.zeros(4, dtype="<f8").tobytes()          # θ (2) and ρ (2): no mean
+    with pytest.raises(WireError) as e:
+        decode_output([b"s", header, payload])
+    assert e.value.kind == "size"
+
+
+def test_batch_json_writes_a_non_finite_mean_as_null():
+    from types import SimpleNamespace
+    from streamfhmm.io.wire import encode_posterior_batch
+    batch = SimpleNamespace(t=np.array([0, 1]), theta=np.full((2, 1), 0.5), rho=np.full((2, 1), 0.25),
+                            mean=np.array([[1.0, np.nan], [2.0, 3.0]]),
+                            version=np.array([0, 0]), flags=np.array([0, 0]))
+    msgs = encode_posterior_batch(b"s", [0, 1], [1.0, 2.0], batch, format="json")
+    assert json.loads(msgs[0][0])["mean"] == [1.0, None]
+    assert json.loads(msgs[1][0])["mean"] == [2.0, 3.0]
