@@ -381,3 +381,39 @@ def test_bad_arguments_are_value_errors(tmp_path):
         load_household_power(cache_dir="")   # (it wrote the cache to the working directory)
     with pytest.raises(ValueError, match="refresh must be True or False, got 'no'"):
         load_household_power(refresh="no", cache_dir=tmp_path)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def test_inconsistent_imputed_refused(tmp_path):
+    """a cache whose imputed mask does not match the timestamps is refused as inconsistent
+    (load_household_power then parses the CSV again)."""
+    path = tmp_path / "householdpower-vX-test.npz"
+    ts = np.array(["2007-01-01T00:00:00", "2007-01-01T00:01:00", "2007-01-01T00:02:00"],
+                  dtype="datetime64[s]")
+    datasets._write_cache(path, ts, ["a", "b"], np.zeros((3, 2)), np.zeros(2, dtype=bool))
+    assert path.is_file()
+    with pytest.raises(ValueError, match="inconsistent cache"):
+        datasets._read_cache(path, "src")
+    # the consistent cache reads back
+    datasets._write_cache(path, ts, ["a", "b"], np.zeros((3, 2)), np.zeros(3, dtype=bool))
+    assert len(datasets._read_cache(path, "src")) == 3
+
+
+def test_hour_24_refused(tmp_path):
+    """hour 24 is not a time of day (the vectorised parser must not carry it into the next day)."""
+    path = tmp_path / "p.csv"
+    path.write_bytes(b"date_time,a\n2007-01-01 24:00:00,1\n")
+    with pytest.raises(ValueError):
+        parse_household_power_csv(path)
+
+
+def test_blank_inside_a_number_refused(tmp_path):
+    """a blank inside a field ('1 5') is malformed; with a blank-only field elsewhere the
+    number count still adds up, and without the blanks check the fast parser would shift values
+    between fields instead of refusing the file."""
+    path = tmp_path / "p.csv"
+    path.write_bytes(b"date_time,a,b\n2007-01-01 00:00:00,1 5,\n2007-01-01 00:01:00,2, \n")
+    with pytest.raises(ValueError, match="line 2, field 2"):
+        parse_household_power_csv(path)

@@ -105,3 +105,60 @@ def test_loglik_per_step_and_posterior_mae_values():
     a = np.array([[0.0, 0.5], [1.0, 0.25], [0.5, 0.5]])
     b = np.array([[0.1, 0.5], [0.7, 0.25], [0.5, 0.0]])
     assert posterior_mae(a, b) == pytest.approx((0.1 + 0.3 + 0.5) / 6, rel=1e-12)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def test_self_alignment_is_identity_on_tie():
+    """on an exact cost tie align_params must keep (not flip) a chain: aligning a model
+    with itself (a chain with zero loadings and a == b) must be the identity."""
+    W = np.array([[0.0, 0.0], [1.0, -2.0], [0.5, 0.5]])
+    A = np.array([[[0.9, 0.1], [0.1, 0.9]], [[0.8, 0.2], [0.3, 0.7]]])
+    p = FHMMParams.from_natural(W, np.eye(2) * 0.1, A, startprob=[0.2, 0.6])
+    aligned, perm, flip = align_params(p, p)
+    assert perm.tolist() == [0, 1]
+    assert flip.tolist() == [False, False]
+    np.testing.assert_allclose(aligned.startprob, p.startprob, atol=1e-12)
+
+
+def test_flip_ties_broken_by_swapped_switch_probabilities():
+    """a tie between opposite w rows must be broken with the *swapped* switch
+    probabilities for the flipped matching."""
+    seed = 11
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(3)
+    W = np.vstack([w, -w, rng.standard_normal(3)])
+    A = np.array([[[0.95, 0.05], [0.3, 0.7]], [[0.6, 0.4], [0.02, 0.98]]])
+    ref = FHMMParams.from_natural(W, np.eye(3) * 0.2, A, startprob=[0.3, 0.7])
+    # the same model with both chains flipped and swapped: its W rows equal ref's
+    est = relabel(ref, [1, 0], [True, True])
+    np.testing.assert_allclose(est.W, ref.W, atol=1e-12)
+    errs = recovery_errors(est, ref)
+    assert errs["perm"] == [1, 0] and errs["flip"] == [True, True]
+    assert errs["transmat"] < 1e-12
+
+
+def test_transmat_error_is_max_abs():
+    """recovery_errors['transmat'] is the largest absolute error, not the mean."""
+    seed = 2
+    print(f"seed={seed}")
+    ref = FHMMParams.random(3, 2, random_state=seed, scale=3.0)
+    est = ref.replace(alpha=ref.alpha + np.array([0.5, 0.0, 0.0]))
+    errs = recovery_errors(est, ref)
+    expected = float(np.max(np.abs(est.transmat - ref.transmat)))
+    assert expected > 0
+    assert errs["transmat"] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("fn", [align_params, recovery_errors])
+def test_feature_mismatch_refused(fn):
+    """align_params must refuse parameters with different n_features, also when
+    numpy broadcasting (D = 1 against D = 3) would let the computation run."""
+    seed = 4
+    print(f"seed={seed}")
+    est = FHMMParams.random(2, 1, random_state=seed)
+    ref = FHMMParams.random(2, 3, random_state=seed)
+    with pytest.raises(ValueError, match="n_features"):
+        fn(est, ref)

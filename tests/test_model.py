@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from streamfhmm import FHMM, FHMMParams
-from streamfhmm.model import logit, sigmoid
-from streamfhmm._validation import check_random_state
+from streamfhmm.model import PROB_FLOOR, logit, sigmoid
+from streamfhmm._validation import check_bool, check_bounds, check_observations, check_random_state, check_transmat
 
 A2 = np.array([[[0.9, 0.1], [0.2, 0.8]], [[0.95, 0.05], [0.3, 0.7]]])
 W2 = np.array([[1.0, 0.0], [0.0, 2.0], [0.5, -0.5]])
@@ -941,3 +941,86 @@ def test_save_and_load_refuse_a_path_that_is_no_file_name(tmp_path):
             FHMM.load(bad)
     m.save(os.fsencode(tmp_path / "m"))
     np.testing.assert_array_equal(FHMM.load(os.fsencode(tmp_path / "m")).W_, m.W_)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+@pytest.mark.parametrize("v", [0, 1, 2])
+def test_check_bool_refuses_int(v):
+    """check_bool refuses plain integers (0/1 are not True/False)."""
+    with pytest.raises(ValueError, match="must be True or False"):
+        check_bool(v, "flag")
+
+
+def test_check_bool_accepts_bools():
+    assert check_bool(True, "flag") is True and check_bool(False, "flag") is False
+
+
+def test_1d_without_n_features_refused():
+    """a 1-D X is only taken as one column when n_features == 1; otherwise ValueError."""
+    with pytest.raises(ValueError, match="2-D"):
+        check_observations(np.zeros(5))
+
+
+def test_1d_with_one_feature_is_a_column():
+    assert check_observations(np.zeros(5), n_features=1).shape == (5, 1)
+
+
+def test_zero_columns_refused():
+    """X with no columns is refused when n_features is not given."""
+    with pytest.raises(ValueError, match="at least one feature"):
+        check_observations(np.zeros((5, 0)))
+
+
+@pytest.mark.parametrize("b", [[0, 0], [3, 3, 3]])
+def test_empty_span_refused(b):
+    """bounds must span at least one row."""
+    with pytest.raises(ValueError, match="span at least one row"):
+        check_bounds(np.array(b, dtype=np.int64), 10)
+
+
+def test_valid_bounds_accepted():
+    assert check_bounds(np.array([0, 0, 4]), 10).tolist() == [0, 0, 4]
+
+
+def test_equal_neighbouring_bounds_accepted():
+    """bounds need only be non-decreasing: an empty sequence (equal neighbours) is accepted."""
+    assert check_bounds(np.array([0, 0, 4, 4, 10]), 10).tolist() == [0, 0, 4, 4, 10]
+
+
+def test_rows_off_by_1e_3_refused():
+    """transmat rows must sum to 1 to within 1e-8: 1.001 is refused."""
+    A = np.array([[[0.9, 0.101], [0.2, 0.8]]])
+    with pytest.raises(ValueError, match="rows must sum to 1"):
+        check_transmat(A, 1)
+    with pytest.raises(ValueError, match="rows must sum to 1"):
+        FHMMParams.from_natural(np.ones((2, 1)), np.eye(1), A)
+
+
+def test_logit_of_one_is_finite():
+    """logit clips p to 1 - PROB_FLOOR, so a transition probability of exactly 1 is accepted."""
+    assert np.isfinite(logit(1.0))
+    assert abs(logit(1.0) + logit(0.0)) < 1e-4   # (1 - 1e-12 is not exact in float64)
+
+
+def test_from_natural_with_certain_switch():
+    A = np.array([[[0.0, 1.0], [1.0, 0.0]]])
+    p = FHMMParams.from_natural(np.array([[1.0], [0.0]]), np.eye(1), A, startprob=[0.5])
+    np.testing.assert_allclose(p.transmat, [[[PROB_FLOOR, 1 - PROB_FLOOR], [1 - PROB_FLOOR, PROB_FLOOR]]],
+                               atol=1e-15)
+
+
+def test_tiny_upper_entries_are_dropped():
+    """FHMMParams stores L lower triangular: upper entries within the tolerance are zeroed."""
+    L = np.array([[1.0, 1e-14], [0.5, 2.0]])
+    p = FHMMParams(W=np.ones((2, 2)), L=L, alpha=[0.0], beta=[0.0], startprob=[0.5])
+    assert np.all(np.triu(p.L, 1) == 0.0)
+    np.testing.assert_array_equal(p.covariance, np.tril(L) @ np.tril(L).T)
+
+
+def test_log_startprob_columns():
+    """log_startprob column 0 is log(1 - pi), column 1 is log(pi)."""
+    p = FHMMParams(W=np.ones((3, 1)), L=np.eye(1), alpha=[0.0, 0.0], beta=[0.0, 0.0],
+                   startprob=[0.2, 0.9])
+    np.testing.assert_allclose(p.log_startprob, np.log([[0.8, 0.2], [0.1, 0.9]]), rtol=1e-12)

@@ -901,3 +901,25 @@ def test_example_refuses_bad_options_in_their_names(argv, message):
     r = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines()[-1] == f"power_disaggregation.py: error: {message}"
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def test_one_unscored_column_refused():
+    """mse_per_dimension refuses when any single column has no scored value."""
+    X = np.array([[1.0, np.nan], [2.0, np.nan], [3.0, np.nan]])
+    R = np.zeros_like(X)
+    with pytest.raises(ValueError, match="no scored values"):
+        mse_per_dimension(X, R)
+    # also when the mask leaves a column's only observed row out
+    X2 = np.array([[1.0, np.nan], [2.0, 5.0]])
+    with pytest.raises(ValueError, match="no scored values"):
+        mse_per_dimension(X2, np.zeros_like(X2), mask=[False, True])
+
+
+def test_low_equal_high_accepted():
+    """range_floor_mse takes low == high (a channel no chain loads on: one reachable value)."""
+    X = np.array([[1.0, -1.0], [3.0, 0.5]])
+    out = range_floor_mse(X, [2.0, 0.0], [2.0, 1.0])
+    np.testing.assert_allclose(out, [1.0, 0.5], rtol=1e-12)

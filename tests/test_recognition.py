@@ -426,3 +426,60 @@ def test_validation_errors(make, match):
         make()
     # a failed assignment leaves the network untouched
     assert np.all(np.isfinite(_NET.weights)) and np.all(_NET.scale == 1.0)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def test_init_resets_hidden_bias():
+    """init sets the hidden biases c to 0, whatever they held before."""
+    seed = 7
+    print(f"seed={seed}")
+    net = RecognitionNet(2, 3, window=3, n_hidden=4)
+    net.weights = np.random.default_rng(seed).standard_normal(net.n_weights)
+    net.init(random_state=seed)
+    assert np.all(net.c == 0.0)
+    fresh = RecognitionNet(2, 3, window=3, n_hidden=4).init(random_state=seed)
+    np.testing.assert_array_equal(net.weights, fresh.weights)
+
+
+def test_tiny_units_not_taken_for_constant():
+    """fit_scaler's constant test is relative to the data's magnitude: a varying feature
+    in units of 1e-13 gets its own standard deviation as scale, not 1."""
+    seed = 3
+    print(f"seed={seed}")
+    Y = 1e-13 * np.random.default_rng(seed).standard_normal((200, 2))
+    net = RecognitionNet(1, 2, window=1, n_hidden=2).fit_scaler(Y)
+    np.testing.assert_allclose(net.scale, Y.std(axis=0), rtol=1e-10)
+
+
+def test_copy_keeps_scaler():
+    """RecognitionNet.copy copies the scaler's scale."""
+    net = RecognitionNet(2, 3, window=3, n_hidden=4).init(random_state=0)
+    net.set_scaler([1.0, 2.0, 3.0], [0.5, 4.0, 2.0])
+    c = net.copy()
+    np.testing.assert_array_equal(c.mean, net.mean)
+    np.testing.assert_array_equal(c.scale, net.scale)
+    Y = np.random.default_rng(0).standard_normal((20, 3))
+    for a, b in zip(c.forward(Y), net.forward(Y)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_to_arrays_weights_are_a_copy():
+    """to_arrays returns copies: changing them leaves the network unchanged."""
+    net = RecognitionNet(2, 3, window=3, n_hidden=4).init(random_state=0)
+    before = net.weights.copy()
+    arrays = net.to_arrays()
+    arrays["weights"][:] = 0.0
+    arrays["mean"][:] = 9.0
+    np.testing.assert_array_equal(net.weights, before)
+    assert np.all(net.mean == 0.0)
+
+
+def test_wrong_n_features_refused():
+    """check_net refuses a network with the right n_chains but the wrong n_features."""
+    from streamfhmm.network import check_net
+    net = RecognitionNet(2, 3, window=3, n_hidden=4)
+    assert check_net(net, 2, 3) is net
+    with pytest.raises(ValueError, match="3 features"):
+        check_net(net, 2, 4)
