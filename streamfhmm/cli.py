@@ -911,6 +911,12 @@ def _serve(args, state) -> int:
             service.request_stop()
         service.run(time_budget=args.time_budget, max_samples=args.max_samples)
         print(service.status_line(prefix=f"{prog}: stopped after"), file=sys.stderr, flush=True)
+        failed = service.final_checkpoint_failures
+        if failed:   # (exit 0 told a supervisor all was kept, and a restart went back further)
+            shown = ", ".join(repr(n) for n in failed[:5]) + (", ..." if len(failed) > 5 else "")
+            raise CliError(f"the shutdown checkpoint of {_plural(len(failed), 'stream')} failed ({shown}): "
+                           f"a restart resumes {'it' if len(failed) == 1 else 'them'} from the last "
+                           f"checkpoint written in {args.checkpoint}")
     finally:
         if server is not None:
             server.close()
@@ -1373,7 +1379,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser(
         "serve", help="serve posteriors over ZeroMQ",
         description="Subscribe to sensor samples, keep one engine state per topic, publish posteriors. "
-                    "Wire format: streamfhmm.io.wire. SIGTERM/SIGINT drain, checkpoint and exit 0. "
+                    "Wire format: streamfhmm.io.wire. SIGTERM/SIGINT drain, checkpoint and exit 0 (1 if a stream's checkpoint failed then). "
                     "By default the input SUB connects to --sub and the output PUB binds --pub.")
     g = sv.add_mutually_exclusive_group(required=True)
     g.add_argument("--model", metavar="MODEL.npz", help="a fitted model")
@@ -1427,7 +1433,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="status line on stderr every this many seconds (default 10; 0: none)")
     sv.add_argument("--wait-subscribers", type=_nonneg_int, default=0, metavar="N",
                     help="subscribe to the input only once N consumers subscribed to the output")
-    sv.add_argument("--max-streams", type=_positive_int, default=1024, help="most topics served (default 1024)")
+    sv.add_argument("--max-streams", type=_positive_int, default=1024, help="most topics served (default 1024): a topic keeps its place once seen, an "
+                         "ended one too, and the streams resumed from --checkpoint are all served")
     sv.add_argument("--resync-after", type=_nonneg_int, default=64, metavar="N",
                     help="a stream whose publisher restarted at a sequence number other than 0 "
                          "is followed again after N numbers in order behind the last one (the "

@@ -25,7 +25,11 @@ per stream topic into a ``zmq.Poller`` loop:
   stream found there, reporting how many samples were lost since its checkpoint
   (the sequence numbers between the checkpoint's last one and the first one received
   after the restart). After a crash, the posteriors of samples that were inside the
-  smoothing lag at the checkpoint are published again: delivery is at-least-once;
+  smoothing lag at the checkpoint are published again: delivery is at-least-once.
+  The positions ``t`` go back to the checkpoint's too, so the ``t`` of a posterior
+  published between the checkpoint and the crash comes again, for a sample received
+  after the restart: ``(topic, seq)`` identifies a posterior's sample, ``t`` does not
+  across a crash (a stop by SIGTERM checkpoints last and repeats nothing);
   what a crash in the middle of a checkpoint left (engine files no record names,
   temporary files older than an hour) is removed at the start;
 * :meth:`StreamService.request_stop` (e.g. from a signal handler the host installs)
@@ -558,6 +562,9 @@ class StreamService:
         self.counters = {"samples": 0, "posteriors": 0, "engine_rejected": 0, "streams_full": 0,
                          "heartbeats_in": 0, "heartbeats_out": 0, "checkpoints": 0,
                          "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0, "unmatched": 0}
+        #: streams whose checkpoint at shutdown failed (a restart resumes them from an
+        #: older one): ``streamfhmm serve`` then exits 1
+        self.final_checkpoint_failures: list[str] = []
         self.started = time.monotonic()
         self._last_status = (self.started, 0, 0)   # time, samples, learner steps of this run
         # learner steps the engines held when this service took them (resumed checkpoints):
@@ -656,8 +663,11 @@ class StreamService:
         for st in ([stream] if stream is not None else list(self.streams.values())):
             self._checkpoint(st)
 
-    def _checkpoint(self, st: _Stream) -> bool:
-        """Checkpoint one stream (engine file, then its record); whether it was written."""
+    def _checkpoint(self, st: _Stream, final: bool = False) -> bool:
+        """Checkpoint one stream (engine file, then its record); whether it was written.
+
+        A failure is counted and logged (rate-limited); one at shutdown (``final``) is
+        always logged and its stream named in :attr:`final_checkpoint_failures`."""
         stem = os.path.join(self.checkpoint_dir, _stream_stem(st.topic))
         gen = st.generation + 1
         path = _engine_file(stem, gen)
@@ -677,7 +687,12 @@ class StreamService:
         except (OSError, ValueError) as exc:
             self.counters["checkpoint_failures"] += 1
             st.since_checkpoint = 0   # try again after another checkpoint_every samples
-            self._log("checkpoint", "checkpoint of stream %r failed: %s", st.name, exc)
+            if final:   # (the rate limit dropped it within 10 s of a periodic failure)
+                self.final_checkpoint_failures.append(st.name)
+                logger.warning("the shutdown checkpoint of stream %r failed: %s; a restart "
+                               "resumes it from its last checkpoint written", st.name, exc)
+            else:
+                self._log("checkpoint", "checkpoint of stream %r failed: %s", st.name, exc)
             return False
         old = _engine_file(stem, st.generation)
         st.generation = gen
@@ -1082,8 +1097,9 @@ class StreamService:
                 f"{len(self.streams)} stream(s), gaps {m['gaps']} ({m['gap_samples']} samples), "
                 f"malformed {m['malformed_total']} ({bad}), "
                 f"input disconnects {m['input_disconnects']}, stale {m['stale']}, "
-                f"rejected {m['engine_rejected']}, checkpoints {m['checkpoints']}, "
-                f"lost on resume {m['lost_on_resume']}, learner steps {steps} "
+                f"rejected {m['engine_rejected']}, checkpoints {m['checkpoints']}"
+                + (f" ({m['checkpoint_failures']} failed)" if m["checkpoint_failures"] else "")
+                + f", lost on resume {m['lost_on_resume']}, learner steps {steps} "
                 f"({max(run_steps - s_prev, 0) / dt:,.0f}/s), "
                 f"subscribers {self.sink.n_subscribers()}")
 
@@ -1115,7 +1131,7 @@ class StreamService:
             if not st.ended and not keep:
                 self._flush(st)
             if self.checkpoint_dir is not None:
-                written = self._checkpoint(st)
+                written = self._checkpoint(st, final=True)
                 if keep and not written and not st.ended:
                     self._flush(st)
             try:
@@ -1210,7 +1226,7 @@ def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0
         "input_reconnects": "reconnections after libzmq dropped the input connection",
         "engine_rejected": "samples the engine refused",
         "unmatched": "posteriors of positions with no pending sample (not published)",
-        "streams_full": "samples of new topics skipped past max_streams",
+        "streams_full": "messages (samples and heartbeats) of new topics skipped past max_streams",
         "heartbeats_in": "input heartbeats received",
         "heartbeats_out": "heartbeats published",
         "checkpoints": "stream checkpoints written",

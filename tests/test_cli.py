@@ -551,6 +551,25 @@ def test_port_in_use(files, capsys):
 
 
 
+def test_serve_exits_1_when_a_shutdown_checkpoint_failed(files, tmp_path, capsys, monkeypatch):
+    """(it exited 0 after a clean 'stopped after' line: a supervisor took all as kept)"""
+    import streamfhmm.cli as cli
+    import streamfhmm.service as service
+
+    def run(self, time_budget=None, max_samples=None):
+        self.final_checkpoint_failures.append("s")
+        return self.metrics()
+    monkeypatch.setattr(cli, "_warm_engine", lambda *a, **k: None)
+    monkeypatch.setattr(service.StreamService, "run", run)
+    ckpt = str(tmp_path / "ckpt")
+    code, _, err = _run(["serve", "--model", files["model"], "--sub", "tcp://127.0.0.1:*", "--bind",
+                         "--pub", "tcp://127.0.0.1:*", "--checkpoint", ckpt], capsys)
+    assert code == 1, err
+    assert err.strip().splitlines()[-1] == (f"streamfhmm serve: error: the shutdown checkpoint of 1 stream "
+                                            f"failed ('s'): a restart resumes it from the last checkpoint "
+                                            f"written in {ckpt}")
+
+
 def test_serve_checks_files_and_sockets_before_warming_the_kernels(files, tmp_path, capsys, monkeypatch):
     """A missing or malformed CURVE certificate, a --checkpoint that is a file, a port
     in use (ZeroMQ or metrics): refused before the kernels are warmed up, which on a

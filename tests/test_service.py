@@ -499,6 +499,29 @@ class UnwritableWarmupFakeEngine(WarmupFakeEngine):
         raise OSError(28, "No space left on device")
 
 
+class UnwritableFakeEngine(FakeEngine):
+    def checkpoint(self, path):
+        raise OSError(13, "Permission denied")
+
+
+def test_a_failed_shutdown_checkpoint_is_always_reported(tmp_path, harness, caplog):
+    """The checkpoint at shutdown that fails is logged even within the rate limit of an
+    earlier failure (it was dropped: the last words were a clean 'stopped after' line,
+    and a restart went back to an older checkpoint), names its stream for serve's exit
+    status, and the status line counts the failures."""
+    h = harness(tmp_path, engine=UnwritableFakeEngine, checkpoint_every=3, log_interval=60.0)
+    for seq in range(4):
+        h.sample(b"s", seq, _values(0, seq))
+    _wait_for(lambda: h.service.metrics()["checkpoint_failures"] == 1)   # the periodic one
+    with caplog.at_level("WARNING", logger="streamfhmm.service"):
+        m = h.stop()
+    assert m["checkpoint_failures"] == 2 and h.service.final_checkpoint_failures == ["s"]
+    final = [r.getMessage() for r in caplog.records if "shutdown checkpoint" in r.getMessage()]
+    assert final == ["the shutdown checkpoint of stream 's' failed: [Errno 13] Permission denied; a "
+                     "restart resumes it from its last checkpoint written"]
+    assert "checkpoints 0 (2 failed), lost on resume" in h.service.status_line()
+
+
 @pytest.mark.parametrize("checkpoints", ["written", "none", "failing"])
 def test_shutdown_leaves_a_warm_up_to_its_checkpoint(checkpoints, tmp_path, harness):
     """With a checkpoint directory, stopping during a warm-up keeps the buffer for the

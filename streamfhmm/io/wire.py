@@ -30,7 +30,9 @@ Output (one posterior per input sample, in order), ``--format binary``:
 * ``header``: JSON ``{"seq": s, "t": t, "ts": ts, "version": v, "flags": f,
   "n_chains": M}`` where ``seq`` and ``ts`` are those of the input sample the posterior
   is about, ``t`` the 0-based position of that sample in the stream (consecutive per
-  topic, so a gap in ``t`` is an output message lost), ``version`` the parameter
+  topic, so a gap in ``t`` is an output message lost; after a crash the service goes
+  back to its last checkpoint's position, so a ``t`` can come again for another
+  sample: ``seq`` identifies the sample), ``version`` the parameter
   snapshot that produced it and ``flags`` the bit set of
   :mod:`streamfhmm.stream.posterior` (1 imputed, 2 warm-up, 4 edge);
 * ``payload``: ``2 M + D`` little-endian float64: θ (M values, ``q(s_t^m = 1)``),
