@@ -7,7 +7,8 @@ import pytest
 from hmmlearn.hmm import GaussianHMM
 
 from streamfhmm import FHMM, exact
-from streamfhmm.learn.em import exact_e_step, fit_exact_em
+from streamfhmm.learn.em import MAX_EM_CHAINS, check_em_chains, exact_e_step, fit_exact_em
+from streamfhmm.learn.objective import constrain_params
 from streamfhmm.model import FHMMParams
 
 from . import naive
@@ -186,3 +187,74 @@ def test_one_m_step_is_the_expected_complete_data_maximiser(seed, offset):
     np.testing.assert_allclose(q.covariance, Sigma, rtol=1e-7, atol=1e-10)
     np.testing.assert_allclose(q.transmat, xi / xi.sum(axis=2, keepdims=True), rtol=1e-9)
     np.testing.assert_allclose(q.startprob, np.mean(first, axis=0), rtol=1e-9)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def _em_data(seed=0, T=200):
+    p = FHMMParams.random(2, 2, random_state=seed)
+    X, _ = p.sample(T, random_state=seed + 1)
+    return p, X
+
+
+def test_14_chains_allowed():
+    """Exact EM accepts MAX_EM_CHAINS (14) chains."""
+    print("seed=none")
+    assert MAX_EM_CHAINS == 14
+    assert check_em_chains(14) == 14
+
+
+def test_large_tol_stops_after_one_iteration():
+    """Exact EM stops once the relative gain is below tol."""
+    seed = 0
+    print(f"seed={seed}")
+    p, X = _em_data(seed)
+    _, h = fit_exact_em(X, params=p, max_iter=50, tol=10.0, progress=False)
+    assert len(h) == 2
+
+
+def test_zero_budget_no_iteration():
+    """Exact EM honours time_budget (0: no iteration)."""
+    seed = 0
+    print(f"seed={seed}")
+    p, X = _em_data(seed)
+    _, h = fit_exact_em(X, params=p, max_iter=20, tol=0.0, time_budget=0.0, progress=False)
+    assert len(h) == 1
+
+
+def test_history_iteration_numbers():
+    """Exact EM's history numbers its entries 0, 1, 2, ..."""
+    seed = 0
+    print(f"seed={seed}")
+    p, X = _em_data(seed)
+    _, h = fit_exact_em(X, params=p, max_iter=3, tol=0.0, progress=False)
+    assert [e["iteration"] for e in h] == list(range(len(h)))
+
+
+def test_start_is_projected():
+    """Exact EM projects given params onto covariance_type before anything else."""
+    seed = 0
+    print(f"seed={seed}")
+    p, X = _em_data(seed)
+    q, h = fit_exact_em(X, params=p, max_iter=0, covariance_type="diag", progress=False)
+    np.testing.assert_allclose(q.covariance, np.diag(np.diag(p.covariance)), rtol=1e-12)
+    assert h[0]["loglik"] == exact.log_likelihood(constrain_params(p, "diag"), X)
+
+
+def test_max_iter_zero():
+    """Exact EM accepts max_iter=0 (the start, evaluated)."""
+    seed = 0
+    print(f"seed={seed}")
+    p, X = _em_data(seed)
+    q, h = fit_exact_em(X, params=p, max_iter=0, progress=False)
+    assert len(h) == 1
+
+
+def test_negative_tol_refused():
+    """Exact EM refuses a negative tol."""
+    seed = 0
+    print(f"seed={seed}")
+    p, X = _em_data(seed)
+    with pytest.raises(ValueError, match="tol"):
+        fit_exact_em(X, params=p, max_iter=2, tol=-1.0, progress=False)

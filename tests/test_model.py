@@ -9,6 +9,7 @@ import pytest
 from streamfhmm import FHMM, FHMMParams
 from streamfhmm.model import PROB_FLOOR, logit, sigmoid
 from streamfhmm._validation import check_bool, check_bounds, check_observations, check_random_state, check_transmat
+import streamfhmm.estimator as estimator_module
 
 A2 = np.array([[[0.9, 0.1], [0.2, 0.8]], [[0.95, 0.05], [0.3, 0.7]]])
 W2 = np.array([[1.0, 0.0], [0.0, 2.0], [0.5, -0.5]])
@@ -1024,3 +1025,87 @@ def test_log_startprob_columns():
     p = FHMMParams(W=np.ones((3, 1)), L=np.eye(1), alpha=[0.0, 0.0], beta=[0.0, 0.0],
                    startprob=[0.2, 0.9])
     np.testing.assert_allclose(p.log_startprob, np.log([[0.8, 0.2], [0.1, 0.9]]), rtol=1e-12)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def test_init_scores_follow_the_best_run(monkeypatch):
+    """With n_restarts, init_scores_ must be those of the run that continued (the best)."""
+    X, _ = FHMMParams.random(2, 2, random_state=0).sample(300, random_state=1)
+    recorded = []
+    orig = estimator_module.FHMM._initial_params
+
+    def spy(self, *a, **k):
+        out = orig(self, *a, **k)
+        recorded.append(self.init_scores_.copy())
+        return out
+    monkeypatch.setattr(estimator_module.FHMM, "_initial_params", spy)
+    for seed in range(20):
+        recorded.clear()
+        m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed)
+        m.fit(X, max_iter=12, n_restarts=3, init="smf", n_init=2, progress=False)
+        best = int(np.nanargmax(m.restart_scores_))
+        if best != 0 and not np.array_equal(recorded[best], recorded[0]):
+            print(f"seed={seed} best={best}")
+            np.testing.assert_array_equal(m.init_scores_, recorded[best])
+            return
+    raise AssertionError("no seed with best run != 0")
+
+
+def test_continued_run_warms_up_only_the_remaining_steps():
+    """The continued best run gets only the warm-up steps left (net_warmup - restart_steps)."""
+    seed = 0
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed)
+    X, _ = p.sample(300, random_state=seed + 1)
+    m = FHMM.from_params(p.W, p.covariance, p.transmat, window=3, n_hidden=4, random_state=seed)
+    W0 = m.W_
+    # 8 steps, runs compared after 4, warm-up 7: the last step moves the model
+    m.fit(X, init="params", max_iter=8, n_restarts=2, restart_steps=4, net_warmup=7,
+          progress=False)
+    assert np.abs(m.W_ - W0).max() > 1e-6
+
+
+@pytest.mark.parametrize("method", ["smf", "svi"])
+def test_too_few_rows_refused(method):
+    """A fresh start needs at least n_chains + 2 complete rows."""
+    seed = 0
+    print(f"seed={seed}")
+    X = np.random.default_rng(seed).standard_normal((3, 2))
+    with pytest.raises(ValueError, match="too few complete rows"):
+        FHMM(n_chains=2, random_state=seed).fit(X, method=method, max_iter=2, progress=False)
+
+
+@pytest.mark.parametrize("method", ["smf", "svi", "em"])
+def test_auto_init_checks_width(method):
+    """Init='auto' (continuing a fitted model) checks X's width up front with a clear message."""
+    seed = 0
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(2, 2, random_state=seed).sample(200, random_state=1)
+    m = FHMM(n_chains=2, random_state=seed).fit(X, method="smf", max_iter=2, progress=False)
+    X3 = np.random.default_rng(seed).standard_normal((200, 3))
+    with pytest.raises(ValueError, match="X must have 2 features"):
+        m.fit(X3, method=method, max_iter=2, progress=False)
+
+
+def test_elbo_refuses_non_stationary_start():
+    """FHMM.elbo refuses a model whose startprob is not the stationary distribution."""
+    seed = 0
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(2, 2, random_state=seed).sample(200, random_state=1)
+    m = FHMM(n_chains=2, window=3, n_hidden=4, random_state=seed).fit(X, max_iter=5, progress=False)
+    m.elbo(X)
+    m._set_params(m.params_.replace(startprob=np.array([0.999, 0.001])), m.net_)
+    with pytest.raises(ValueError, match="stationary"):
+        m.elbo(X)
+
+
+def test_default_method_is_exact_at_12_chains():
+    """Without networks, predict_proba's default is exact inference up to 12 chains inclusive."""
+    seed = 0
+    print(f"seed={seed}")
+    p = FHMMParams.random(12, 3, random_state=seed)
+    m = FHMM.from_params(p.W, p.covariance, p.transmat, p.startprob)
+    X, _ = m.sample(15, random_state=1)
+    np.testing.assert_array_equal(m.predict_proba(X), m.predict_proba(X, method="exact"))

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from streamfhmm import exact
-from streamfhmm.learn.objective import ModelPacker, Workspace, batch_objective, sequence_elbo
+from streamfhmm.learn.objective import (ModelPacker, Workspace, batch_objective, constrain_params,
+                                        project_covariance, sequence_elbo)
 from streamfhmm.learn.sampler import SubchainSampler
 from streamfhmm.model import FHMMParams
 from streamfhmm.network import RecognitionNet
@@ -152,3 +153,58 @@ def test_objective_checks_its_inputs():
     with pytest.raises(ValueError, match=r"Y must be a float64 array of shape \(T, 3\)"):
         batch_objective(vec, w, X[:, :2], ws=ws, **args)
     assert batch_objective(vec, w, X, ws=ws, **args)[0] == ref
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+S = np.array([[1.0, 0.3], [0.3, 3.0]])
+
+
+def test_project_diag():
+    """Project_covariance('diag') keeps the variances; 'spherical' their mean times I."""
+    print("seed=none")
+    np.testing.assert_array_equal(project_covariance(S, "diag"), np.diag([1.0, 3.0]))
+
+
+def test_project_spherical():
+    """Project_covariance('spherical') is tr(S)/D · I."""
+    print("seed=none")
+    S = np.array([[1.0, 0.3], [0.3, 3.0]])
+    np.testing.assert_allclose(project_covariance(S, "spherical"), 2.0 * np.eye(2))
+
+
+def test_constrain_spherical_is_mean_variance():
+    """Constrain_params('spherical') uses the mean variance, as project_covariance does."""
+    seed = 0
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 3, random_state=seed)
+    q = constrain_params(p, "spherical")
+    np.testing.assert_allclose(q.covariance, project_covariance(p.covariance, "spherical"),
+                               rtol=1e-12)
+
+
+def test_integer_vector_accepted():
+    """ModelPacker.check_vector accepts an integer array (documented: real = int or float)."""
+    print("seed=none")
+    pk = ModelPacker(2, 2)
+    v = pk.check_vector(np.arange(pk.size))
+    assert v.dtype == np.float64
+    np.testing.assert_array_equal(v, np.arange(pk.size))
+
+
+def test_repeated_offset_refused():
+    """Batch_objective refuses offsets with an empty subchain (strictly increasing)."""
+    seed = 0
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 3, random_state=seed)
+    X, _ = p.sample(40, random_state=1)
+    net = RecognitionNet(2, 3, window=5, n_hidden=4).init(random_state=np.random.default_rng(seed))
+    net.fit_scaler(X)
+    pk = ModelPacker(2, 3)
+    ws = Workspace(pk, net)
+    b = SubchainSampler(np.array([0, 40]), 6, 4, np.random.default_rng(seed)).next_batch()
+    off = np.concatenate([[0], b.offsets])          # subchain 0 empty
+    fis = np.concatenate([[True], b.first_is_start])
+    with pytest.raises(ValueError, match="offsets must be a 1-D integer array increasing"):
+        batch_objective(pk.pack(p), net.weights, X, b.rows, b.row_start, b.row_end, off, fis, ws)

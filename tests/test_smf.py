@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamfhmm import exact
-from streamfhmm.learn.smf import (SMFEStep, expected_complete_loglik, fit_smf, init_params,
-                                  smf_e_step, smf_m_step, smf_posterior)
+from streamfhmm.learn.smf import (COVARIANCE_FLOOR, MAX_SWEEPS, SMFEStep, expected_complete_loglik, fit_smf,
+                                  init_params, smf_e_step, smf_m_step, smf_posterior)
 from streamfhmm.kernels import smf as _ksmf
 from streamfhmm.model import FHMMParams
 
@@ -613,3 +613,83 @@ def test_default_floor_is_per_feature():
     np.testing.assert_allclose(zero.covariance, default.covariance, rtol=1e-12)
     scalar = smf_m_step(p, X, theta, np.ones((1, 2, 2)), covariance_floor=1e-3)
     np.testing.assert_allclose(np.linalg.eigvalsh(scalar.covariance), 1e-3, rtol=1e-6)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def test_infinite_tol_refused():
+    """SMF's non-negative float checks refuse infinity."""
+    seed = 0
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(2, 2, random_state=seed).sample(100, random_state=1)
+    with pytest.raises(ValueError, match="tol must be a finite non-negative number"):
+        fit_smf(X, n_chains=2, max_iter=2, tol=np.inf, progress=False)
+
+
+def test_max_sweeps_at_the_limit():
+    """Max_sweeps may be MAX_SWEEPS itself."""
+    seed = 0
+    print(f"seed={seed}")
+    p = FHMMParams.random(1, 2, random_state=seed)
+    X, _ = p.sample(20, random_state=1)
+    est = smf_e_step(p, X, max_sweeps=MAX_SWEEPS)
+    assert est.converged
+
+
+def test_negative_xi_refused():
+    """Smf_m_step refuses negative expected transition counts."""
+    seed = 0
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed)
+    X, _ = p.sample(50, random_state=1)
+    est = smf_e_step(p, X)
+    xi = est.xi.copy()
+    xi[0, 0, 1] = -1.0
+    with pytest.raises(ValueError, match="xi"):
+        smf_m_step(p, X, est.theta, xi)
+
+
+def test_near_constant_feature_gets_the_mean_floor():
+    """A feature whose variance is below 1e-24 of the mean variance is floored as a
+constant feature (COVARIANCE_FLOOR times the mean variance), not at its own variance."""
+    seed = 0
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    X = np.column_stack([rng.standard_normal(200), 1.0 + 1e-14 * rng.standard_normal(200)])
+    q, _ = fit_smf(X, n_chains=1, max_iter=3, random_state=seed, progress=False,
+                   covariance_type="diag")
+    floor = COVARIANCE_FLOOR * X.var(axis=0).mean()
+    assert q.covariance[1, 1] >= floor * (1 - 1e-6)
+
+
+def test_both_refused():
+    """Smf_e_step refuses theta_init together with previous."""
+    seed = 0
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed)
+    X, _ = p.sample(50, random_state=1)
+    est = smf_e_step(p, X)
+    with pytest.raises(ValueError, match="cannot both be given"):
+        smf_e_step(p, X, theta_init=est.theta, previous=est)
+
+
+def test_not_converged_after_one_sweep_with_zero_tol():
+    """SMFEStep.converged is False when the sweeps ran out before θ settled."""
+    seed = 0
+    print(f"seed={seed}")
+    p = FHMMParams.random(3, 2, random_state=seed)
+    X, _ = p.sample(100, random_state=1)
+    est = smf_e_step(p, X, tol=0.0, max_sweeps=1)
+    assert est.max_delta > 0
+    assert not est.converged
+
+
+def test_steps_are_oriented():
+    """Init_params orients each chain's step so its standardised coordinates sum >= 0."""
+    for seed in range(5):
+        print(f"seed={seed}")
+        X, _ = FHMMParams.random(3, 3, random_state=seed).sample(400, random_state=seed + 1)
+        std = X.std(axis=0, ddof=1)
+        W = init_params(X, 3, random_state=seed).W
+        assert ((W[:-1] / std).sum(axis=1) >= -1e-12).all()

@@ -8,8 +8,9 @@ import pytest
 from streamfhmm import FHMM, FHMMParams
 from streamfhmm.evaluation import align_params, posterior_mae, recovery_errors
 from streamfhmm.learn.sampler import SubchainSampler
-from streamfhmm.learn.svi import RMSprop, cosine_lr
+from streamfhmm.learn.svi import RMSprop, SVIState, check_restarts, cosine_lr, count_step, fit_svi
 from streamfhmm.learn.smf import init_params
+from streamfhmm.network import RecognitionNet
 
 W2 = np.array([[1.0, -1.0], [1.5, 1.0], [0.0, 0.0]])
 A2 = np.array([[[0.95, 0.05], [0.10, 0.90]], [[0.90, 0.10], [0.05, 0.95]]])
@@ -1318,3 +1319,63 @@ def test_sampler_carries_an_epoch_s_last_blocks_into_the_next_batch():
             r = b.rows[b.offsets[k]:b.offsets[k + 1]]
             counts[r[0 if b.first_is_start[k] else 1:]] += 1
     np.testing.assert_array_equal(counts, 3)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def _svi_setup(seed=0, T=300):
+    """A 2-chain model, T of its samples, their bounds and fresh centred networks."""
+    p = FHMMParams.random(2, 2, random_state=seed)
+    X, _ = p.sample(T, random_state=seed + 1)
+    net = RecognitionNet(2, 2, window=3, n_hidden=4, share="chain", mode="centred")
+    net = net.init(random_state=np.random.default_rng(seed))
+    net.fit_scaler(X)
+    return p, X, np.array([0, T]), net
+
+
+def test_default_restart_steps_is_a_sixth():
+    """Restart_steps defaults to a sixth of max_iter."""
+    print("seed=none")
+    assert check_restarts(2, None, 60, None) == (2, 10)
+    assert check_restarts(3, None, None, None) == (3, 20_000 // 6)
+
+
+def test_cosine_lr_clamps_above_one():
+    """Cosine_lr clamps progress beyond 1 (a time budget overrun) to the final rate."""
+    print("seed=none")
+    assert cosine_lr(1.0, 0.01, 1.5) == pytest.approx(0.01)
+    assert cosine_lr(1.0, 0.01, 2.0) == pytest.approx(0.01)
+
+
+def test_running_average_weights():
+    """The logged ELBO is a running average with weights 0.98 / 0.02."""
+    print("seed=none")
+    s = SVIState(packer=None, model_vec=None, net=None, opt=None)
+    count_step(s, 1.0)
+    assert s.running == 1.0 and s.iteration == 1
+    count_step(s, 0.0)
+    assert s.running == pytest.approx(0.98) and s.iteration == 2
+
+
+def test_time_budget_drives_the_schedule():
+    """Under a time budget the cosine schedule follows the clock (last lr = final lr)."""
+    seed = 0
+    print(f"seed={seed}")
+    p, X, b, net = _svi_setup(seed)
+    s = fit_svi(X, b, p, net, max_iter=10**8, time_budget=0.5, learning_rate=1e-3,
+                final_lr_ratio=0.01, rng=np.random.default_rng(seed), progress=False)
+    assert s.iteration < 10**8
+    assert s.history[-1]["lr"] == pytest.approx(1e-5)
+
+
+def test_callback_model_vec_is_a_snapshot():
+    """The model vector handed to a callback is a snapshot, not a view of the live vector."""
+    seed = 0
+    print(f"seed={seed}")
+    p, X, b, net = _svi_setup(seed)
+    snaps = []
+    fit_svi(X, b, p, net, max_iter=20, log_every=10, rng=np.random.default_rng(seed),
+            progress=False, callback=lambda st: snaps.append((st.model_vec, st.model_vec.copy())))
+    first_ref, first_copy = snaps[0]
+    np.testing.assert_array_equal(first_ref, first_copy)
