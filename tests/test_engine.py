@@ -1482,3 +1482,140 @@ def test_an_engine_opened_during_a_fit_and_closed_after_it_restores_the_blas_lim
         for e in opened:
             e.close()
         outer.restore_original_limits()
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+@pytest.mark.parametrize("posterior", ["recognition", "exact"])
+def test_flush_of_a_sequence_shorter_than_the_lag(posterior):
+    """Flush of a sequence shorter than the lag must emit only positions of
+that sequence (tau0 = max(seq_start, t - lag)); the mutant drops the max and emits
+posteriors for positions before the sequence start (negative t / previous sequence)."""
+    seed = 7
+    print(f"seed={seed}")
+    model = _model(seed=seed)
+    X = _data(model, 40, seed=seed)
+    net = _net(model, "centred", X, seed) if posterior == "recognition" else None
+    with StreamEngine(model, mode="smooth", learn=False, posterior=posterior, net=net) as eng:
+        assert eng.lag == 2
+        assert eng.push(X[0]) == []
+        posts = eng.flush()
+        assert [p.t for p in posts] == [0]
+        # a second sequence of one sample, after a longer one
+        eng.push_many(X[1:20])
+        eng.flush()
+        assert eng.push(X[20]) == []
+        posts = eng.flush()
+        assert [p.t for p in posts] == [20]
+        assert eng.metrics()["emitted"] == 21
+
+
+def test_learning_cannot_be_switched_on_without_a_learner():
+    """An engine built with learn=False must refuse ``learning = True``."""
+    seed = 11
+    print(f"seed={seed}")
+    model = _model(seed=seed)
+    X = _data(model, 30, seed=seed)
+    with StreamEngine(model, learn=False, net=_net(model, "centred", X, seed)) as eng:
+        with pytest.raises(ValueError, match="learn=False"):
+            eng.learning = True
+        assert eng.learning is False
+        assert eng.metrics()["learning"] is False
+        eng.learning = False   # switching off stays allowed
+
+
+def test_resumed_latency_percentiles_cover_only_real_pushes(tmp_path):
+    """A resumed engine starts a fresh latency ring (lat_n reset to 0); keeping
+the checkpoint's push count made metrics() read the fresh ring's zeros as latencies."""
+    seed = 16
+    print(f"seed={seed}")
+    model = _model(seed=seed)
+    X = _data(model, 120, seed=seed)
+    with StreamEngine(model, mode="filter", learn=False, posterior="exact") as eng:
+        for x in X[:100]:
+            eng.push(x)
+        path = eng.checkpoint(tmp_path / "c.npz")
+    back = StreamEngine.resume(path)
+    try:
+        for x in X[100:110]:
+            back.push(x)
+        m = back.metrics()
+        print(m["push_p50_us"], m["push_p99_us"], m["push_max_us"])
+        assert 0 < m["push_p50_us"] <= m["push_p99_us"] <= m["push_max_us"]
+    finally:
+        back.close()
+
+
+def test_versions_do_not_go_back_when_a_learner_is_added_on_resume(tmp_path):
+    """A learner created on resume (the checkpoint had none) continues the
+snapshot versions; the mutant restarted them at 1, so posterior versions went back."""
+    seed = 21
+    print(f"seed={seed}")
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=seed)
+    X = _data(model, 3000, seed=seed)
+    with StreamEngine(model, mode="smooth", learn=True, warmup=500, warmup_steps=50,
+                      snapshot_interval=5, random_state=seed) as eng:
+        eng.push_many(X[:500])
+        a = eng.checkpoint(tmp_path / "a.npz")
+    with StreamEngine.resume(a, learn=False) as mid:
+        V = mid.version
+        b = mid.checkpoint(tmp_path / "b.npz")
+    print("V", V)
+    assert V >= 2
+    with StreamEngine.resume(b, learn=True, snapshot_interval=50, learner_duty=0.05) as back:
+        assert back.version == V
+        # deterministic: the new learner's next snapshot is V + 1
+        assert back._learner.version == V, back._learner.version
+        back.push_many(X[500:1500])
+        t0 = time.perf_counter()
+        while back.version == V and time.perf_counter() - t0 < 20:
+            time.sleep(0.0005)
+        first = back.version
+        print("first published version", first)
+        assert back.learner_error is None
+        assert first > V, first
+
+
+def test_changing_the_returned_net_leaves_the_engine_alone(tmp_path):
+    """``StreamEngine.net`` returns a copy; changing it must not change the
+engine's inference network (whose scaler goes into checkpoints)."""
+    seed = 22
+    print(f"seed={seed}")
+    model = _model(seed=seed)
+    X = _data(model, 60, seed=seed)
+    with StreamEngine(model, learn=False, net=_net(model, "centred", X, seed)) as eng:
+        a = eng.net
+        assert a is not eng.net
+        scale0 = a.scale.copy()
+        a.set_scaler(np.zeros(3), np.full(3, 7.0))
+        np.testing.assert_array_equal(eng.net.scale, scale0)
+        eng.push_many(X[:30])
+        path = eng.checkpoint(tmp_path / "c.npz")
+    with StreamEngine.resume(path) as back:
+        np.testing.assert_array_equal(back.net.scale, scale0)
+
+
+@pytest.mark.parametrize("use_blocks", [False, True])
+def test_pending_subchains_keep_their_samples(use_blocks):
+    """The engine hands the learner a *copy* of each subchain (Learner.feed keeps
+the array as is until its thread drains it). Without the copy the pending segment is a
+view of the ring / the batch scratch buffer, overwritten by later samples."""
+    seed = 23
+    print(f"seed={seed}")
+    model = _model(seed=seed)
+    X = _data(model, 400, seed=seed)
+    net = _net(model, "centred", X, seed)
+    with StreamEngine(model, learn=True, net=net, learner_duty=1e-3) as eng:
+        got = []
+        eng._learner.feed = lambda seg, t: got.append((t, seg))   # kept as handed over
+        if use_blocks:
+            for s in range(0, 400, 50):
+                eng.push_many(X[s:s + 50])
+        else:
+            for x in X:
+                eng.push(x)
+        S = eng._S
+    assert len(got) >= 10
+    for t, seg in got:
+        np.testing.assert_array_equal(seg, X[t - S + 1:t + 1])
