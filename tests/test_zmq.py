@@ -495,6 +495,32 @@ def test_sink_takes_a_str_topic(ctx):
         sink.close(0)
 
 
+def test_a_connecting_source_that_never_connects_says_so(ctx, caplog, monkeypatch):
+    """A mistyped host or port, or a publisher not started, left a connecting source
+    waiting in silence (ZeroMQ retries): after CONNECT_WARN_SECONDS it warns, naming the
+    endpoint; one that connected does not."""
+    import streamfhmm.io.zmq as zmq_io
+    monkeypatch.setattr(zmq_io, "CONNECT_WARN_SECONDS", 0.2)
+    import socket
+    pub, ep = _pub(ctx)                             # (first: it cannot take the port below)
+    with socket.socket() as probe:                  # (a ZeroMQ socket closes in the background)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]               # a port nothing listens on
+    lost = ZmqSource(f"tcp://127.0.0.1:{port}", 1, context=ctx, linger_ms=0)
+    ok = ZmqSource(ep, 1, context=ctx, linger_ms=0)
+    _wait_sub(pub)
+    time.sleep(0.3)
+    with caplog.at_level("WARNING", logger="streamfhmm.io.zmq"):
+        lost.maintain()
+        ok.maintain()
+    warned = [r.getMessage() for r in caplog.records if "has not connected" in r.getMessage()]
+    assert not lost.connected and ok.connected
+    assert len(warned) == 1 and warned[0].startswith(f"input tcp://127.0.0.1:{port} has not connected after")
+    assert not lost.connected and ok.connected
+    lost.close(0)
+    ok.close(0)
+
+
 def test_bind_failure_is_a_clear_error(ctx):
     sink = ZmqSink(ANY, context=ctx, linger_ms=0)
     with pytest.raises(OSError, match="cannot bind " + sink.endpoint):

@@ -69,6 +69,9 @@ _SNDMORE = int(zmq.SNDMORE)
 
 #: default high-water mark, messages per socket and peer
 DEFAULT_HWM = 100_000
+#: seconds after which a connecting ZmqSource that has never connected says so (a
+#: mistyped host or port, a publisher not started: ZeroMQ retries in silence)
+CONNECT_WARN_SECONDS = 10.0
 #: default LINGER: how long closing a socket waits to deliver queued messages
 DEFAULT_LINGER_MS = 2000
 
@@ -304,6 +307,9 @@ class ZmqSource:
         self.reconnects = 0
         self._dropped_at = None
         self._bind = bool(bind)
+        #: whether a connecting source has ever connected (a bound one: always True)
+        self.connected = self._bind
+        self._started_at = time.monotonic()
         self._monitor = self.socket.get_monitor_socket(
             zmq.EVENT_DISCONNECTED if bind else
             zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED
@@ -478,6 +484,12 @@ class ZmqSource:
                 self._dropped_at = time.monotonic()
             else:   # a retry or a connection: libzmq is on it
                 self._dropped_at = None
+                if event == zmq.EVENT_CONNECTED:
+                    self.connected = True
+        if not self.connected and time.monotonic() - self._started_at > CONNECT_WARN_SECONDS:
+            self._log("connect", "input %s has not connected after %.0f s: is the publisher up, "
+                      "and are its host and port right? (ZeroMQ keeps retrying)", self.endpoint,
+                      time.monotonic() - self._started_at)
         self.disconnects += n
         if self._bind:
             self._dropped_at = None
