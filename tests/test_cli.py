@@ -1147,3 +1147,178 @@ def test_cold_serve_compiles_the_learner_in_a_child_on_a_first_run(monkeypatch):
     cli._warm_cold_engine(StreamEngine, args, 2)
     assert calls == ["inference", "cold"]
     assert started[0].returncode == 0      # it ended by itself (killed: -9)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def _two_chain_model(tmp_path) -> str:
+    """A model file of known parameters: 2 chains, 3 features, no networks."""
+    model = str(tmp_path / "m.npz")
+    W = np.vstack([np.eye(2, 3), np.zeros((1, 3))])
+    FHMM.from_params(W=W, covariance=0.1 * np.eye(3),
+                     transmat=np.tile([[0.9, 0.1], [0.2, 0.8]], (2, 1, 1))).save(model)
+    return model
+
+
+def test_window_one_longer_than_the_data_is_refused(tmp_path, capsys, monkeypatch):
+    """`--window` exactly one longer than the data must be refused by
+    the CLI's own check (mutant `args.window > X.shape[0] + 1` lets it through)."""
+    seed = 7
+    print(f"seed={seed}")
+    X = np.random.default_rng(seed).normal(size=(4, 2))
+    csv = tmp_path / "four.csv"
+    csv.write_text("a,b\n" + "".join(f"{r[0]!r},{r[1]!r}\n" for r in X.tolist()))
+    called = []
+    monkeypatch.setattr(FHMM, "fit", lambda self, *a, **k: called.append(1))
+    code = main(["fit", str(csv), "--window", "5", "--chains", "1", "--hidden", "2", "--max-iter", "6",
+                 "--out", str(tmp_path / "m.npz"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "--window 5 is longer than the data (4 samples)" in err
+    assert not called
+
+
+def test_npy_column_equal_to_the_width_is_a_clear_error(tmp_path, capsys):
+    """A .npy `--columns` index equal to the number of columns must be a
+    one-line error naming it (mutant `0 <= i <= X.shape[1]` lets it reach numpy's IndexError)."""
+    from streamfhmm.cli import CliError
+    seed = 11
+    print(f"seed={seed}")
+    p = tmp_path / "x.npy"
+    np.save(p, np.random.default_rng(seed).normal(size=(20, 3)))
+    with pytest.raises(CliError, match=r"has 3 columns; no column 3"):
+        load_data(str(p), ["0", "3"])
+    code = main(["fit", str(p), "--columns", "3", "--out", str(tmp_path / "m.npz"), "--no-progress"])
+    assert code == 1
+    assert "has 3 columns; no column 3" in capsys.readouterr().err
+
+
+def test_predict_smf_refuses_missing_values(tmp_path, capsys):
+    """`predict --method smf` on data with missing values is refused by the
+    CLI with its own message (mutant drops "smf" from the check)."""
+    seed = 5
+    print(f"seed={seed}")
+    model = _two_chain_model(tmp_path)
+    X = np.random.default_rng(seed).normal(size=(10, 3))
+    X[4, 1] = np.nan
+    data = tmp_path / "nan.npy"
+    np.save(data, X)
+    code = main(["predict", str(data), "--model", model, "--method", "smf", "--out", str(tmp_path / "o.csv")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"{data} has missing values; --method smf needs complete rows" in err
+    assert not (tmp_path / "o.csv").exists()
+
+
+def test_ctrl_c_during_a_command_exits_130(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during a command exits 130 with one line (mutant: 1)."""
+    import streamfhmm.cli as cli
+    seed = 3
+    print(f"seed={seed}")
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(seed).normal(size=(10, 2)))
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "load_data", interrupted)
+    code = cli.main(["fit", str(data), "--out", str(tmp_path / "m.npz"), "--no-progress"])
+    assert code == 130
+    assert capsys.readouterr().err.strip() == "streamfhmm fit: interrupted"
+
+
+def test_stdout_reader_gone_exits_0(tmp_path):
+    """A reader of stdout that goes away (`predict ... --out - | head`)
+    ends the command quietly with exit 0 (mutant: 1)."""
+    import streamfhmm
+    seed = 13
+    print(f"seed={seed}")
+    model = _two_chain_model(tmp_path)
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(seed).normal(size=(20000, 3)))
+    root = os.path.dirname(os.path.dirname(streamfhmm.__file__))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r, w = os.pipe()
+    os.close(r)                       # the reader is gone before anything is written
+    try:
+        proc = subprocess.run([sys.executable, "-m", "streamfhmm", "predict", str(data), "--model", model,
+                               "--method", "exact", "--out", "-"], stdout=w, stderr=subprocess.PIPE,
+                              env=env, timeout=120)
+    finally:
+        os.close(w)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"Traceback" not in proc.stderr
+
+
+def test_limit_counts_after_start_row(tmp_path, capsys, monkeypatch):
+    """`replay --start-row S --limit L` sends rows S .. S+L-1 (the limit
+    counts after the skipped rows; mutant applies --limit first)."""
+    import streamfhmm.io.zmq as zmq_io
+    seed = 17
+    print(f"seed={seed}")
+    X = np.random.default_rng(seed).normal(size=(10, 2))
+    data = tmp_path / "x.npy"
+    np.save(data, X)
+    seen = {}
+
+    def replay(Xs, *a, **k):
+        seen["X"] = Xs.copy()
+        return dict(sent=Xs.shape[0], seconds=1.0, rate=float(Xs.shape[0]), last_seq=Xs.shape[0] - 1, dropped=0)
+    monkeypatch.setattr(zmq_io, "replay", replay)
+    code = main(["replay", str(data), "--pub", "tcp://127.0.0.1:*", "--start-row", "2", "--limit", "3"])
+    capsys.readouterr()
+    assert code == 0
+    np.testing.assert_array_equal(seen["X"], X[2:5])
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_uniform_rows_of_another_width_than_the_header(tmp_path, width):
+    """A CSV whose every row has more fields than its header must be
+    refused (line and count), not read through numpy's fast parser with the extra column
+    silently dropped (mutant drops `_loadtxt`'s column-count check)."""
+    from streamfhmm.cli import CliError
+    seed = 19
+    print(f"seed={seed}")
+    X = np.random.default_rng(seed).normal(size=(5, width))
+    p = tmp_path / "x.csv"
+    p.write_text("a,b,c\n" + "".join(",".join(repr(v) for v in r) + "\n" for r in X.tolist()))
+    with pytest.raises(CliError, match=rf"line 2: {width} fields; the header has 3"):
+        load_data(str(p))
+
+
+def test_an_empty_name_in_columns_is_refused(tmp_path, capsys):
+    """`--columns a,,c` (an empty name among others) is refused as a
+    malformed list (mutant `not any(cols)` only refuses when every name is empty)."""
+    seed = 23
+    print(f"seed={seed}")
+    X = np.random.default_rng(seed).normal(size=(10, 3))
+    p = tmp_path / "x.csv"
+    p.write_text("a,b,c\n" + "".join(",".join(repr(v) for v in r) + "\n" for r in X.tolist()))
+    code = main(["fit", str(p), "--columns", "a,,c", "--out", str(tmp_path / "m.npz"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "--columns must be a comma-separated list of column names, got 'a,,c'" in err
+
+
+@pytest.mark.parametrize("extra, expected", [([], 10_000), (["--checkpoint-every", "37"], 37)])
+def test_serve_checkpoint_every_default(tmp_path, capsys, monkeypatch, extra, expected):
+    """`serve --checkpoint DIR` without --checkpoint-every checkpoints each
+    stream every 10000 samples, as its help says (mutant: 100000); and --checkpoint-every N
+    is passed through."""
+    import streamfhmm.cli as cli
+    import streamfhmm.service as service
+    seed = 29
+    print(f"seed={seed}")
+    model = _two_chain_model(tmp_path)
+    seen = {}
+
+    def run(self, time_budget=None, max_samples=None):
+        seen["every"] = self.checkpoint_every
+        return self.metrics()
+    monkeypatch.setattr(cli, "_warm_engine", lambda *a, **k: None)
+    monkeypatch.setattr(service.StreamService, "run", run)
+    code = main(["serve", "--model", model, "--posterior", "exact", "--sub", "tcp://127.0.0.1:*", "--bind",
+                 "--pub", "tcp://127.0.0.1:*", "--checkpoint", str(tmp_path / "ckpt")] + extra)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert seen["every"] == expected

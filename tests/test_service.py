@@ -1482,3 +1482,189 @@ def test_pending_fifo_matches_a_deque():
 def test_batch_wait_is_validated(bad):
     with pytest.raises(ValueError, match="batch_wait"):
         StreamService(None, None, lambda topic: None, batch_wait=bad)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def _five_an_end_and_five_more(h) -> list:
+    """Samples 0-4, an end-of-stream heartbeat, samples 5-9; the 5 posteriors of the first."""
+    for seq in range(5):
+        h.sample(b"s", seq, _values(0, seq))
+    h.send(encode_heartbeat(b"s", 4, 0.0, end=True))
+    got = h.recv(5)
+    for seq in range(5, 10):
+        h.sample(b"s", seq, _values(0, seq))
+    return got
+
+
+def test_a_restart_at_0_flushes_the_lag_with_edge_flags():
+    """A publisher restarting at 0 (a backwards discontinuity) ends the
+    engine's sequence: the samples in the smoothing lag are flushed, flagged FLAG_EDGE,
+    before the new sequence starts (mutant: only a forward gap, `seq0 > last + 1`, flushes)."""
+    seed = 31
+    print(f"seed={seed}")
+    h = Harness(engine=FakeEngine, batch_threshold=4)
+    try:
+        for seq in range(10):
+            h.sample(b"s", seq, _values(0, seq))
+        got = h.recv(8)                       # 8, 9 wait in the lag (2)
+        for seq in range(5):                  # the publisher restarts at 0
+            h.sample(b"s", seq, _values(0, 100 + seq))
+        got += h.recv(2 + 3)
+        m = h.stop()
+        assert [g.seq for g in got] == list(range(10)) + [0, 1, 2]
+        assert [g.flags for g in got[8:10]] == [FLAG_EDGE, FLAG_EDGE]   # the old sequence's end
+        assert [g.flags for g in got[10:]] == [0, 0, 0]
+        assert m["restarts"] == 1
+        assert h.service.streams[b"s"].engine.flushes == 2            # restart, shutdown
+    finally:
+        h.close()
+
+
+def test_restart_at_the_checkpoints_own_number_loses_nothing(tmp_path):
+    """After a resume from a checkpoint whose last sequence number is
+    0, a publisher restarting at 0 is a restart, not "-1 samples lost" (mutant `seq >= c`
+    counts lost_on_resume -1)."""
+    seed = 37
+    print(f"seed={seed}")
+    h = Harness(tmp_path, engine=FakeEngine)
+    try:
+        h.sample(b"s", 0, _values(0, 0))
+        h.send(encode_heartbeat(b"s", 0, 0.0, end=True))
+        h.recv(1)
+        h.stop()                              # checkpoint: last sequence number 0
+        h.start()
+        assert h.service.streams[b"s"].resumed_seq == 0
+        for seq in range(3):                  # the publisher restarted at 0
+            h.sample(b"s", seq, _values(0, seq))
+        h.send(encode_heartbeat(b"s", 2, 0.0, end=True))
+        got = h.recv(3)
+        m = h.stop()
+        assert [g.seq for g in got] == [0, 1, 2]
+        assert m["lost_on_resume"] == 0
+        assert h.service.streams[b"s"].lost_on_resume == 0
+    finally:
+        h.close()
+
+
+def test_a_repeated_end_counts_once():
+    """A repeated end-of-stream heartbeat for a stream already ended
+    is ignored: one end counted, one flush (mutant drops the `st.ended` guard)."""
+    seed = 41
+    print(f"seed={seed}")
+    h = Harness(engine=FakeEngine)
+    try:
+        for seq in range(5):
+            h.sample(b"s", seq, _values(0, seq))
+        for _ in range(3):
+            h.send(encode_heartbeat(b"s", 4, 0.0, end=True))
+        h.recv(5)
+        _wait_for(lambda: h.service.counters["heartbeats_in"] == 3)
+        eng = h.service.streams[b"s"].engine
+        m = h.stop()
+        assert m["ends"] == 1
+        assert eng.flushes == 1                  # (shutdown does not flush an ended stream)
+    finally:
+        h.close()
+
+
+def test_end_then_more_samples_then_end_again():
+    """Samples after an end-of-stream heartbeat open the stream again
+    (`ended` cleared): a second end flushes their lag, and so would the shutdown (mutant
+    leaves `ended` set: the last posteriors are never published)."""
+    seed = 43
+    print(f"seed={seed}")
+    h = Harness(engine=FakeEngine)
+    try:
+        got = _five_an_end_and_five_more(h)
+        h.send(encode_heartbeat(b"s", 9, 0.0, end=True))
+        got += h.recv(5, timeout=5.0)
+        m = h.stop()
+        assert [g.seq for g in got] == list(range(10))
+        assert [g.flags for g in got[8:]] == [FLAG_EDGE, FLAG_EDGE]
+        assert m["ends"] == 2 and m["posteriors"] == 10
+    finally:
+        h.close()
+
+
+def test_shutdown_flushes_samples_that_came_after_an_end():
+    seed = 43
+    print(f"seed={seed}")
+    h = Harness(engine=FakeEngine)
+    try:
+        got = _five_an_end_and_five_more(h)
+        got += h.recv(3)                       # 8, 9 in the lag
+        h.service.request_stop()
+        got += h.recv(2, timeout=5.0)          # the shutdown flushes them
+        h.stop()
+        assert [g.seq for g in got] == list(range(10))
+    finally:
+        h.close()
+
+
+def test_status_line_reports_stale_not_restarts():
+    """The status line's "stale N" is the stale count (mutant prints
+    the restarts count there)."""
+    seed = 47
+    print(f"seed={seed}")
+    h = Harness(engine=FakeEngine)
+    try:
+        for seq in (0, 1, 2, 3, 4, 2, 3):     # two duplicates: stale 2, restarts 0
+            h.sample(b"s", seq, _values(0, seq))
+        h.send(encode_heartbeat(b"s", 4, 0.0, end=True))
+        h.recv(5)
+        _wait_for(lambda: h.service.counters["ends"] == 1)
+        m = h.service.metrics()
+        assert (m["stale"], m["restarts"]) == (2, 0)
+        line = h.service.status_line()
+        assert "stale 2," in line, line
+    finally:
+        h.close()
+
+
+def test_pending_position_equal_to_t_next_is_refused(tmp_path):
+    """A checkpoint record whose last pending position is t_next itself
+    (not before it) is damaged (mutant: `>` lets it through)."""
+    seed = 53
+    print(f"seed={seed}")
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    ok = _record(d, pending=[[6, 6, 1.0]])           # position 6 < t_next 7: fine
+    assert read_stream_record(str(ok))["pending"] == [(6, 6, 1.0)]
+    for f in d.iterdir():
+        f.unlink()
+    bad = _record(d, pending=[[6, 5, 1.0], [7, 6, 2.0]])   # position 7 == t_next 7
+    with pytest.raises(CheckpointError, match="consecutive positions before t_next"):
+        read_stream_record(str(bad))
+
+
+def test_shutdown_drains_what_is_queued():
+    """Shutdown reads the input still queued (within drain_timeout)
+    before flushing and publishing (mutant: the drain deadline is already past)."""
+    seed = 59
+    print(f"seed={seed}")
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(ANY)
+    source = ZmqSource(pub.getsockopt(zmq.LAST_ENDPOINT).decode(), 3, context=ctx, subscribe=False,
+                       linger_ms=0)
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    try:
+        svc = StreamService(source, sink, lambda topic: FakeEngine(), heartbeat_interval=0,
+                            log_interval=0.0, drain_timeout=5.0)
+        source.subscribe()
+        _handshake(pub)
+        for seq in range(20):
+            pub.send_multipart(encode_sample(b"s", seq, float(seq), _values(0, seq)))
+        assert source.socket.poll(5000)         # queued at the service's input, never read
+        time.sleep(0.2)                         # (the rest of them arrive)
+        svc.shutdown()
+        m = svc.metrics()
+        assert m["samples"] >= 1 and m["samples"] == m["posteriors"]
+    finally:
+        source.close(0)
+        sink.close(0)
+        pub.close(0)
+        ctx.term()
