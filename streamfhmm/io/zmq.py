@@ -894,8 +894,8 @@ _STOP_LINGER_MS = 2000
 
 def _check_open(io) -> None:
     """RuntimeError once ``io`` (a ZmqSource or ZmqSink) is closed (its socket's calls
-    raised ZMQError ENOTSOCK or ENOTSUP, and the compiled paths would pass libzmq a
-    freed socket)."""
+    raised pyzmq's ZMQError ENOTSOCK or ENOTSUP; the compiled paths passed libzmq a null
+    socket handle, which it refuses with ENOTSOCK)."""
     if io.socket.closed:
         raise RuntimeError(f"this {type(io).__name__} is closed")
 
