@@ -501,3 +501,103 @@ def test_summary_without_a_measured_throughput():
     res.seconds, res.rate = 2.0, 50.0
     text = _summary(res, ts, np.zeros(100, dtype=bool), 4, 9, 4000.0, 5.0)
     assert "throughput 50 posteriors/s over 2.0 s (replay paced at 4,000/s)" in text
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def _frame_inputs(seed, n):
+    """Minute time stamps, random posteriors of 2 chains and sub-meter readings for _frame."""
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    ts = np.arange(n).astype("datetime64[m]").astype("datetime64[s]")
+    return ts, rng.uniform(size=(n, 2)), rng.uniform(0, 20, size=(n, 3))
+
+
+def test_subsecond_start_taken_at_second_precision():
+    """A start with a fraction of a second is taken at the data's precision (never tested: the
+    last row was 'outside the data')."""
+    ts = np.arange(np.datetime64("2007-01-01T00:00"), np.datetime64("2007-01-03T00:00"),
+                   np.timedelta64(1, "m")).astype("datetime64[s]")
+    assert resolve_start(ts, "2007-01-02T23:59:00.500") == 2879
+    assert resolve_start(ts, "2007-01-01T00:00:30.250000") == 1
+
+
+def test_status_line_buffered_count_is_not_lowered_by_fewer_posteriors():
+    """The warm-up line keeps the service's own buffered count when fewer posteriors have come."""
+    n = 50
+    ts, theta, Y = _frame_inputs(6, n)
+    lines, _ = _frame(3.0, 100, n, -1, ts, theta, Y, Y, 0.0, 0, None, None, slice(0, 0), False, False,
+                      None, 6_250, 10_080)
+    assert "the service buffered 6,250 of 10,080 samples" in lines[0], lines[0]
+
+
+def test_long_warmup_mentions_kernel_compilation_after_20_s():
+    """The note that a first run compiles its kernels appears after 20 s of a warm-up that is
+    not still buffering."""
+    n = 50
+    ts, theta, Y = _frame_inputs(7, n)
+    args = (0, n, -1, ts, theta, Y, Y, 0.0, 0, None, None, slice(0, 0), False, False)
+    assert "compiles its kernels" not in _frame(10.0, *args)[0][0]
+    assert "compiles its kernels" in _frame(30.0, *args)[0][0]
+    assert "compiles its kernels" in _frame(30.0, *args, None, 10_080, 10_080)[0][0]
+    assert "compiles its kernels" not in _frame(30.0, *args, None, 5_000, 10_080)[0][0]
+
+
+def test_calibrating_phase_counts_minutes_up_to_the_last_one():
+    """The calibration phase counts its minutes up to and including the last one received."""
+    n = 80
+    ts, theta, Y = _frame_inputs(8, n)
+    lines, plain = _frame(5.0, 20, n, 19, ts, theta, Y, Y, 10.0, 1, None, 5, slice(10, 60), False, False)
+    assert "calibrating: 10 of 50 minutes" in lines[0], lines[0]
+    lines, _ = _frame(5.0, 60, n, 59, ts, theta, Y, Y, 10.0, 1, None, 5, slice(10, 60), False, False)
+    assert "calibrating: 50 of 50 minutes" in lines[0], lines[0]
+
+
+def test_live_view_moves_back_over_the_whole_block_after_it_shrank():
+    """After the live block shrank, the next draw still moves back over every line drawn."""
+    import io
+    buf = io.StringIO()
+    v = _View(buf, live=True)
+    v.draw(["a", "b", "c"], "p", 0.0)
+    v.draw(["d", "e"], "p", 0.1)      # 3rd line cleared, still on screen
+    n = len(buf.getvalue())
+    v.draw(["f", "g"], "p", 0.2)
+    assert buf.getvalue()[n:].startswith("\x1b[3F"), repr(buf.getvalue()[n:])
+
+
+def test_message_above_live_block_is_not_overwritten_by_next_draw():
+    """A message resets the live block: the next draw does not move up over the message."""
+    import io
+    buf = io.StringIO()
+    v = _View(buf, live=True)
+    v.draw(["a", "b", "c"], "p", 0.0)
+    v.message("hello")
+    v.draw(["d", "e"], "p", 0.1)
+    assert buf.getvalue().endswith("\x1b[3F\x1b[Jhello\n\x1b[2Kd\n\x1b[2Ke\n"), repr(buf.getvalue())
+
+
+def test_summary_counts_evaluation_minutes_without_imputed_rows():
+    """The summary counts the evaluation minutes without the imputed ones."""
+    from streamfhmm.demo import DemoResult, _summary
+    seed = 12
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    ts = np.datetime64("2008-01-01T00:00") + np.arange(100).astype("timedelta64[m]")
+    imputed = np.zeros(100, dtype=bool)
+    imputed[rng.choice(np.arange(40, 100), size=7, replace=False)] = True
+    imputed[:5] = True   # outside the evaluation: not counted
+    metrics = {"nde": np.array([0.5, 0.6, 0.7]), "f1": np.array([0.5, 0.6, 0.7]),
+               "energy_accuracy": np.array(0.4)}
+    res = DemoResult(n_samples=100, n_received=100, seconds=1.0, rate=100.0, calibration=slice(10, 40),
+                     evaluation=slice(40, 100), fhmm=metrics, baseline=metrics)
+    text = _summary(res, ts, imputed, 4, 9, 4000.0, 5.0)
+    assert "(30 minutes); evaluation" in text and "(53 minutes)" in text, text
+
+
+def test_bar_is_clamped_to_its_width():
+    """A bar stays its width for values past 1 (a reading above 20 Wh/min) and NaN."""
+    from streamfhmm.demo import _bar
+    for x in (-1.0, 0.0, 0.5, 1.0, 1.5, 40.0, math.nan):
+        assert len(_bar(x)) == 20, x
+    assert _bar(3.0) == "█" * 20

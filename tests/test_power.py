@@ -923,3 +923,47 @@ def test_low_equal_high_accepted():
     X = np.array([[1.0, -1.0], [3.0, 0.5]])
     out = range_floor_mse(X, [2.0, 0.0], [2.0, 1.0])
     np.testing.assert_allclose(out, [1.0, 0.5], rtol=1e-12)
+
+
+# -- gaps a mutation run found (each test fails on its mutant) --------------------------------
+
+
+def test_nde_scaled_per_column_not_by_the_global_max():
+    """NDE is scaled by each column's own max: a tiny column beside one near the float
+    range must still score its (finite) NDE."""
+    seed = 3
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    Y = rng.uniform(1, 10, size=(20, 2))
+    E = Y + rng.normal(0, 1, size=Y.shape)
+    want = disaggregation_metrics(Y, E)["nde"]
+    c = np.array([1e200, 1e-200])
+    got = disaggregation_metrics(Y * c, E * c, on_threshold=1e-300)["nde"]
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+
+
+def test_submeter_map_refuses_fewer_rows_than_weights():
+    """fit_submeter_map refuses fewer complete calibration rows than weights."""
+    seed = 7
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    theta = rng.uniform(size=(4, 2))          # both_states: 2*2+1 = 5 weights, 4 rows
+    Y = rng.uniform(size=(4, 1))
+    with pytest.raises(ValueError, match=re.escape("too few complete calibration rows (4) for 5 weights")):
+        fit_submeter_map(theta, Y)
+    assert fit_submeter_map(rng.uniform(size=(5, 2)), rng.uniform(size=(5, 1))).shape == (5, 1)
+
+
+def test_period_minutes_rounds_to_nearest_minute():
+    """period_minutes rounds to the nearest minute."""
+    assert period_minutes(0.7 / 1440) == 1
+    assert period_minutes(1439.6 / 1440) == 1440
+    assert period_minutes(0.3 / 1440) == 0
+
+
+def test_theta_only_a_rounding_error_outside_unit_interval_is_clipped():
+    """Only a rounding error outside [0, 1] is clipped from theta; 1e-7 outside is refused."""
+    np.testing.assert_array_equal(submeter_features([[1.0 + 1e-12]], both_states=False), [[1.0, 1.0]])
+    for bad in (1.0 + 1e-7, -1e-7):
+        with pytest.raises(ValueError, match="theta must hold probabilities"):
+            submeter_features([[bad]])
