@@ -392,21 +392,22 @@ def test_live_frame_shows_chains_and_submeters():
     assert "150/200 posteriors" in plain and "12.5 s" in plain
     lines, _ = _frame(1.0, 0, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False)
     assert "warm-up" in lines[0] and "learner steps" not in lines[1]
+    def warm_up_line(elapsed, received, buffered):
+        """The first line during a warm-up of 10,080 samples."""
+        return _frame(elapsed, received, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0),
+                      False, False, None, buffered, 10_080)[0][0]
+
     # the service's status lines tell how much of the warm-up it has buffered
-    lines, _ = _frame(3.0, 0, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False,
-                      None, 6_250, 10_080)
-    assert "the service buffered 6,250 of 10,080 samples" in lines[0], lines[0]
-    lines, _ = _frame(9.0, 0, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False,
-                      None, 10_080, 10_080)
-    assert "10,080 samples buffered; the service initialises the model" in lines[0], lines[0]
+    line = warm_up_line(3.0, 0, 6_250)
+    assert "the service buffered 6,250 of 10,080 samples" in line, line
+    line = warm_up_line(9.0, 0, 10_080)
+    assert "10,080 samples buffered; the service initialises the model" in line, line
     # the warm-up's posteriors count the samples taken: the service's last status line
     # lags (it read 'buffered 9,027 of 10,080' beside 10,076 posteriors received)
-    lines, _ = _frame(68.0, 10_076, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False,
-                      None, 9_027, 10_080)
-    assert "the service buffered 10,076 of 10,080 samples" in lines[0], lines[0]
-    lines, _ = _frame(70.0, 10_080, n, -1, ts, theta, est, Y, 0.0, 0, None, None, slice(0, 0), False, False,
-                      None, 9_027, 10_080)
-    assert "10,080 samples buffered; the service initialises the model" in lines[0], lines[0]
+    line = warm_up_line(68.0, 10_076, 9_027)
+    assert "the service buffered 10,076 of 10,080 samples" in line, line
+    line = warm_up_line(70.0, 10_080, 9_027)
+    assert "10,080 samples buffered; the service initialises the model" in line, line
     assert _SAMPLES.search("streamfhmm serve: 12,345 samples (1,250/s), 0 posteriors").group(1) == "12,345"
 
 

@@ -194,7 +194,7 @@ def test_integer_vector_accepted():
 
 
 def test_repeated_offset_refused():
-    """Batch_objective refuses offsets with an empty subchain (strictly increasing)."""
+    """``batch_objective`` refuses offsets with an empty subchain (strictly increasing)."""
     seed = 0
     print(f"seed={seed}")
     p = FHMMParams.random(2, 3, random_state=seed)

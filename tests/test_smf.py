@@ -628,7 +628,7 @@ def test_infinite_tol_refused():
 
 
 def test_max_sweeps_at_the_limit():
-    """Max_sweeps may be MAX_SWEEPS itself."""
+    """``max_sweeps`` may be MAX_SWEEPS itself."""
     seed = 0
     print(f"seed={seed}")
     p = FHMMParams.random(1, 2, random_state=seed)
@@ -637,13 +637,17 @@ def test_max_sweeps_at_the_limit():
     assert est.converged
 
 
-def test_negative_xi_refused():
-    """Smf_m_step refuses negative expected transition counts."""
-    seed = 0
+def _small_e_step(seed=0):
+    """A 2-chain model, 50 of its samples and their SMF E-step."""
     print(f"seed={seed}")
     p = FHMMParams.random(2, 2, random_state=seed)
     X, _ = p.sample(50, random_state=1)
-    est = smf_e_step(p, X)
+    return p, X, smf_e_step(p, X)
+
+
+def test_negative_xi_refused():
+    """``smf_m_step`` refuses negative expected transition counts."""
+    p, X, est = _small_e_step()
     xi = est.xi.copy()
     xi[0, 0, 1] = -1.0
     with pytest.raises(ValueError, match="xi"):
@@ -652,7 +656,7 @@ def test_negative_xi_refused():
 
 def test_near_constant_feature_gets_the_mean_floor():
     """A feature whose variance is below 1e-24 of the mean variance is floored as a
-constant feature (COVARIANCE_FLOOR times the mean variance), not at its own variance."""
+    constant feature (COVARIANCE_FLOOR times the mean variance), not at its own variance."""
     seed = 0
     print(f"seed={seed}")
     rng = np.random.default_rng(seed)
@@ -664,12 +668,8 @@ constant feature (COVARIANCE_FLOOR times the mean variance), not at its own vari
 
 
 def test_both_refused():
-    """Smf_e_step refuses theta_init together with previous."""
-    seed = 0
-    print(f"seed={seed}")
-    p = FHMMParams.random(2, 2, random_state=seed)
-    X, _ = p.sample(50, random_state=1)
-    est = smf_e_step(p, X)
+    """``smf_e_step`` refuses theta_init together with previous."""
+    p, X, est = _small_e_step()
     with pytest.raises(ValueError, match="cannot both be given"):
         smf_e_step(p, X, theta_init=est.theta, previous=est)
 
@@ -686,7 +686,7 @@ def test_not_converged_after_one_sweep_with_zero_tol():
 
 
 def test_steps_are_oriented():
-    """Init_params orients each chain's step so its standardised coordinates sum >= 0."""
+    """``init_params`` orients each chain's step so its standardised coordinates sum >= 0."""
     for seed in range(5):
         print(f"seed={seed}")
         X, _ = FHMMParams.random(3, 3, random_state=seed).sample(400, random_state=seed + 1)

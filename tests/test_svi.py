@@ -1335,14 +1335,14 @@ def _svi_setup(seed=0, T=300):
 
 
 def test_default_restart_steps_is_a_sixth():
-    """Restart_steps defaults to a sixth of max_iter."""
+    """``restart_steps`` defaults to a sixth of max_iter."""
     print("seed=none")
     assert check_restarts(2, None, 60, None) == (2, 10)
     assert check_restarts(3, None, None, None) == (3, 20_000 // 6)
 
 
 def test_cosine_lr_clamps_above_one():
-    """Cosine_lr clamps progress beyond 1 (a time budget overrun) to the final rate."""
+    """``cosine_lr`` clamps progress beyond 1 (a time budget overrun) to the final rate."""
     print("seed=none")
     assert cosine_lr(1.0, 0.01, 1.5) == pytest.approx(0.01)
     assert cosine_lr(1.0, 0.01, 2.0) == pytest.approx(0.01)
