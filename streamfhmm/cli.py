@@ -256,7 +256,7 @@ def _named(data: str) -> bool:
     return data == "household" or not data.endswith(".npy")
 
 
-def _check_features(model, X, data, names):
+def _check_features(model, X, data, names, command):
     """``X`` (read from ``data``, its columns called ``names``) as the model's features:
     as many, and, when both the file and the model name them, by the same names in the
     same order (a file that names none of the model's features is read by position,
@@ -270,7 +270,7 @@ def _check_features(model, X, data, names):
     if known is None or not _named(data) or names == known:
         return
     if set(names).isdisjoint(known):
-        print(f"warning: {data}'s columns ({', '.join(names)}) are none of the model's features "
+        print(f"streamfhmm {command}: warning: {data}'s columns ({', '.join(names)}) are none of the model's features "
               f"({', '.join(known)}): read in order, as {', '.join(known)}", file=sys.stderr)
         return
     raise CliError(f"{data}'s columns ({', '.join(names)}) are not the model's features "
@@ -579,7 +579,7 @@ def _cmd_score(args) -> int:
                        f"networks'); {args.model} has none")
     _check_exact(model, args.model, "score (the exact log-likelihood)")
     X, names = load_data(args.data, _split_columns(args.columns))
-    _check_features(model, X, args.data, names)
+    _check_features(model, X, args.data, names, args.command)
     if np.isnan(X).any():
         raise CliError(f"{args.data} has missing values; the exact log-likelihood needs complete rows")
     ll = model.score(X)
@@ -625,7 +625,7 @@ def _cmd_predict(args) -> int:
         raise CliError(f"--method recognition needs a model fitted with --method svi; {args.model} has "
                        "no recognition networks (use --method exact or smf)")
     X, names = load_data(args.data, _split_columns(args.columns))
-    _check_features(model, X, args.data, names)
+    _check_features(model, X, args.data, names, args.command)
     if np.isnan(X).any() and (args.method in ("exact", "smf") or (args.method is None and not has_net)):
         raise CliError(f"{args.data} has missing values; --method {args.method or 'exact/smf'} needs "
                        "complete rows (--method recognition, a model fitted with --method svi, takes "
@@ -689,7 +689,7 @@ def _cmd_bench(args) -> int:
     model = _load_model(args.model)
     _check_posterior(model, args.model, args.mode, args.posterior, args.learn)
     X, names = load_data(args.data, _split_columns(args.columns))
-    _check_features(model, X, args.data, names)
+    _check_features(model, X, args.data, names, args.command)
     if args.samples is not None:
         X = X[:args.samples]
     n = X.shape[0]

@@ -235,7 +235,7 @@ def test_columns_are_matched_by_name(files, capsys):
     other = _csv(files["dir"] / "other.csv", "x,y,z", X)
     code, out, err = _run(["score", other, "--model", m], capsys)
     assert code == 0 and float(out.split()[1]) == pytest.approx(ll, rel=1e-12, abs=1e-6)
-    assert err.strip() == (f"warning: {other}'s columns (x, y, z) are none of the model's features "
+    assert err.strip() == (f"streamfhmm score: warning: {other}'s columns (x, y, z) are none of the model's features "
                            "(a, b, c): read in order, as a, b, c")
     code, out, err = _run(["score", files["npy"], "--model", m], capsys)
     assert code == 0 and err == "" and float(out.split()[1]) == pytest.approx(ll, rel=1e-12, abs=1e-6)
