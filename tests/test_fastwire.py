@@ -248,6 +248,7 @@ def test_send_block_sends_what_python_sends(fmt):
     subs = []
     for s in sinks:
         sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVTIMEO, 10_000)       # a lost message fails the test, not hangs it
         sub.connect(s.endpoint)
         sub.subscribe(b"")
         subs.append(sub)

@@ -219,6 +219,7 @@ def test_sink_handshake_and_posterior(ctx):
     assert sink.endpoint.startswith("tcp://127.0.0.1:") and not sink.endpoint.endswith("*")
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVTIMEO, 10_000)          # a lost message fails the test, not hangs it
     sub.connect(sink.endpoint)
     sub.subscribe(b"house")
     assert sink.wait_for_subscribers(1, timeout=5.0, first_frame=b"house/1")
@@ -485,6 +486,7 @@ def test_sink_takes_a_str_topic(ctx):
         sub = ctx.socket(zmq.SUB)
         _OPEN.append(sub)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVTIMEO, 10_000)      # a lost message fails the test, not hangs it
         sub.connect(sink.endpoint)
         sub.subscribe(b"caf\xc3\xa9" if fmt == "binary" else b"")
         assert sink.wait_for_subscribers(1, timeout=5.0)
