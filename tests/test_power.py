@@ -107,8 +107,44 @@ def test_power_split_synthetic():
     np.testing.assert_array_equal(split.test_imputed, data.imputed[2000:])
     with pytest.raises(ValueError, match="n_train"):
         power_split(data, n_train=len(data))
-    with pytest.raises(ValueError, match="imputed"):
-        power_split(data, imputed="drop")
+    with pytest.raises(ValueError, match="imputed must be 'keep', 'nan', 'zero' or 'drop', got 'mean'"):
+        power_split(data, imputed="mean")
+
+
+def test_power_split_reads_filled_rows_as_zero():
+    """``imputed="zero"``: the filled rows read 0 in every column before standardising,
+    the training statistics include them, and the mask still names them."""
+    data = _synthetic_household(3, seed=0)
+    data.imputed[500:520] = True                  # twenty in the training part too
+    split = power_split(data, n_train=2000, imputed="zero")
+    X = data.select(PAPER_COLUMNS)
+    X[data.imputed] = 0.0
+    np.testing.assert_allclose(split.mean, X[:2000].mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(split.std, X[:2000].std(axis=0), rtol=1e-12)
+    assert split.std[2] > 10 * power_split(data, n_train=2000).std[2]     # voltage: 0 V is far out
+    np.testing.assert_allclose(split.unstandardise(split.train[500:520]), 0.0, atol=1e-9)
+    np.testing.assert_allclose(split.unstandardise(split.test[980:990]), 0.0, atol=1e-9)  # rows 2980-2989
+    np.testing.assert_array_equal(split.test_imputed, data.imputed[2000:])
+    np.testing.assert_array_equal(split.train_imputed, data.imputed[:2000])
+
+
+def test_power_split_drops_filled_rows():
+    """``imputed="drop"``: the filled rows are removed and the series closed up;
+    ``n_train`` counts the remaining rows, and no row is marked filled."""
+    data = _synthetic_household(3, seed=0)
+    data.imputed[500:520] = True
+    split = power_split(data, n_train=2000, imputed="drop")
+    kept = ~data.imputed
+    X = data.select(PAPER_COLUMNS)[kept]
+    assert split.train.shape == (2000, 6) and split.test.shape == (3 * 1440 - 30 - 2000, 6)
+    np.testing.assert_allclose(split.mean, X[:2000].mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(split.standardise(X[2000:]), split.test, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(split.train_timestamps, data.timestamps[kept][:2000])
+    np.testing.assert_array_equal(split.test_timestamps, data.timestamps[kept][2000:])
+    assert not split.train_imputed.any() and not split.test_imputed.any()
+    assert len(split.train_imputed) == 2000 and len(split.test_imputed) == len(split.test)
+    with pytest.raises(ValueError, match=r"n_train must be an integer between 2 and 4289 \(the data has 4290 rows without the filled ones\)"):
+        power_split(data, n_train=4290, imputed="drop")
 
 
 @pytest.mark.parametrize("kwargs, message", [
