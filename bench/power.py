@@ -253,6 +253,7 @@ def main(argv=None):
     print(f"loaded {len(data):,} rows in {time.perf_counter() - t0:.1f} s; columns {', '.join(PAPER_COLUMNS)}; "
           f"{split.train.shape[0]:,} train, {split.test.shape[0]:,} test rows")
     record = run_tune(args, split) if args.tune else run_protocol(args, split)
+    record["missing"] = args.missing     # a run under another reading is marked as such
     print(f"\ntotal {time.perf_counter() - t0:,.0f} s")
     if args.json:
         with open(args.json, "w") as fh:

@@ -1,6 +1,7 @@
-"""Household power: the paper's SMF-EM row under three standardisations.
+"""Household power: the paper's SMF-EM row under three standardisations and three
+readings of the missing rows.
 
-    python bench/power_standardise.py                      # full Σ (about a minute)
+    python bench/power_standardise.py                      # full Σ (about two minutes)
     python bench/power_standardise.py --covariance-type spherical
 
 The paper does not say how its six channels were scaled, nor what it did with the

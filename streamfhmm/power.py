@@ -22,6 +22,9 @@ were filled with the row one day earlier (see :mod:`streamfhmm.datasets`).
 :func:`protocol_mse` leaves out of the score (its posteriors read them interpolated).
 A fit refuses rows without any value, so train on a ``"keep"`` split
 (:func:`protocol_table` refuses training rows with a NaN).
+``imputed="zero"`` (the flagged rows read as 0) and ``imputed="drop"`` (removed, the
+series closed up) test hypotheses about setups the paper does not state; they are not
+the protocol (``bench/power_standardise.py``, ``bench/power.py --missing``).
 
 Disaggregation
 --------------
@@ -100,7 +103,8 @@ class PowerSplit:
         The training mean and standard deviation used to standardise.
     train_timestamps, test_timestamps : ndarray of datetime64[s]
     train_imputed, test_imputed : ndarray of bool
-        Rows the data file filled by copying the previous day.
+        Rows the data file filled by copying the previous day (all False after
+        ``power_split(imputed="drop")``, which removed them).
     """
 
     columns: tuple
@@ -152,7 +156,8 @@ def power_split(data=None, columns=PAPER_COLUMNS, n_train: int = N_TRAIN,
         The first ``n_train`` rows train, the rest test (the paper: 10^6).
     imputed : {"keep", "nan", "zero", "drop"}
         What to do with the rows the file filled from the previous day (the original
-        file's missing rows, ``?`` there). ``"keep"``: use the file's values everywhere;
+        file's missing rows, ``?`` there, and about 22 genuine repeats the file's flags
+        cannot tell from them). ``"keep"``: use the file's values everywhere;
         ``"nan"``: mark them missing (NaN) in both parts; ``"zero"``: read them as 0 in
         every column (what coercing ``?`` to a number and filling with zeros gives; the
         training standard deviation of voltage grows from 3.3 V to 15.5 V, which changes
