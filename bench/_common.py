@@ -55,3 +55,22 @@ def _fmt(v) -> str:
             return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
         return f"{v:.3e}"
     return str(v)
+
+
+def wait_for_line(lines, pattern, proc, reader, timeout: float, tail=None) -> str:
+    """Group 1 of the first of ``lines()`` (a process's stderr lines so far, read by the
+    thread ``reader``) that matches ``pattern``, polled every 10 ms for ``timeout`` s while
+    ``proc`` runs or ``reader`` still reads; else RuntimeError with the last 20 lines
+    (``tail()``, default ``lines()``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in lines():
+            m = pattern.search(line)
+            if m:
+                return m.group(1)
+        if proc.poll() is not None and not reader.is_alive():
+            break
+        time.sleep(0.01)
+    text = "\n".join((tail or lines)()[-20:])
+    raise RuntimeError(f"no line matching {pattern.pattern!r} from pid {proc.pid} "
+                       f"(exit status {proc.poll()}): {text}")

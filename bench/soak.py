@@ -82,7 +82,7 @@ import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 sys.path.append(_HERE)
-from _common import header, table  # noqa: E402
+from _common import header, table, wait_for_line  # noqa: E402
 from stream import D, HIDDEN, WINDOW, make_model  # noqa: E402
 
 import _wireclient  # noqa: E402
@@ -225,17 +225,9 @@ class StderrTail(threading.Thread):
                 self.status = (int(m.group(1).replace(",", "")), int(m.group(2)))
 
     def wait_for(self, pattern, proc, timeout=300.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.first):
-                m = pattern.search(line)
-                if m:
-                    return m.group(1)
-            if proc.poll() is not None and not self.is_alive():
-                break
-            time.sleep(0.01)
-        raise RuntimeError(f"no line matching {pattern.pattern!r} from pid {proc.pid} "
-                           f"(exit status {proc.poll()}): " + "\n".join(self.last))
+        """Group 1 of the first of the service's first lines matching ``pattern``."""
+        return wait_for_line(lambda: list(self.first), pattern, proc, self, timeout,
+                             tail=lambda: list(self.last))
 
 
 class Receiver(threading.Thread):

@@ -53,7 +53,7 @@ import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
 sys.path.append(_HERE)
-from _common import header, table  # noqa: E402
+from _common import header, table, wait_for_line  # noqa: E402
 
 import _wireclient  # noqa: E402
 from streamfhmm import FHMM  # noqa: E402
@@ -312,18 +312,7 @@ class StderrLines(threading.Thread):
     def wait_for(self, pattern, proc, timeout=120.0):
         """Group 1 of the first line matching ``pattern`` (within ``timeout`` s, while
         ``proc`` runs)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for _, line in list(self.lines):
-                m = pattern.search(line)
-                if m:
-                    return m.group(1)
-            if proc.poll() is not None and not self.is_alive():
-                break
-            time.sleep(0.01)
-        text = "\n".join(ln for _, ln in self.lines[-20:])
-        raise RuntimeError(f"no line matching {pattern.pattern!r} from pid {proc.pid} "
-                           f"(exit status {proc.poll()}): {text}")
+        return wait_for_line(lambda: [ln for _, ln in list(self.lines)], pattern, proc, self, timeout)
 
     def _points(self):
         return [(t, int(m.group(1))) for t, ln in self.lines if (m := _STEPS.search(ln))]
