@@ -768,6 +768,8 @@ def _cmd_serve(args) -> int:
 
 
 #: serve's options of the model --cold learns, and their defaults (None in the parser)
+#: messages serve reads per wake-up (StreamService's batch_size)
+_SERVE_BATCH = 256
 _SERVE_COLD_OPTIONS = {"chains": 4, "window": 5, "hidden": 30, "share": "chain", "seed": None}
 
 
@@ -862,7 +864,9 @@ def _serve(args, state) -> int:
         # (not subscribed before the service runs: nothing is read while the kernels warm up)
         source = ZmqSource(args.sub, n_features, topics=args.topics, bind=sub_bind, hwm=args.hwm,
                            linger_ms=args.linger, subscribe=False, curve=curve, context=ctx,
-                           max_streams=args.max_streams, resync_after=args.resync_after)
+                           # (room for one read's new topics: the service gives up those
+                           # it does not serve, and those it retires)
+                           max_streams=args.max_streams + _SERVE_BATCH, resync_after=args.resync_after)
     except BaseException:
         sink.close(0)
         ctx.term()
@@ -883,6 +887,7 @@ def _serve(args, state) -> int:
                                     heartbeat_interval=args.heartbeat, status_interval=args.status_interval,
                                     status=lambda line: print(line, file=sys.stderr, flush=True),
                                     max_streams=args.max_streams, wait_subscribers=args.wait_subscribers,
+                                    batch_size=_SERVE_BATCH, retire_idle=args.retire_idle,
                                     batch_wait=min(args.batch_wait * 1e-6, 1.0), lane=not args.no_lane)
         except CheckpointError as exc:
             raise CliError(str(exc)) from None
@@ -1433,8 +1438,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="status line on stderr every this many seconds (default 10; 0: none)")
     sv.add_argument("--wait-subscribers", type=_nonneg_int, default=0, metavar="N",
                     help="subscribe to the input only once N consumers subscribed to the output")
-    sv.add_argument("--max-streams", type=_positive_int, default=1024, help="most topics served (default 1024): a topic keeps its place once seen, an "
-                         "ended one too, and the streams resumed from --checkpoint are all served")
+    sv.add_argument("--max-streams", type=_positive_int, default=1024,
+                    help="most streams held at once (default 1024): a new topic takes the place of "
+                         "a stream that ended (or, with --retire-idle, of one idle that long), "
+                         "which is checkpointed (with --checkpoint) and resumes if its topic "
+                         "comes back; with no such stream the new topic is skipped and counted")
+    sv.add_argument("--retire-idle", type=_nonneg_float, default=None, metavar="SECONDS",
+                    help="let a new topic also take the place of a stream without a sample for "
+                         "this long, when --max-streams are held (default: only ended streams)")
     sv.add_argument("--resync-after", type=_nonneg_int, default=64, metavar="N",
                     help="a stream whose publisher restarted at a sequence number other than 0 "
                          "is followed again after N numbers in order behind the last one (the "

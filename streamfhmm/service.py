@@ -19,6 +19,10 @@ per stream topic into a ``zmq.Poller`` loop:
 * malformed messages, sequence gaps, stale sequence numbers, samples the engine
   refuses and topics past ``max_streams`` are counted and skipped — input never stops
   the loop;
+* a new topic that finds ``max_streams`` streams takes the place of a stream the
+  service retires (checkpointed and closed): one that ended, or (``retire_idle``) one
+  idle long enough; a retired topic that comes back resumes from its checkpoint, so a
+  service whose topics come and go runs for ever in bounded memory;
 * idle streams (and the idle service) send one-way heartbeats;
 * with a checkpoint directory, each stream is checkpointed every
   ``checkpoint_every`` samples and at shutdown, and a new service resumes every
@@ -248,7 +252,7 @@ class _Pending:
 class _Stream:
     __slots__ = ("topic", "name", "engine", "pending", "t_next", "last_seq", "last_out",
                  "since_checkpoint", "generation", "resumed_seq", "samples", "posteriors",
-                 "lost_on_resume", "ended", "lane")
+                 "lost_on_resume", "ended", "lane", "last_in", "steps0")
 
     def __init__(self, topic: bytes, engine):
         self.topic = topic
@@ -266,6 +270,8 @@ class _Stream:
         self.lost_on_resume = 0
         self.ended = False
         self.lane = None            # the serving lane's output arrays, made at its first use
+        self.last_in = time.monotonic()   # when its last sample was taken (or it was made)
+        self.steps0 = 0             # learner steps its engine held when the service took it
 
 
 def _engine_steps(engine) -> int:
@@ -404,7 +410,9 @@ def read_stream_record(path: str) -> dict:
     dict
         ``topic`` (bytes), ``seq``, ``t_next``, ``pending`` (list of (t, seq, ts)),
         ``pending_text`` (the JSON number text of each pending ``ts``, bytes),
-        ``generation``, ``file`` (the engine checkpoint's full path), ``time``.
+        ``generation``, ``file`` (the engine checkpoint's full path), ``time``,
+        ``retired`` (True when the stream was retired to make room for another: such a
+        record is resumed when its topic comes back, not when the service starts).
 
     Raises
     ------
@@ -431,6 +439,9 @@ def read_stream_record(path: str) -> dict:
         texts = [p[2] for p in json.loads(raw, parse_float=str, parse_int=str)["pending"]] if pending else []
         fname = str(rec["file"])
         when = float(rec["time"])
+        retired = rec.get("retired", False)   # (absent from records written before it)
+        if type(retired) is not bool:
+            raise TypeError(f"'retired' must be true or false, got {retired!r}")
         check_topic(topic)  # the service publishes under it
     except (KeyError, TypeError, ValueError, OverflowError) as exc:  # WireError is a ValueError
         raise CheckpointError(f"{path} is a damaged stream checkpoint record: {exc!r}") from None
@@ -454,7 +465,7 @@ def read_stream_record(path: str) -> dict:
     texts = [txt.encode() if type(txt) is str and len(txt) <= TS_TEXT_BYTES and _JSON_NUMBER(txt.encode())
              else ts_text(p[2]) for p, txt in zip(pending, texts)]
     return {"topic": topic, "seq": seq, "t_next": t_next, "pending": pending, "pending_text": texts,
-            "generation": gen, "file": full, "time": when}
+            "generation": gen, "file": full, "time": when, "retired": retired}
 
 
 class StreamService:
@@ -489,7 +500,19 @@ class StreamService:
     status : callable, optional
         ``status(line: str)`` receives the status lines (default: the logger at INFO).
     max_streams : int
-        Topics beyond this many are counted (``streams_full``) and skipped.
+        Most streams held at once. A new topic that finds the table full takes the place
+        of a stream the service retires: the ended one (its publisher sent the end
+        heartbeat) that has gone longest without a sample, else, with ``retire_idle``, the
+        stream without a sample for longest if that is at least ``retire_idle`` seconds
+        (its smoothing lag is published first, as at an end). A retired stream is
+        checkpointed (with a checkpoint directory) and its engine closed; when its topic
+        comes back it resumes from that checkpoint (without a directory: a new engine
+        from ``engine_factory``). When no stream can be retired, the new topic's samples
+        are counted (``streams_full``) and skipped. Counted in ``retired``.
+    retire_idle : float, optional
+        Seconds without a sample after which a stream that never ended may be retired
+        to make room (None: only ended streams are). A stream is never retired while
+        the table has room.
     wait_subscribers : int
         Subscribe to the input only once this many consumers subscribed to the output.
     batch_size : int
@@ -524,7 +547,7 @@ class StreamService:
                  heartbeat_interval: float = 1.0, status_interval: float = 0.0, status=None,
                  max_streams: int = 1024, wait_subscribers: int = 0, batch_size: int = 256,
                  batch_threshold: int = 4, log_interval: float = 10.0, batch_wait: float = 250e-6,
-                 lane: bool = True, drain_timeout: float = 5.0):
+                 lane: bool = True, drain_timeout: float = 5.0, retire_idle: float | None = None):
         if checkpoint_every is not None:
             _check_count("checkpoint_every", checkpoint_every, 1, "samples")
         if checkpoint_every is not None and checkpoint_dir is None:
@@ -535,6 +558,8 @@ class StreamService:
         for name, value in (("heartbeat_interval", heartbeat_interval), ("status_interval", status_interval),
                             ("log_interval", log_interval), ("drain_timeout", drain_timeout)):
             _check_seconds(name, value)
+        if retire_idle is not None:
+            _check_seconds("retire_idle", retire_idle)
         self.source = source
         self.sink = sink
         self.engine_factory = engine_factory
@@ -552,6 +577,7 @@ class StreamService:
             raise ValueError(f"batch_wait must be in [0, 1] seconds, got {batch_wait}")
         self.batch_wait = float(batch_wait)
         self.drain_timeout = float(drain_timeout)
+        self.retire_idle = None if retire_idle is None else float(retire_idle)
         self._block = None  # whether the engines have push_many (known at the first stream)
         self._lane = bool(lane) and source.fast and sink.fast
         self._lane_status = np.zeros(len(LANE_STATUS), np.int64)
@@ -561,15 +587,17 @@ class StreamService:
         self.streams: dict[bytes, _Stream] = {}
         self.counters = {"samples": 0, "posteriors": 0, "engine_rejected": 0, "streams_full": 0,
                          "heartbeats_in": 0, "heartbeats_out": 0, "checkpoints": 0,
-                         "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0, "unmatched": 0}
+                         "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0, "unmatched": 0,
+                         "retired": 0}
         #: streams whose checkpoint at shutdown failed (a restart resumes them from an
         #: older one): ``streamfhmm serve`` then exits 1
         self.final_checkpoint_failures: list[str] = []
         self.started = time.monotonic()
         self._last_status = (self.started, 0, 0)   # time, samples, learner steps of this run
-        # learner steps the engines held when this service took them (resumed checkpoints):
-        # not counted in this run's rate
+        # learner steps the engines resumed at the start held (not counted in this run's
+        # rate), and the steps this run's retired engines took
         self._steps_inherited = 0
+        self._steps_retired = 0
         self._last_any_out = self.started
         self._closed = False
         if self.checkpoint_dir is not None:
@@ -595,23 +623,30 @@ class StreamService:
         if names and self.resume_engine is None:
             raise ValueError(f"{self.checkpoint_dir} holds stream checkpoints but no resume_engine "
                              "was given")
+        kept = set()   # the engine files of retired streams' records (resumed when they return)
         try:
             for name in names:
-                self._resume_one(name)
+                rec = read_stream_record(os.path.join(self.checkpoint_dir, name))
+                if rec["retired"]:
+                    kept.add(os.path.basename(rec["file"]))
+                else:
+                    self._resume_one(rec)
         except BaseException:
             for st in self.streams.values():
                 st.engine.close()
             self.streams.clear()
             raise
-        self._remove_leftovers(listing)
+        self._remove_leftovers(listing, kept)
 
-    def _remove_leftovers(self, listing):
+    def _remove_leftovers(self, listing, kept=()):
         """Remove what a crash in the middle of a checkpoint leaves in the directory: engine
         files no record names (a new generation whose record was not yet written, an old
         one not yet removed, a first one without a record) and temporary files of atomic
         writes older than an hour. Only files of the service's own name patterns, among
-        ``listing`` (the directory's names)."""
+        ``listing`` (the directory's names); ``kept`` names the engine files of the
+        retired streams' records."""
         named = {_engine_file(_stream_stem(st.topic), st.generation) for st in self.streams.values()}
+        named.update(kept)
         now = time.time()
         for name in listing:
             path = os.path.join(self.checkpoint_dir, name)
@@ -623,8 +658,10 @@ class StreamService:
             except OSError as exc:   # (gone already, or not ours to remove)
                 logger.warning("could not remove the leftover %s: %s", path, exc)
 
-    def _resume_one(self, name: str):
-        rec = read_stream_record(os.path.join(self.checkpoint_dir, name))
+    def _resume_one(self, rec: dict, returning: bool = False) -> _Stream:
+        """Resume the stream of record ``rec`` (:func:`read_stream_record`): at the start,
+        or (``returning``) when the topic of a retired stream comes back, whose sequence
+        numbers the source has followed meanwhile."""
         try:
             engine = self.resume_engine(rec["file"])
         except Exception as exc:   # (whatever a damaged file makes a resume raise)
@@ -649,12 +686,15 @@ class StreamService:
             st.pending.append_text(t, seq, text)   # (the text the samples arrived with)
         st.generation = rec["generation"]
         st.resumed_seq = rec["seq"]
-        self._add_stream(st)
-        self.source.set_last_seq(st.topic, rec["seq"])
+        st.ended = rec["retired"]   # (a retired stream was flushed: nothing to end again)
+        self._add_stream(st, inherited=not returning)
+        if not returning:
+            self.source.set_last_seq(st.topic, rec["seq"])
         age = time.time() - rec["time"]
         logger.warning("stream %r resumed from checkpoint %s: last sequence number %d, "
                        "stream position %d, written %.1f s ago", st.name,
                        os.path.basename(rec["file"]), rec["seq"], rec["t_next"], age)
+        return st
 
     def checkpoint(self, stream: _Stream | None = None):
         """Checkpoint one stream (or every stream) now."""
@@ -663,11 +703,12 @@ class StreamService:
         for st in ([stream] if stream is not None else list(self.streams.values())):
             self._checkpoint(st)
 
-    def _checkpoint(self, st: _Stream, final: bool = False) -> bool:
+    def _checkpoint(self, st: _Stream, final: bool = False, retired: bool = False) -> bool:
         """Checkpoint one stream (engine file, then its record); whether it was written.
 
         A failure is counted and logged (rate-limited); one at shutdown (``final``) is
-        always logged and its stream named in :attr:`final_checkpoint_failures`."""
+        always logged and its stream named in :attr:`final_checkpoint_failures`.
+        ``retired`` marks the record of a stream being retired (:meth:`_retire`)."""
         stem = os.path.join(self.checkpoint_dir, _stream_stem(st.topic))
         gen = st.generation + 1
         path = _engine_file(stem, gen)
@@ -680,6 +721,8 @@ class StreamService:
             rec = {"format": _RECORD_TAG, "version": _RECORD_VERSION, "topic": st.topic.hex(),
                    "seq": st.last_seq, "t_next": st.t_next, "generation": gen,
                    "file": os.path.basename(path), "time": time.time()}
+            if retired:
+                rec["retired"] = True
             # the time stamps as the number texts they arrived as (json.dumps would write
             # repr of their floats): a resumed stream publishes them as it received them
             text = json.dumps(rec)[:-1] + ', "pending": ' + st.pending.json_text() + "}"
@@ -952,6 +995,7 @@ class StreamService:
         st.last_seq = last_seq
         st.samples += n
         st.ended = False
+        st.last_in = time.monotonic()
         self.counters["samples"] += n
 
     def _maybe_checkpoint(self, st: _Stream, n: int):
@@ -967,37 +1011,98 @@ class StreamService:
             lost = seq - c - 1
             st.lost_on_resume = lost
             self.counters["lost_on_resume"] += lost
-            logger.warning("stream %r: first sample after the restart has sequence number %d; "
+            logger.warning("stream %r: first sample after the resume has sequence number %d; "
                            "the checkpoint ended at %d: %d sample(s) lost since the checkpoint",
                            st.name, seq, c, lost)
         else:
-            logger.warning("stream %r: first sample after the restart has sequence number %d, "
+            logger.warning("stream %r: first sample after the resume has sequence number %d, "
                            "not after the checkpoint's %d: the publisher restarted", st.name, seq, c)
 
     def _new_stream(self, topic: bytes, n: int = 1):
-        """The stream of a new topic, or None (its ``n`` samples counted and skipped)."""
-        if len(self.streams) >= self.max_streams:
+        """The stream of a topic not in the table (new, or retired and come back), or None
+        (its ``n`` samples counted and skipped)."""
+        if len(self.streams) >= self.max_streams and not self._make_room():
             self.counters["streams_full"] += n
+            self._forget(topic)   # (the source's table holds only the topics served)
             self._log("streams_full", "skipped %d sample(s) of a new topic %r: already %d streams "
-                      "(max_streams)", n, topic_name(topic), len(self.streams))
+                      "(max_streams), none ended%s", n, topic_name(topic), len(self.streams),
+                      "" if self.retire_idle is None else f" or idle for {self.retire_idle:g} s")
             return None
+        record = None if self.checkpoint_dir is None else \
+            os.path.join(self.checkpoint_dir, _stream_stem(topic) + ".json")
+        if record is not None and os.path.exists(record):   # a retired stream come back
+            try:
+                return self._resume_one(read_stream_record(record), returning=True)
+            except CheckpointError as exc:
+                self.counters["engine_rejected"] += n
+                self._log("resume", "cannot resume the retired stream of topic %r: %s",
+                          topic_name(topic), exc)
+                self._forget(topic)
+                return None
         try:
             engine = self.engine_factory(topic)
         except (OSError, ValueError) as exc:
             self.counters["engine_rejected"] += n
             self._log("engine_factory", "cannot start an engine for topic %r: %s", topic_name(topic), exc)
+            self._forget(topic)
             return None
         st = _Stream(topic, engine)
         self._add_stream(st)
         logger.info("new stream %r", st.name)
         return st
 
-    def _add_stream(self, st: _Stream):
+    def _make_room(self) -> bool:
+        """Retire one stream (:meth:`_retire`): the ended one longest without a sample,
+        else, with ``retire_idle``, the stream longest without one if that is at least
+        ``retire_idle`` seconds. Whether one was retired."""
+        ended = [st for st in self.streams.values() if st.ended]
+        if ended:
+            return self._retire(min(ended, key=lambda st: st.last_in))
+        if self.retire_idle is not None and self.streams:
+            st = min(self.streams.values(), key=lambda st: st.last_in)
+            if time.monotonic() - st.last_in >= self.retire_idle:
+                return self._retire(st)
+        return False
+
+    def _retire(self, st: _Stream) -> bool:
+        """Take ``st`` out of the table to make room: publish its smoothing lag (unless it
+        ended, or a checkpoint keeps its warm-up), checkpoint it as retired (with a
+        checkpoint directory; if that fails the stream stays), close its engine. Whether
+        it was retired."""
+        keep = self.checkpoint_dir is not None and _warming_up(st.engine)
+        if not st.ended and not keep:
+            self._flush(st)
+            st.ended = True
+        if self.checkpoint_dir is not None and not self._checkpoint(st, retired=True):
+            return False
+        self._steps_retired += _engine_steps(st.engine) - st.steps0
+        del self.streams[st.topic]
+        self._forget(st.topic)
+        try:
+            st.engine.close()
+        except Exception as exc:  # noqa: BLE001 - a failed close must not stop the service
+            logger.warning("closing the engine of stream %r failed: %s", st.name, exc)
+        self.counters["retired"] += 1
+        logger.info("retired stream %r to make room (%d samples; %s)", st.name, st.samples,
+                    "checkpointed: it resumes if its topic comes back" if self.checkpoint_dir
+                    else "no checkpoint directory: its topic coming back starts a new engine")
+        return True
+
+    def _forget(self, topic: bytes):
+        """The source gives up the bookkeeping of a topic not served (when it can)."""
+        forget = getattr(self.source, "forget", None)
+        if forget is not None:
+            forget(topic)
+
+    def _add_stream(self, st: _Stream, inherited: bool = True):
         """Register a new or resumed stream: its engine decides the block path (the
-        first engine's ``push_many``), and the learner steps it already holds (a resumed
-        checkpoint's) are not this run's."""
+        first engine's ``push_many``), and the learner steps it already holds (a
+        checkpoint's) are not this run's; those of a checkpoint resumed at the start
+        (``inherited``) are in the total of :meth:`_learner_steps`."""
         self.streams[st.topic] = st
-        self._steps_inherited += _engine_steps(st.engine)
+        st.steps0 = _engine_steps(st.engine)
+        if inherited:
+            self._steps_inherited += st.steps0
         if self._block is None:
             self._block = callable(getattr(st.engine, "push_many", None))
 
@@ -1077,8 +1182,10 @@ class StreamService:
                                  self._learner_steps() - self._steps_inherited)
 
     def _learner_steps(self) -> int:
-        """Learner steps of every engine so far (those of resumed checkpoints included)."""
-        return sum(_engine_steps(st.engine) for st in list(self.streams.values()))
+        """Learner steps of every engine so far: this run's (retired streams' included)
+        and those the checkpoints resumed at the start held."""
+        return (sum(_engine_steps(st.engine) - st.steps0 for st in list(self.streams.values()))
+                + self._steps_retired + self._steps_inherited)
 
     def status_line(self, now: float | None = None, prefix: str = "streamfhmm serve:") -> str:
         """One line: samples and rate, streams, gaps, malformed messages, input
@@ -1149,7 +1256,8 @@ class StreamService:
         ``input_disconnects`` (input connections that ended: a publisher leaving, or
         libzmq dropping one for a frame past the size bound), ``input_reconnects`` (the
         service's own reconnections after such a drop),
-        ``engine_rejected``, ``streams_full``, ``heartbeats_in``, ``heartbeats_out``,
+        ``engine_rejected``, ``streams_full``, ``retired`` (streams retired to make room for
+        a new topic), ``heartbeats_in``, ``heartbeats_out``,
         ``checkpoints``, ``checkpoint_failures``, ``lost_on_resume``, ``ends``,
         ``unmatched`` (posteriors of positions with no pending sample, not published),
         ``published``, ``subscribers``, ``uptime``; ``engines`` maps a topic (str) to
@@ -1227,6 +1335,7 @@ def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0
         "engine_rejected": "samples the engine refused",
         "unmatched": "posteriors of positions with no pending sample (not published)",
         "streams_full": "messages (samples and heartbeats) of new topics skipped past max_streams",
+        "retired": "streams retired (checkpointed and closed) to make room for a new topic",
         "heartbeats_in": "input heartbeats received",
         "heartbeats_out": "heartbeats published",
         "checkpoints": "stream checkpoints written",

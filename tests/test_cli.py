@@ -455,6 +455,8 @@ def _errors(tmp_path, files):
          "argument --pub: expected tcp://HOST:PORT, got 'tcp://127.0.0.1'"),
         (["serve", "--cold", "--features", "2", "--warmup", "1"], 2, "argument --warmup: expected an integer >= 2, got 1"),
         (["serve", "--cold", "--features", "2", "--seed", "-1"], 2, "argument --seed: expected an integer >= 0, got -1"),
+        (["serve", "--model", m, "--retire-idle", "-1"], 2,
+         "argument --retire-idle: expected a finite number >= 0, got -1"),
         (["fit", csv, "--out", "x", "--seed", "-1"], 2, "argument --seed: expected an integer >= 0, got -1"),
         # file and data errors: status 1
         (["fit", str(t / "nope.csv"), "--out", "x"], 1, "streamfhmm fit: error: " + str(t / "nope.csv") + ": no such file"),

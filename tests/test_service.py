@@ -623,6 +623,114 @@ def test_max_streams(harness):
     assert m["streams"] == 2 and m["streams_full"] == 2
 
 
+def _posts(got, topic):
+    return [(g.seq, g.t) for g in got if g.topic == topic]
+
+
+def test_a_new_topic_takes_the_place_of_an_ended_stream_which_resumes_when_it_comes_back(
+        tmp_path, harness):
+    """With max_streams held, a new topic took nothing (every later topic was skipped for
+    the service's life): now an ended stream is checkpointed as retired and closed, and
+    resumes from that checkpoint when its topic comes back. A stream that has not ended
+    keeps its place."""
+    h = harness(tmp_path, max_streams=2)
+    for seq in range(5):
+        h.sample(b"a", seq, _values(0, seq))
+    h.send(encode_heartbeat(b"a", 4, 0.0, end=True))
+    for seq in range(3):
+        h.sample(b"b", seq, _values(1, seq))
+    for seq in range(3):
+        h.sample(b"c", seq, _values(2, seq))       # a retired
+    _wait_for(lambda: h.service.counters["retired"] == 1)
+    rec = read_stream_record(str(tmp_path / "ckpt" / "stream-61.json"))
+    assert rec["retired"] and (rec["seq"], rec["t_next"], rec["pending"]) == (4, 5, [])
+    assert sorted(h.service.streams) == [b"b", b"c"]
+    for seq in range(5, 8):
+        h.sample(b"a", seq, _values(0, seq))       # no room: b and c have not ended
+    h.send(encode_heartbeat(b"b", 2, 0.0, end=True))
+    for seq in range(8, 11):
+        h.sample(b"a", seq, _values(0, seq))       # b retired; a resumes at t = 5
+    h.send(encode_heartbeat(b"a", 10, 0.0, end=True))
+    got = h.recv(5 + 3 + 1 + 3)
+    m = h.stop()
+    got += h.recv(2)                               # c's lag, flushed by the stop
+    assert _posts(got, b"a") == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (8, 5), (9, 6), (10, 7)]
+    assert _posts(got, b"b") == [(0, 0), (1, 1), (2, 2)]
+    assert _posts(got, b"c") == [(0, 0), (1, 1), (2, 2)]
+    assert (m["retired"], m["streams_full"], m["lost_on_resume"], m["streams"]) == (2, 3, 3, 2)
+    assert m["gap_samples"] == 0     # (the source gave up a retired topic's numbers)
+    recs = {t: read_stream_record(str(tmp_path / "ckpt" / f"stream-{t}.json"))
+            for t in ("61", "62", "63")}
+    assert [recs[t]["retired"] for t in ("61", "62", "63")] == [False, True, False]
+    assert recs["61"]["t_next"] == 8 and recs["62"]["t_next"] == 3
+
+
+def test_a_retired_stream_is_resumed_when_its_topic_comes_back_not_at_the_start(tmp_path, harness):
+    """A restart resumes the streams served at the stop, keeps a retired stream's files
+    (not taken for leftovers of an interrupted checkpoint) and resumes it when it returns."""
+    h = harness(tmp_path, max_streams=1)
+    for seq in range(3):
+        h.sample(b"a", seq, _values(0, seq))
+    h.send(encode_heartbeat(b"a", 2, 0.0, end=True))
+    for seq in range(2):
+        h.sample(b"b", seq, _values(1, seq))       # a retired
+    got = h.recv(3)
+    h.stop()
+    got += h.recv(2)
+    d = tmp_path / "ckpt"
+    files = sorted(os.listdir(d))
+    assert len(files) == 4 and read_stream_record(str(d / "stream-61.json"))["retired"]
+    h.start()
+    assert sorted(h.service.streams) == [b"b"] and sorted(os.listdir(d)) == files
+    h.send(encode_heartbeat(b"b", 1, 0.0, end=True))
+    for seq in range(3, 5):
+        h.sample(b"a", seq, _values(0, seq))       # b retired, a resumed at t = 3
+    h.send(encode_heartbeat(b"a", 4, 0.0, end=True))
+    got += h.recv(2)
+    m = h.stop()
+    assert _posts(got, b"a") == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)]
+    assert _posts(got, b"b") == [(0, 0), (1, 1)]
+    assert (m["retired"], m["streams_full"], m["lost_on_resume"]) == (1, 0, 0)
+
+
+def test_without_a_checkpoint_directory_a_retired_topic_starts_a_new_engine(harness):
+    h = harness(max_streams=1)
+    for topic, seqs in ((b"a", range(3)), (b"b", range(3)), (b"a", range(3, 6))):
+        for seq in seqs:
+            h.sample(topic, seq, _values(0, seq))
+        h.send(encode_heartbeat(topic, seqs[-1], 0.0, end=True))
+    got = h.recv(9)
+    m = h.stop()
+    assert _posts(got, b"a") == [(0, 0), (1, 1), (2, 2), (3, 0), (4, 1), (5, 2)]
+    assert (m["retired"], m["streams_full"], m["gap_samples"]) == (2, 0, 0)
+
+
+@pytest.mark.parametrize("retire_idle", [None, 0.0, 3600.0])
+def test_retire_idle_lets_a_new_topic_take_the_place_of_an_idle_stream(harness, retire_idle):
+    """A publisher that stopped without its end heartbeat held its place for ever; with
+    ``retire_idle`` a stream idle that long makes room, its smoothing lag published
+    first (edge-padded, as at an end)."""
+    h = harness(max_streams=1, retire_idle=retire_idle)
+    for seq in range(3):
+        h.sample(b"a", seq, _values(0, seq))
+    got = h.recv(1)
+    for seq in range(3):
+        h.sample(b"b", seq, _values(1, seq))
+    h.send(encode_heartbeat(b"b", 2, 0.0, end=True))
+    if retire_idle == 0.0:
+        got += h.recv(2 + 3)
+        m = h.stop()
+        assert [(g.seq, g.t, g.flags & FLAG_EDGE) for g in got if g.topic == b"a"] == \
+            [(0, 0, 0), (1, 1, FLAG_EDGE), (2, 2, FLAG_EDGE)]
+        assert _posts(got, b"b") == [(0, 0), (1, 1), (2, 2)]
+        assert (m["retired"], m["streams_full"]) == (1, 0)
+    else:   # never, or not idle for long enough
+        _wait_for(lambda: h.service.counters["streams_full"] == 3)
+        m = h.stop()
+        assert (m["retired"], m["streams_full"]) == (0, 3)
+        assert sorted(h.service.streams) == [b"a"]
+
+
 def test_heartbeats_of_idle_topics_never_take_the_room_of_samples(tmp_path, harness):
     """Source and service bounded alike (as ``serve --max-streams``): heartbeats of a
     topic that sends no sample do not keep a new stream out, the resumed stream's
@@ -855,7 +963,8 @@ def test_tampered_records_are_clear_errors_not_crashes(tmp_path):
                             ({"t_next": -1}, "t_next must be an integer"),
                             ({"generation": True}, "generation must be an integer"),
                             ({"name": "stream-74.json"}, "is named stream-73.json"),
-                            ({"file": "stream-74.1.npz"}, "names the engine file stream-73.1.npz")):
+                            ({"file": "stream-74.1.npz"}, "names the engine file stream-73.1.npz"),
+                            ({"retired": 1}, "'retired' must be true or false")):
         for f in d.iterdir():
             f.unlink()
         if "file" in change:
@@ -1086,7 +1195,8 @@ def test_service_argument_checks():
                         (dict(heartbeat_interval=float("nan")), "heartbeat_interval must be a number of seconds"),
                         (dict(status_interval=-1), "status_interval must be a number of seconds"),
                         (dict(log_interval="10"), "log_interval must be a number of seconds"),
-                        (dict(drain_timeout=-0.5), "drain_timeout must be a number of seconds")):
+                        (dict(drain_timeout=-0.5), "drain_timeout must be a number of seconds"),
+                        (dict(retire_idle=float("nan")), "retire_idle must be a number of seconds")):
         with pytest.raises(ValueError, match=message):
             StreamService(src, sink, FakeEngine, **kw)
     svc = StreamService(src, sink, FakeEngine)
@@ -1214,6 +1324,16 @@ def _drain(proc):
     return (getattr(proc, "head", "") + proc.stderr.read())[-2000:]
 
 
+def _teardown(procs, *closables):
+    """Kill what is still running of ``procs`` (None allowed), then close ``closables``."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.communicate()
+    for c in closables:
+        c.close()
+
+
 def _stop(proc, sig=signal.SIGTERM, timeout=60):
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=timeout)
@@ -1271,11 +1391,7 @@ def test_e2e_replay_100k_every_posterior_in_order(fitted):
         assert replay.returncode == 0, rerr
         code, err = _stop(serve)
     finally:
-        for p in (serve, replay):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.communicate()
-        con.close()
+        _teardown((serve, replay), con)
     assert code == 0, err
     # the replay reports its rate; how fast is a benchmark's question, not this test's
     # (bench/zmq.py: the service's messages/s against a same-run ZeroMQ relay, target
@@ -1319,11 +1435,7 @@ def test_e2e_malformed_messages_are_counted_and_the_stream_goes_on(fitted):
         con.until(lambda: len(con.seqs) >= 400, timeout=60, proc=serve)
         code, err = _stop(serve)
     finally:
-        if serve.poll() is None:
-            serve.kill()
-            serve.communicate()
-        pub.close()
-        con.close()
+        _teardown((serve,), pub, con)
     assert code == 0, err
     assert con.seqs == list(range(400))
     line = [x for x in err.splitlines() if "stopped after" in x][-1]
@@ -1334,6 +1446,32 @@ def test_e2e_malformed_messages_are_counted_and_the_stream_goes_on(fitted):
     assert "gaps 0" in line
     # each kind was logged once (rate limited), not 6 times
     assert err.count("skipped a malformed message (json)") == 1, err
+
+
+def test_e2e_max_streams_1_serves_topics_that_come_and_go(fitted, tmp_path):
+    """``serve --max-streams 1``: each topic ends before the next one starts; each takes
+    the place of the last (which the source had kept a place for too: serve's source
+    gives up the topics the service retires), and the first resumes where it ended."""
+    pub = Publisher()
+    con = Consumer()
+    serve = _serve(fitted, pub.endpoint, con, "--max-streams", "1",
+                   "--checkpoint", str(tmp_path / "ckpt"), "--verbose")
+    X = fitted["X"][:80]
+    try:
+        pub.wait_subscriber(con)
+        for k, (topic, a) in enumerate(((b"a", 0), (b"b", 0), (b"c", 0), (b"a", 20))):
+            pub.send(X[20 * k:20 * k + 20], range(a, a + 20), topic=topic)
+            pub.pub.send_multipart(encode_heartbeat(topic, a + 19, 0.0, end=True))
+            con.until(lambda: len(con.seqs) >= 20 * (k + 1), timeout=60, proc=serve)
+        code, err = _stop(serve)
+    finally:
+        _teardown((serve,), pub, con)
+    assert code == 0, err
+    assert con.seqs == [*range(20)] * 3 + [*range(20, 40)]
+    assert con.ts == [*range(20)] * 3 + [*range(20, 40)]   # a resumed at its position 20
+    line = [x for x in err.splitlines() if "stopped after" in x][-1]
+    assert "80 samples" in line and "gaps 0" in line, line
+    assert "retired stream 'a' to make room" in err and "stream 'a' resumed from checkpoint" in err, err
 
 
 def _wait_for_output(con, seq, proc, timeout=60):
@@ -1373,12 +1511,7 @@ def test_e2e_sigterm_checkpoints_and_restart_resumes(fitted, tmp_path):
         _wait_for_output(con, 3999, serve2)
         code2, err2 = _stop(serve2)
     finally:
-        for p in (serve, serve2):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.communicate()
-        pub.close()
-        con.close()
+        _teardown((serve, serve2), pub, con)
     assert code2 == 0, err2
     assert con.seqs == list(range(4000)) and con.ts == list(range(4000))
     assert "resumed from checkpoint" in err2 and "last sequence number 2499" in err2, err2
@@ -1414,12 +1547,7 @@ def test_e2e_sigkill_loses_only_samples_since_the_checkpoint(fitted, tmp_path):
         _wait_for_output(con, 2999, serve2)
         code2, err2 = _stop(serve2)
     finally:
-        for p in (serve, serve2):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.communicate()
-        pub.close()
-        con.close()
+        _teardown((serve, serve2), pub, con)
     assert code2 == 0, err2
     lost = 2500 - c - 1
     assert f"the checkpoint ended at {c}: {lost} sample(s) lost since the checkpoint" in err2, err2

@@ -233,7 +233,9 @@ class ZmqSource:
         ``evicted_totals``; a later message of that topic starts afresh, with no gap
         before it), and a heartbeat of a new topic never gives up anything. The
         bookkeeping of a topic that sent a sample, or whose last sequence number was
-        declared by :meth:`set_last_seq` (a resumed stream), is never given up.
+        declared by :meth:`set_last_seq` (a resumed stream), is given up only by
+        :meth:`forget` (which :class:`~streamfhmm.service.StreamService` calls for the
+        topics it retires or has no room for).
     fast : bool
         Let :meth:`recv_runs` use the compiled receive path
         (:mod:`streamfhmm.io.fastwire`) where libzmq is reachable; False forces the
@@ -332,7 +334,7 @@ class ZmqSource:
     def set_last_seq(self, topic: bytes, seq: int):
         """Declare ``seq`` the last sequence number seen on ``topic`` (after a restart).
 
-        This bookkeeping is never given up (see ``max_streams``).
+        This bookkeeping is given up only by :meth:`forget` (see ``max_streams``).
         """
         st = self.streams.get(topic)
         if st is None:
@@ -392,18 +394,31 @@ class ZmqSource:
             self._heartbeat_only.pop(topic, None)
         return st
 
+    def forget(self, topic: bytes) -> bool:
+        """Give up the bookkeeping of ``topic`` (its gaps, stale samples, restarts and
+        heartbeats go to ``evicted_totals``): a later message of it starts afresh, with
+        no gap before it. For a host that stops serving a topic (a retired stream, a
+        topic it has no room for), so that the table stays bounded. Whether the topic
+        was tracked."""
+        st = self.streams.pop(topic, None)
+        if st is None:
+            return False
+        self._heartbeat_only.pop(topic, None)
+        gone = self.evicted_totals
+        gone.gaps += st.gaps
+        gone.gap_samples += st.gap_samples
+        gone.stale += st.stale
+        gone.restarts += st.restarts
+        gone.heartbeats += st.heartbeats
+        return True
+
     def _evict(self) -> bool:
         """Give up the bookkeeping of the oldest topic only heartbeats were seen of (its
         gaps and heartbeats go to ``evicted_totals``); False if there is none."""
         if not self._heartbeat_only:
             return False
         topic = next(iter(self._heartbeat_only))
-        del self._heartbeat_only[topic]
-        st = self.streams.pop(topic)
-        gone = self.evicted_totals
-        gone.gaps += st.gaps
-        gone.gap_samples += st.gap_samples
-        gone.heartbeats += st.heartbeats
+        self.forget(topic)
         self.evicted += 1
         self._log("evict", "gave up the bookkeeping of topic %r (heartbeats only, no sample) for "
                   "a new topic: already %d topics (max_streams)", topic_name(topic[:40]),
