@@ -157,7 +157,8 @@ def _attach(socket: zmq.Socket, endpoint: str, bind: bool):
         raise OSError(f"cannot {'bind' if bind else 'connect'} {endpoint}: {exc}") from None
 
 
-def _socket(context, kind, endpoint, bind, hwm, linger_ms, curve, opts=None) -> zmq.Socket:
+def _socket(context, kind, endpoint, bind, hwm, linger_ms, curve, opts=None,
+            attach: bool = True) -> zmq.Socket:
     if int(hwm) < 0 or int(linger_ms) < -1:
         raise ValueError(f"hwm must be >= 0 and linger_ms >= -1, got {hwm}, {linger_ms}")
     s = context.socket(kind)
@@ -172,7 +173,8 @@ def _socket(context, kind, endpoint, bind, hwm, linger_ms, curve, opts=None) -> 
     except Exception:
         s.close(0)
         raise
-    _attach(s, endpoint, bind)
+    if attach:
+        _attach(s, endpoint, bind)
     return s
 
 
@@ -294,7 +296,23 @@ class ZmqSource:
         self.prefixes = prefixes
         # a frame larger than any valid one is refused by libzmq before it is allocated
         self.socket = _socket(self.context, zmq.SUB, endpoint, bind, hwm, linger_ms, curve,
-                              {zmq.MAXMSGSIZE: max_frame_bytes(self.n_features)})
+                              {zmq.MAXMSGSIZE: max_frame_bytes(self.n_features)}, attach=False)
+        # the monitor first: on loopback the connection can be made before a monitor
+        # attached after it would see the event, and the source took itself for never
+        # connected (a false warning every CONNECT_WARN_SECONDS, for ever)
+        try:
+            self._monitor = self.socket.get_monitor_socket(
+                zmq.EVENT_DISCONNECTED if bind else
+                zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED
+                | zmq.EVENT_CONNECT_DELAYED)
+        except BaseException:
+            self.socket.close(0)
+            raise
+        try:
+            _attach(self.socket, endpoint, bind)   # (closes the socket if it fails)
+        except BaseException:
+            self._monitor.close(0)
+            raise
         self.endpoint = _bound_endpoint(self.socket, endpoint, bind)
         self.errors = dict.fromkeys(ERROR_KINDS, 0)
         self.streams: dict[bytes, StreamSeq] = {}
@@ -312,10 +330,6 @@ class ZmqSource:
         #: whether a connecting source has ever connected (a bound one: always True)
         self.connected = self._bind
         self._started_at = time.monotonic()
-        self._monitor = self.socket.get_monitor_socket(
-            zmq.EVENT_DISCONNECTED if bind else
-            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED
-            | zmq.EVENT_CONNECT_DELAYED)
         if subscribe:
             self.subscribe()
 
