@@ -1440,9 +1440,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="subscribe to the input only once N consumers subscribed to the output")
     sv.add_argument("--max-streams", type=_positive_int, default=1024,
                     help="most streams held at once (default 1024): a new topic takes the place of "
-                         "a stream that ended (or, with --retire-idle, of one idle that long), "
-                         "which is checkpointed (with --checkpoint) and resumes if its topic "
-                         "comes back; with no such stream the new topic is skipped and counted")
+                         "a stream that ended (or, with --retire-idle, of one idle that long); "
+                         "with --checkpoint that stream resumes where it was if its topic comes "
+                         "back, without it starts anew; with no such stream the new topic is "
+                         "skipped and counted. A restart resumes at most this many, the latest")
     sv.add_argument("--retire-idle", type=_nonneg_float, default=None, metavar="SECONDS",
                     help="let a new topic also take the place of a stream without a sample for "
                          "this long, when --max-streams are held (default: only ended streams)")

@@ -20,9 +20,11 @@ per stream topic into a ``zmq.Poller`` loop:
   refuses and topics past ``max_streams`` are counted and skipped — input never stops
   the loop;
 * a new topic that finds ``max_streams`` streams takes the place of a stream the
-  service retires (checkpointed and closed): one that ended, or (``retire_idle``) one
-  idle long enough; a retired topic that comes back resumes from its checkpoint, so a
-  service whose topics come and go runs for ever in bounded memory;
+  service retires: one that ended, or (``retire_idle``) one idle long enough. With a
+  checkpoint directory the retired stream is checkpointed and resumes where it was
+  when its topic comes back (its numbers checked against the checkpoint's); without
+  one its topic starts a new engine. Topics that end (or go idle, with
+  ``retire_idle``) thus never hold the table; ones that neither end nor go quiet do;
 * idle streams (and the idle service) send one-way heartbeats;
 * with a checkpoint directory, each stream is checkpointed every
   ``checkpoint_every`` samples and at shutdown, and a new service resumes every
@@ -86,7 +88,9 @@ __all__ = ["StreamService", "CheckpointError", "start_metrics_server", "MetricsS
 logger = logging.getLogger(__name__)
 
 _RECORD_TAG = "streamfhmm.service-stream"
-_RECORD_VERSION = 1
+_RECORD_VERSION = 2   # 2: "retired" (version 1 records are read as not retired)
+#: seconds before a stream whose retirement failed (its checkpoint) is tried again
+_RETIRE_RETRY = 10.0
 #: a stream's file stem (:func:`_stream_stem`); its record, an engine file, and a
 #: temporary file of an atomic write (:func:`~streamfhmm.io.checkpoint.write_atomically`)
 _STEM = r"stream-(?:[0-9a-f]*|h[0-9a-f]{40})"
@@ -252,7 +256,7 @@ class _Pending:
 class _Stream:
     __slots__ = ("topic", "name", "engine", "pending", "t_next", "last_seq", "last_out",
                  "since_checkpoint", "generation", "resumed_seq", "samples", "posteriors",
-                 "lost_on_resume", "ended", "lane", "last_in", "steps0")
+                 "lost_on_resume", "ended", "lane", "last_in", "retire_failed", "returned")
 
     def __init__(self, topic: bytes, engine):
         self.topic = topic
@@ -271,7 +275,8 @@ class _Stream:
         self.ended = False
         self.lane = None            # the serving lane's output arrays, made at its first use
         self.last_in = time.monotonic()   # when its last sample was taken (or it was made)
-        self.steps0 = 0             # learner steps its engine held when the service took it
+        self.retire_failed = -math.inf    # when retiring it last failed (its checkpoint)
+        self.returned = False       # resumed when its topic came back (not at the start)
 
 
 def _engine_steps(engine) -> int:
@@ -427,9 +432,9 @@ def read_stream_record(path: str) -> dict:
     if not isinstance(rec, dict) or rec.get("format") != _RECORD_TAG:
         raise CheckpointError(f"{path} is not a streamfhmm stream checkpoint record (no "
                               f"'{_RECORD_TAG}' tag)")
-    if rec.get("version") != _RECORD_VERSION:
+    if rec.get("version") not in (1, _RECORD_VERSION) or type(rec.get("version")) is not int:
         raise CheckpointError(f"{path} has record version {rec.get('version')!r}; this streamfhmm "
-                              f"reads version {_RECORD_VERSION}")
+                              f"reads versions 1 to {_RECORD_VERSION}")
     try:
         topic = bytes.fromhex(rec["topic"])
         seq, t_next, gen = (_record_int(rec["seq"], "seq", -1), _record_int(rec["t_next"], "t_next", 0),
@@ -483,11 +488,15 @@ class StreamService:
         ``checkpoint(path)`` and ``metrics() -> dict``; it may have ``warming_up``
         (bool; False if it has not), as :class:`StreamEngine` has.
     resume_engine : callable, optional
-        ``resume_engine(path) -> engine`` (e.g. ``StreamEngine.resume``); needed to
-        resume from ``checkpoint_dir``.
+        ``resume_engine(path) -> engine`` (e.g. ``StreamEngine.resume``); needed with
+        ``checkpoint_dir``.
     checkpoint_dir : str, optional
         Directory of stream checkpoints (created if missing, and made again if it is
-        deleted while the service runs); streams found there are resumed.
+        deleted while the service runs). At the start the streams found there are
+        resumed, at most ``max_streams`` of them, the most recently checkpointed first;
+        the others, and the streams that had ended or were retired, resume when their
+        topic comes back. A record that cannot be resumed then is renamed
+        ``<name>.json.unusable`` and the topic starts anew (``resume_failures``).
     checkpoint_every : int, optional
         Checkpoint a stream after this many of its samples (None: only at shutdown): at
         the end of the read batch (``batch_size``) in which they are reached, after its
@@ -501,14 +510,15 @@ class StreamService:
         ``status(line: str)`` receives the status lines (default: the logger at INFO).
     max_streams : int
         Most streams held at once. A new topic that finds the table full takes the place
-        of a stream the service retires: the ended one (its publisher sent the end
-        heartbeat) that has gone longest without a sample, else, with ``retire_idle``, the
-        stream without a sample for longest if that is at least ``retire_idle`` seconds
-        (its smoothing lag is published first, as at an end). A retired stream is
-        checkpointed (with a checkpoint directory) and its engine closed; when its topic
-        comes back it resumes from that checkpoint (without a directory: a new engine
-        from ``engine_factory``). When no stream can be retired, the new topic's samples
-        are counted (``streams_full``) and skipped. Counted in ``retired``.
+        of a stream the service retires: an ended one (its publisher sent the end
+        heartbeat), the longest without a sample first, else, with ``retire_idle``, one
+        without a sample for at least ``retire_idle`` seconds (its smoothing lag is
+        published first, as at an end). A retired stream is checkpointed (with a
+        checkpoint directory) and its engine closed; when its topic comes back it
+        resumes from that checkpoint (without a directory: a new engine from
+        ``engine_factory``). If that checkpoint fails the stream stays, and is not tried
+        again for 10 s. When no stream can be retired, the new topic's samples are
+        counted (``streams_full``) and skipped. Counted in ``retired``.
     retire_idle : float, optional
         Seconds without a sample after which a stream that never ended may be retired
         to make room (None: only ended streams are). A stream is never retired while
@@ -552,6 +562,9 @@ class StreamService:
             _check_count("checkpoint_every", checkpoint_every, 1, "samples")
         if checkpoint_every is not None and checkpoint_dir is None:
             raise ValueError("checkpoint_every needs a checkpoint directory")
+        if checkpoint_dir is not None and resume_engine is None:
+            raise ValueError("a checkpoint directory needs resume_engine (the streams it keeps "
+                             "are resumed from it), e.g. StreamEngine.resume")
         _check_count("max_streams", max_streams, 1, "streams")
         _check_count("batch_size", batch_size, 1, "messages per read")   # 0 never read: a busy loop
         _check_count("wait_subscribers", wait_subscribers, 0, "subscriptions")
@@ -585,17 +598,19 @@ class StreamService:
         self._log = RateLimitedLog(logger, log_interval)
         self._stop = threading.Event()
         self.streams: dict[bytes, _Stream] = {}
+        self._record_cache = None   # (topic, record) read by _known_last_seq, for _new_stream
         self.counters = {"samples": 0, "posteriors": 0, "engine_rejected": 0, "streams_full": 0,
                          "heartbeats_in": 0, "heartbeats_out": 0, "checkpoints": 0,
                          "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0, "unmatched": 0,
-                         "retired": 0}
+                         "retired": 0, "resume_failures": 0}
         #: streams whose checkpoint at shutdown failed (a restart resumes them from an
         #: older one): ``streamfhmm serve`` then exits 1
         self.final_checkpoint_failures: list[str] = []
         self.started = time.monotonic()
+        self._started_wall = time.time()
         self._last_status = (self.started, 0, 0)   # time, samples, learner steps of this run
-        # learner steps the engines resumed at the start held (not counted in this run's
-        # rate), and the steps this run's retired engines took
+        # learner steps the engines held when this service resumed them (not counted in
+        # this run's rate), and those of the engines it retired (at their retirement)
         self._steps_inherited = 0
         self._steps_retired = 0
         self._last_any_out = self.started
@@ -606,6 +621,9 @@ class StreamService:
                 raise CheckpointError(f"cannot use {self.checkpoint_dir} as the checkpoint "
                                       f"directory: {problem}")
             self._resume_all()
+            if resume_engine is not None and hasattr(source, "known_last_seq"):
+                # a retired stream's topic coming back is sequence-checked from its record
+                source.known_last_seq = self._known_last_seq
 
     # -- control ---------------------------------------------------------------------
     def request_stop(self):
@@ -623,14 +641,27 @@ class StreamService:
         if names and self.resume_engine is None:
             raise ValueError(f"{self.checkpoint_dir} holds stream checkpoints but no resume_engine "
                              "was given")
-        kept = set()   # the engine files of retired streams' records (resumed when they return)
+
+        kept = set()   # the engine files of the records left for their topics' return
         try:
+            live = []
             for name in names:
                 rec = read_stream_record(os.path.join(self.checkpoint_dir, name))
                 if rec["retired"]:
                     kept.add(os.path.basename(rec["file"]))
                 else:
-                    self._resume_one(rec)
+                    live.append(rec)
+            # at most max_streams, the most recently checkpointed first: the others (a
+            # restart with a smaller --max-streams) resume when their topics come back
+            live.sort(key=lambda rec: rec["time"], reverse=True)
+            for rec in live[:self.max_streams]:
+                self._resume_one(rec)
+            for rec in live[self.max_streams:]:
+                kept.add(os.path.basename(rec["file"]))
+            if len(live) > self.max_streams:
+                logger.warning("%d stream checkpoints in %s beyond max_streams (%d): those streams "
+                               "resume when their topics come back", len(live) - self.max_streams,
+                               self.checkpoint_dir, self.max_streams)
         except BaseException:
             for st in self.streams.values():
                 st.engine.close()
@@ -644,7 +675,7 @@ class StreamService:
         one not yet removed, a first one without a record) and temporary files of atomic
         writes older than an hour. Only files of the service's own name patterns, among
         ``listing`` (the directory's names); ``kept`` names the engine files of the
-        retired streams' records."""
+        records not resumed at the start (retired streams', and those past ``max_streams``)."""
         named = {_engine_file(_stream_stem(st.topic), st.generation) for st in self.streams.values()}
         named.update(kept)
         now = time.time()
@@ -660,8 +691,8 @@ class StreamService:
 
     def _resume_one(self, rec: dict, returning: bool = False) -> _Stream:
         """Resume the stream of record ``rec`` (:func:`read_stream_record`): at the start,
-        or (``returning``) when the topic of a retired stream comes back, whose sequence
-        numbers the source has followed meanwhile."""
+        or (``returning``) when its topic comes back (a retired stream; the source has
+        taken the record's last sequence number through :meth:`_known_last_seq`)."""
         try:
             engine = self.resume_engine(rec["file"])
         except Exception as exc:   # (whatever a damaged file makes a resume raise)
@@ -686,14 +717,19 @@ class StreamService:
             st.pending.append_text(t, seq, text)   # (the text the samples arrived with)
         st.generation = rec["generation"]
         st.resumed_seq = rec["seq"]
-        st.ended = rec["retired"]   # (a retired stream was flushed: nothing to end again)
-        self._add_stream(st, inherited=not returning)
+        st.returned = returning
+        # a retired stream's lag was published when it was retired (unless a warm-up
+        # was kept): nothing to end again
+        st.ended = rec["retired"] and not _warming_up(engine)
+        # (retired by this run: its steps were counted among the retired ones until now)
+        self._add_stream(st, retired_here=returning and rec["time"] >= self._started_wall)
         if not returning:
             self.source.set_last_seq(st.topic, rec["seq"])
         age = time.time() - rec["time"]
-        logger.warning("stream %r resumed from checkpoint %s: last sequence number %d, "
-                       "stream position %d, written %.1f s ago", st.name,
-                       os.path.basename(rec["file"]), rec["seq"], rec["t_next"], age)
+        (logger.info if returning else logger.warning)(
+            "stream %r resumed from checkpoint %s: last sequence number %d, stream position "
+            "%d, written %.1f s ago", st.name, os.path.basename(rec["file"]), rec["seq"],
+            rec["t_next"], age)
         return st
 
     def checkpoint(self, stream: _Stream | None = None):
@@ -1007,6 +1043,13 @@ class StreamService:
     def _report_resume(self, st: _Stream, seq: int):
         c = st.resumed_seq
         st.resumed_seq = None
+        if st.returned:   # (topics that come and go: rate-limited, and silent if none lost)
+            if seq > c + 1:
+                st.lost_on_resume = seq - c - 1
+                self.counters["lost_on_resume"] += seq - c - 1
+                self._log("returned", "stream %r came back at sequence number %d; its checkpoint "
+                          "ended at %d: %d sample(s) lost meanwhile", st.name, seq, c, seq - c - 1)
+            return
         if seq > c:
             lost = seq - c - 1
             st.lost_on_resume = lost
@@ -1028,17 +1071,12 @@ class StreamService:
                       "(max_streams), none ended%s", n, topic_name(topic), len(self.streams),
                       "" if self.retire_idle is None else f" or idle for {self.retire_idle:g} s")
             return None
-        record = None if self.checkpoint_dir is None else \
-            os.path.join(self.checkpoint_dir, _stream_stem(topic) + ".json")
-        if record is not None and os.path.exists(record):   # a retired stream come back
+        rec = self._record(topic)
+        if rec is not None:
             try:
-                return self._resume_one(read_stream_record(record), returning=True)
+                return self._resume_one(rec, returning=True)
             except CheckpointError as exc:
-                self.counters["engine_rejected"] += n
-                self._log("resume", "cannot resume the retired stream of topic %r: %s",
-                          topic_name(topic), exc)
-                self._forget(topic)
-                return None
+                self._set_aside(topic, exc)
         try:
             engine = self.engine_factory(topic)
         except (OSError, ValueError) as exc:
@@ -1051,31 +1089,79 @@ class StreamService:
         logger.info("new stream %r", st.name)
         return st
 
+    def _record(self, topic: bytes) -> dict | None:
+        """The checkpoint record of ``topic``'s stream left in the directory (a retired
+        stream's, or one past ``max_streams`` at the start), or None. A record that cannot
+        be read is set aside (:meth:`_set_aside`): the topic then starts anew."""
+        if self.checkpoint_dir is None:
+            return None
+        cached, self._record_cache = self._record_cache, None
+        if cached is not None and cached[0] == topic:
+            return cached[1]
+        path = os.path.join(self.checkpoint_dir, _stream_stem(topic) + ".json")
+        if not os.path.exists(path):
+            return None
+        try:
+            return read_stream_record(path)
+        except CheckpointError as exc:
+            self._set_aside(topic, exc)
+            return None
+
+    def _set_aside(self, topic: bytes, exc):
+        """Rename the record of ``topic`` that cannot be resumed (``<stem>.json.unusable``,
+        kept for a look; a later one replaces it) so that the topic starts anew instead
+        of being refused for ever; counted in ``resume_failures``."""
+        self.counters["resume_failures"] += 1
+        path = os.path.join(self.checkpoint_dir, _stream_stem(topic) + ".json")
+        try:
+            os.replace(path, path + ".unusable")
+        except OSError as err:
+            logger.warning("could not set aside %s: %s", path, err)
+        logger.warning("stream %r cannot be resumed (%s): its record is set aside as %s.unusable "
+                       "and the topic starts a new stream", topic_name(topic), exc, path)
+
+    def _known_last_seq(self, topic: bytes) -> int | None:
+        """The source's question about a topic it has no bookkeeping for: the last
+        sequence number of its stream's checkpoint record, if one is left in the directory
+        (so that stale samples of a retired stream coming back are skipped and a gap is
+        counted as for a stream resumed at the start)."""
+        if topic in self.streams:
+            return None
+        rec = self._record(topic)
+        if rec is None:
+            return None
+        self._record_cache = (topic, rec)
+        return rec["seq"]
+
     def _make_room(self) -> bool:
-        """Retire one stream (:meth:`_retire`): the ended one longest without a sample,
-        else, with ``retire_idle``, the stream longest without one if that is at least
-        ``retire_idle`` seconds. Whether one was retired."""
-        ended = [st for st in self.streams.values() if st.ended]
-        if ended:
-            return self._retire(min(ended, key=lambda st: st.last_in))
-        if self.retire_idle is not None and self.streams:
-            st = min(self.streams.values(), key=lambda st: st.last_in)
-            if time.monotonic() - st.last_in >= self.retire_idle:
-                return self._retire(st)
+        """Retire one stream (:meth:`_retire`): an ended one, the longest without a
+        sample first, else, with ``retire_idle``, one without a sample for at least
+        ``retire_idle`` seconds, the longest first; a stream whose retirement failed in
+        the last ``_RETIRE_RETRY`` seconds is not tried again. Whether one was retired."""
+        now = time.monotonic()
+        ready = [st for st in self.streams.values() if now - st.retire_failed >= _RETIRE_RETRY]
+        ended = sorted((st for st in ready if st.ended), key=lambda st: st.last_in)
+        idle = [] if self.retire_idle is None else sorted(
+            (st for st in ready if not st.ended and now - st.last_in >= self.retire_idle),
+            key=lambda st: st.last_in)
+        for st in ended + idle:
+            if self._retire(st):
+                return True
         return False
 
     def _retire(self, st: _Stream) -> bool:
         """Take ``st`` out of the table to make room: publish its smoothing lag (unless it
         ended, or a checkpoint keeps its warm-up), checkpoint it as retired (with a
-        checkpoint directory; if that fails the stream stays), close its engine. Whether
-        it was retired."""
+        checkpoint directory; if that fails the stream stays, its lag published), close
+        its engine. Whether it was retired."""
         keep = self.checkpoint_dir is not None and _warming_up(st.engine)
         if not st.ended and not keep:
             self._flush(st)
             st.ended = True
         if self.checkpoint_dir is not None and not self._checkpoint(st, retired=True):
+            st.retire_failed = time.monotonic()
             return False
-        self._steps_retired += _engine_steps(st.engine) - st.steps0
+        self._steps_retired += _engine_steps(st.engine)
         del self.streams[st.topic]
         self._forget(st.topic)
         try:
@@ -1094,15 +1180,17 @@ class StreamService:
         if forget is not None:
             forget(topic)
 
-    def _add_stream(self, st: _Stream, inherited: bool = True):
+    def _add_stream(self, st: _Stream, retired_here: bool = False):
         """Register a new or resumed stream: its engine decides the block path (the
         first engine's ``push_many``), and the learner steps it already holds (a
-        checkpoint's) are not this run's; those of a checkpoint resumed at the start
-        (``inherited``) are in the total of :meth:`_learner_steps`."""
+        checkpoint's) are not this run's, unless this run retired it (``retired_here``):
+        they move back from the retired engines' count."""
         self.streams[st.topic] = st
-        st.steps0 = _engine_steps(st.engine)
-        if inherited:
-            self._steps_inherited += st.steps0
+        steps = _engine_steps(st.engine)
+        if retired_here:
+            self._steps_retired -= steps
+        else:
+            self._steps_inherited += steps
         if self._block is None:
             self._block = callable(getattr(st.engine, "push_many", None))
 
@@ -1182,10 +1270,9 @@ class StreamService:
                                  self._learner_steps() - self._steps_inherited)
 
     def _learner_steps(self) -> int:
-        """Learner steps of every engine so far: this run's (retired streams' included)
-        and those the checkpoints resumed at the start held."""
-        return (sum(_engine_steps(st.engine) - st.steps0 for st in list(self.streams.values()))
-                + self._steps_retired + self._steps_inherited)
+        """Learner steps of every engine so far (those the checkpoints it resumed held,
+        and those of the engines it retired, included)."""
+        return sum(_engine_steps(st.engine) for st in list(self.streams.values())) + self._steps_retired
 
     def status_line(self, now: float | None = None, prefix: str = "streamfhmm serve:") -> str:
         """One line: samples and rate, streams, gaps, malformed messages, input
@@ -1238,7 +1325,8 @@ class StreamService:
             if not st.ended and not keep:
                 self._flush(st)
             if self.checkpoint_dir is not None:
-                written = self._checkpoint(st, final=True)
+                # an ended stream resumes when its topic comes back, not at the next start
+                written = self._checkpoint(st, final=True, retired=st.ended)
                 if keep and not written and not st.ended:
                     self._flush(st)
             try:
@@ -1257,7 +1345,7 @@ class StreamService:
         libzmq dropping one for a frame past the size bound), ``input_reconnects`` (the
         service's own reconnections after such a drop),
         ``engine_rejected``, ``streams_full``, ``retired`` (streams retired to make room for
-        a new topic), ``heartbeats_in``, ``heartbeats_out``,
+        a new topic), ``resume_failures`` (records set aside), ``heartbeats_in``, ``heartbeats_out``,
         ``checkpoints``, ``checkpoint_failures``, ``lost_on_resume``, ``ends``,
         ``unmatched`` (posteriors of positions with no pending sample, not published),
         ``published``, ``subscribers``, ``uptime``; ``engines`` maps a topic (str) to
@@ -1340,7 +1428,9 @@ def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0
         "heartbeats_out": "heartbeats published",
         "checkpoints": "stream checkpoints written",
         "checkpoint_failures": "stream checkpoints that failed",
-        "lost_on_resume": "samples lost between a checkpoint and the restart",
+        "lost_on_resume": "samples lost between a stream's checkpoint and its resume (at a "
+                          "restart, or when its topic came back)",
+        "resume_failures": "stream checkpoints that could not be resumed (set aside)",
     }
 
     class _Collector:

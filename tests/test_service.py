@@ -414,6 +414,29 @@ def test_status_line_rate_after_serve_resumes_a_checkpoint(tmp_path, harness):
     assert "learner steps 245 (35/s)" in line, line
 
 
+def test_status_line_learner_steps_count_retired_and_returning_engines_once(tmp_path, harness):
+    """A retired engine's steps stay in the total; when its topic comes back its
+    checkpoint's steps are not counted again, nor taken for this run's."""
+    h = harness(tmp_path, engine=SteppingEngine, max_streams=1)
+    svc = h.service
+    t0 = svc._last_status[0]
+    got = _a_ends_then_b_retires_it(h, 3)          # a: 21 steps, retired; b: 7
+    assert "learner steps 28 (14/s)" in svc.status_line(now=t0 + 2.0)
+    got += _end_and_a_comes_back(h, b"b", 0)       # b retired, a resumed: 21 + 14 more
+    line = svc.status_line(now=t0 + 2.0)
+    assert len(got) == 6 and "learner steps 42 (21/s)" in line, line
+    h.stop()
+    h.start()                                      # both ended: neither resumed at the start
+    svc = h.service
+    t0 = svc._last_status[0]
+    h.sample(b"b", 1, _values(1, 1))               # b resumed from the first run's 7 steps
+    h.send(encode_heartbeat(b"b", 1, 0.0, end=True))
+    h.recv(1)
+    line = svc.status_line(now=t0 + 7.0)
+    assert "learner steps 14 (1/s)" in line, line   # its checkpoint's 7 and this run's 7
+    h.stop()
+
+
 def _wait_for(condition, timeout=10.0):
     deadline = time.monotonic() + timeout
     while not condition():
@@ -661,8 +684,19 @@ def test_a_new_topic_takes_the_place_of_an_ended_stream_which_resumes_when_it_co
     assert m["gap_samples"] == 0     # (the source gave up a retired topic's numbers)
     recs = {t: read_stream_record(str(tmp_path / "ckpt" / f"stream-{t}.json"))
             for t in ("61", "62", "63")}
-    assert [recs[t]["retired"] for t in ("61", "62", "63")] == [False, True, False]
+    # (a ended: its record at the stop is a retired one too, resumed when it comes back)
+    assert [recs[t]["retired"] for t in ("61", "62", "63")] == [True, True, False]
     assert recs["61"]["t_next"] == 8 and recs["62"]["t_next"] == 3
+
+
+def _end_and_a_comes_back(h, topic, last_seq):
+    """End ``topic`` (at ``last_seq``), then samples 3 and 4 of topic a and its end; the
+    posteriors of a's two."""
+    h.send(encode_heartbeat(topic, last_seq, 0.0, end=True))
+    for seq in range(3, 5):
+        h.sample(b"a", seq, _values(0, seq))
+    h.send(encode_heartbeat(b"a", 4, 0.0, end=True))
+    return h.recv(2)
 
 
 def test_a_retired_stream_is_resumed_when_its_topic_comes_back_not_at_the_start(tmp_path, harness):
@@ -682,11 +716,7 @@ def test_a_retired_stream_is_resumed_when_its_topic_comes_back_not_at_the_start(
     assert len(files) == 4 and read_stream_record(str(d / "stream-61.json"))["retired"]
     h.start()
     assert sorted(h.service.streams) == [b"b"] and sorted(os.listdir(d)) == files
-    h.send(encode_heartbeat(b"b", 1, 0.0, end=True))
-    for seq in range(3, 5):
-        h.sample(b"a", seq, _values(0, seq))       # b retired, a resumed at t = 3
-    h.send(encode_heartbeat(b"a", 4, 0.0, end=True))
-    got += h.recv(2)
+    got += _end_and_a_comes_back(h, b"b", 1)         # b retired, a resumed at t = 3
     m = h.stop()
     assert _posts(got, b"a") == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)]
     assert _posts(got, b"b") == [(0, 0), (1, 1)]
@@ -729,6 +759,130 @@ def test_retire_idle_lets_a_new_topic_take_the_place_of_an_idle_stream(harness, 
         m = h.stop()
         assert (m["retired"], m["streams_full"]) == (0, 3)
         assert sorted(h.service.streams) == [b"a"]
+
+
+def test_the_source_gives_up_the_topics_the_service_retires(tmp_path, harness):
+    """The source's table (here room for 2 topics) holds only the topics served: without
+    ``forget`` the third topic found it full of the two before and was never served."""
+    h = harness(tmp_path, max_streams=1, source_kw={"max_streams": 2})
+    got = []
+    for topic in (b"a", b"b", b"c", b"d"):      # (one at a time: a read's new topics need room)
+        for seq in range(3):
+            h.sample(topic, seq, _values(0, seq))
+        h.send(encode_heartbeat(topic, 2, 0.0, end=True))
+        got += h.recv(3)
+    m = h.stop()
+    assert sorted({g.topic for g in got}) == [b"a", b"b", b"c", b"d"]
+    assert (m["retired"], m["streams_full"]) == (3, 0)
+
+
+def _a_ends_then_b_retires_it(h, n):
+    """Samples 0..n-1 of topic a and its end, then sample 0 of topic b (a single-stream
+    service retires a) and its end; the n + 1 posteriors."""
+    for seq in range(n):
+        h.sample(b"a", seq, _values(0, seq))
+    h.send(encode_heartbeat(b"a", n - 1, 0.0, end=True))
+    h.sample(b"b", 0, _values(1, 0))
+    h.send(encode_heartbeat(b"b", 0, 0.0, end=True))
+    return h.recv(n + 1)
+
+
+def test_a_retired_topic_coming_back_is_sequence_checked_from_its_checkpoint(tmp_path, harness):
+    """Its numbers continue the checkpoint's: repeats are skipped as stale (they were
+    pushed again and their posteriors published twice) and a gap is counted."""
+    h = harness(tmp_path, max_streams=1)
+    got = _a_ends_then_b_retires_it(h, 5)
+    for seq in (3, 4, 5, 8):                      # 3, 4 repeats; 6, 7 lost
+        h.sample(b"a", seq, _values(0, seq))      # b retired, a resumed at t = 5
+    h.send(encode_heartbeat(b"a", 8, 0.0, end=True))
+    got += h.recv(2)
+    m = h.stop()
+    assert _posts(got, b"a") == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (8, 6)]
+    assert (m["stale"], m["gaps"], m["gap_samples"], m["lost_on_resume"]) == (2, 1, 2, 0)
+    assert (m["retired"], m["streams_full"]) == (2, 0)
+
+
+def test_streams_that_ended_do_not_take_the_room_after_a_restart(tmp_path, harness):
+    """At the stop an ended stream is checkpointed as retired: the next start leaves it
+    to its topic's return (resumed with ``ended`` lost, the ended streams filled the
+    table for the next service's life)."""
+    h = harness(tmp_path, max_streams=2)
+    for topic in (b"a", b"b"):
+        for seq in range(3):
+            h.sample(topic, seq, _values(0, seq))
+        h.send(encode_heartbeat(topic, 2, 0.0, end=True))
+    got = h.recv(6)
+    h.stop()
+    h.start()
+    assert h.service.streams == {}
+    for topic, seqs in ((b"c", range(3)), (b"d", range(3)), (b"a", range(3, 6))):
+        for seq in seqs:
+            h.sample(topic, seq, _values(0, seq))
+        h.send(encode_heartbeat(topic, seqs[-1], 0.0, end=True))
+    got += h.recv(9)
+    m = h.stop()
+    assert _posts(got, b"a") == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5)]
+    assert sorted({g.topic for g in got}) == [b"a", b"b", b"c", b"d"]
+    assert (m["retired"], m["streams_full"], m["lost_on_resume"]) == (1, 0, 0)
+
+
+def test_a_restart_with_fewer_max_streams_resumes_the_latest_and_the_rest_on_return(
+        tmp_path, harness):
+    """All the streams of the directory were resumed at the start, whatever max_streams:
+    the most recently checkpointed are; the others wait for their topics."""
+    h = harness(tmp_path, max_streams=3)
+    for topic in (b"a", b"b", b"c"):
+        for seq in range(3):
+            h.sample(topic, seq, _values(0, seq))
+        _wait_for(lambda: topic in h.service.streams)
+        time.sleep(0.01)      # (checkpointed at the stop in this order, a distinct time each)
+    h.stop()
+    got = h.recv(9)
+    h.kw["max_streams"] = 1
+    h.start()
+    assert sorted(h.service.streams) == [b"c"]
+    assert len(os.listdir(tmp_path / "ckpt")) == 6          # (nothing taken for a leftover)
+    got += _end_and_a_comes_back(h, b"c", 2)                 # c retired, a resumed at t = 3
+    m = h.stop()
+    assert _posts(got, b"a") == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4)]
+    assert (m["retired"], m["streams"]) == (1, 1)
+
+
+def test_a_retired_stream_that_cannot_be_resumed_is_set_aside_and_starts_anew(tmp_path, harness,
+                                                                             caplog):
+    """Its topic was refused for ever (every message read the record again and failed)."""
+    h = harness(tmp_path, max_streams=1)
+    got = _a_ends_then_b_retires_it(h, 3)
+    d = tmp_path / "ckpt"
+    rec = read_stream_record(str(d / "stream-61.json"))
+    with open(rec["file"], "wb") as fh:
+        fh.write(b"not an engine")
+    with caplog.at_level("WARNING", logger="streamfhmm.service"):
+        for seq in range(3, 6):
+            h.sample(b"a", seq, _values(0, seq))  # b retired; a cannot resume: a new engine
+        h.send(encode_heartbeat(b"a", 5, 0.0, end=True))
+        got += h.recv(3)
+        m = h.stop()
+    assert _posts(got, b"a")[3:] == [(3, 0), (4, 1), (5, 2)]
+    assert (m["resume_failures"], m["retired"], m["engine_rejected"]) == (1, 2, 0)
+    assert (d / "stream-61.json.unusable").exists()
+    assert any("cannot be resumed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_retirement_whose_checkpoint_fails_keeps_the_stream_and_waits_to_try_again(
+        tmp_path, harness):
+    """It was tried again for every message of a new topic (the whole engine written each
+    time)."""
+    h = harness(tmp_path, engine=UnwritableFakeEngine, max_streams=1)
+    for seq in range(3):
+        h.sample(b"a", seq, _values(0, seq))
+    h.send(encode_heartbeat(b"a", 2, 0.0, end=True))
+    for topic in (b"b", b"c", b"d"):
+        h.sample(topic, 0, _values(1, 0))
+    _wait_for(lambda: h.service.counters["streams_full"] == 3)
+    assert sorted(h.service.streams) == [b"a"]
+    assert h.service.counters["checkpoint_failures"] == 1
+    h.stop()
 
 
 def test_heartbeats_of_idle_topics_never_take_the_room_of_samples(tmp_path, harness):
@@ -964,7 +1118,8 @@ def test_tampered_records_are_clear_errors_not_crashes(tmp_path):
                             ({"generation": True}, "generation must be an integer"),
                             ({"name": "stream-74.json"}, "is named stream-73.json"),
                             ({"file": "stream-74.1.npz"}, "names the engine file stream-73.1.npz"),
-                            ({"retired": 1}, "'retired' must be true or false")):
+                            ({"retired": 1}, "'retired' must be true or false"),
+                            ({"version": 3}, "has record version 3; this streamfhmm reads versions 1 to 2")):
         for f in d.iterdir():
             f.unlink()
         if "file" in change:
@@ -987,7 +1142,7 @@ def test_tampered_records_are_clear_errors_not_crashes(tmp_path):
     sink = ZmqSink(ANY, context=ctx, linger_ms=0)
     with pytest.raises(CheckpointError, match="stream-74.json is a damaged stream checkpoint record"):
         StreamService(src, sink, lambda t: FakeEngine(), resume_engine=resume, checkpoint_dir=str(d))
-    assert len(opened) == 1 and opened[0].closed
+    assert all(e.closed for e in opened)   # (the records are read before any engine is opened)
     src.close(0)
     sink.close(0)
     ctx.term()
@@ -1196,7 +1351,8 @@ def test_service_argument_checks():
                         (dict(status_interval=-1), "status_interval must be a number of seconds"),
                         (dict(log_interval="10"), "log_interval must be a number of seconds"),
                         (dict(drain_timeout=-0.5), "drain_timeout must be a number of seconds"),
-                        (dict(retire_idle=float("nan")), "retire_idle must be a number of seconds")):
+                        (dict(retire_idle=float("nan")), "retire_idle must be a number of seconds"),
+                        (dict(checkpoint_dir="x"), "a checkpoint directory needs resume_engine")):
         with pytest.raises(ValueError, match=message):
             StreamService(src, sink, FakeEngine, **kw)
     svc = StreamService(src, sink, FakeEngine)
@@ -1667,9 +1823,9 @@ def test_restart_at_the_checkpoints_own_number_loses_nothing(tmp_path):
     h = Harness(tmp_path, engine=FakeEngine)
     try:
         h.sample(b"s", 0, _values(0, 0))
-        h.send(encode_heartbeat(b"s", 0, 0.0, end=True))
-        h.recv(1)
+        _wait_for(lambda: h.service.counters["samples"] == 1)
         h.stop()                              # checkpoint: last sequence number 0
+        h.recv(1)                             # (the lag, flushed by the stop)
         h.start()
         assert h.service.streams[b"s"].resumed_seq == 0
         for seq in range(3):                  # the publisher restarted at 0

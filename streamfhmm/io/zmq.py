@@ -283,6 +283,11 @@ class ZmqSource:
         self.max_streams = int(max_streams)
         self.untracked = 0
         self.evicted = 0
+        #: ``known_last_seq(topic) -> int | None``, asked when a topic gets bookkeeping
+        #: (anew): the last sequence number of a stream the host served before, which
+        #: the topic's numbers then continue (stale ones skipped, a gap counted); None
+        #: (the default, or an answer of None): the topic starts afresh
+        self.known_last_seq = None
         self.evicted_totals = StreamSeq()
         # topics whose bookkeeping only heartbeats made (no sample yet), oldest first
         self._heartbeat_only: dict[bytes, None] = {}
@@ -402,6 +407,11 @@ class ZmqSource:
                           "(max_streams)", topic_name(topic[:40]), len(self.streams))
                 return None
             st = self.streams[topic] = StreamSeq()
+            known = self.known_last_seq
+            if known is not None:
+                last = known(topic)
+                if last is not None:
+                    st.last_seq = int(last)
             if not samples:
                 self._heartbeat_only[topic] = None
         elif samples and self._heartbeat_only:
@@ -411,7 +421,7 @@ class ZmqSource:
     def forget(self, topic: bytes) -> bool:
         """Give up the bookkeeping of ``topic`` (its gaps, stale samples, restarts and
         heartbeats go to ``evicted_totals``): a later message of it starts afresh, with
-        no gap before it. For a host that stops serving a topic (a retired stream, a
+        no gap before it (unless ``known_last_seq`` knows it). For a host that stops serving a topic (a retired stream, a
         topic it has no room for), so that the table stays bounded. Whether the topic
         was tracked."""
         st = self.streams.pop(topic, None)
