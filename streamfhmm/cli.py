@@ -864,8 +864,8 @@ def _serve(args, state) -> int:
         # (not subscribed before the service runs: nothing is read while the kernels warm up)
         source = ZmqSource(args.sub, n_features, topics=args.topics, bind=sub_bind, hwm=args.hwm,
                            linger_ms=args.linger, subscribe=False, curve=curve, context=ctx,
-                           # (room for one read's new topics: the service gives up those
-                           # it does not serve, and those it retires)
+                           # (room for one read's new topics: the service releases those
+                           # it does not serve, and those it retires, for new ones)
                            max_streams=args.max_streams + _SERVE_BATCH, resync_after=args.resync_after)
     except BaseException:
         sink.close(0)
@@ -1425,7 +1425,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --cold: samples per stream before the model is initialised (default 2000); "
                          "also with --model and --learn when the streams start a recognition network of "
                          "their own (--mode filter, or a model fitted without --method svi)")
-    sv.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory; streams found there are resumed")
+    sv.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory; the streams found there that had not ended are "
+                         "resumed (others when their topics come back)")
     sv.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                     help="checkpoint each stream every N samples (default 10000 with --checkpoint)")
     sv.add_argument("--format", choices=("binary", "json"), default="binary", help="output format")
@@ -1443,7 +1444,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "a stream that ended (or, with --retire-idle, of one idle that long); "
                          "with --checkpoint that stream resumes where it was if its topic comes "
                          "back, without it starts anew; with no such stream the new topic is "
-                         "skipped and counted. A restart resumes at most this many, the latest")
+                         "skipped and counted. A restart resumes at most this many, the last checkpointed")
     sv.add_argument("--retire-idle", type=_nonneg_float, default=None, metavar="SECONDS",
                     help="let a new topic also take the place of a stream without a sample for "
                          "this long, when --max-streams are held (default: only ended streams)")

@@ -24,11 +24,14 @@ per stream topic into a ``zmq.Poller`` loop:
   checkpoint directory the retired stream is checkpointed and resumes where it was
   when its topic comes back (its numbers checked against the checkpoint's); without
   one its topic starts a new engine. Topics that end (or go idle, with
-  ``retire_idle``) thus never hold the table; ones that neither end nor go quiet do;
+  ``retire_idle``) thus do not keep new ones out, as long as their checkpoints can be
+  written; topics that neither end nor go quiet do;
 * idle streams (and the idle service) send one-way heartbeats;
 * with a checkpoint directory, each stream is checkpointed every
-  ``checkpoint_every`` samples and at shutdown, and a new service resumes every
-  stream found there, reporting how many samples were lost since its checkpoint
+  ``checkpoint_every`` samples, when it ends and at shutdown, and a new service
+  resumes the streams found there that had not ended (at most ``max_streams``, the
+  last checkpointed first; the others when their topics come back), reporting how
+  many samples were lost since its checkpoint
   (the sequence numbers between the checkpoint's last one and the first one received
   after the restart). After a crash, the posteriors of samples that were inside the
   smoothing lag at the checkpoint are published again: delivery is at-least-once.
@@ -88,7 +91,7 @@ __all__ = ["StreamService", "CheckpointError", "start_metrics_server", "MetricsS
 logger = logging.getLogger(__name__)
 
 _RECORD_TAG = "streamfhmm.service-stream"
-_RECORD_VERSION = 2   # 2: "retired" (version 1 records are read as not retired)
+_RECORD_VERSION = 2   # 2: "ended" and "run" (version 1 records: not ended, run unknown)
 #: seconds before a stream whose retirement failed (its checkpoint) is tried again
 _RETIRE_RETRY = 10.0
 #: a stream's file stem (:func:`_stream_stem`); its record, an engine file, and a
@@ -110,6 +113,23 @@ _GENERAL_READ = 8
 
 class CheckpointError(ValueError):
     """A checkpoint directory entry that is not a valid stream checkpoint."""
+
+
+class _WidthError(CheckpointError):
+    """A stream checkpoint of an engine with another number of features than the
+    service reads (its configuration, not the file, is at fault)."""
+
+
+def _record_says_ended(path: str) -> bool:
+    """Whether the record at ``path``, one :func:`read_stream_record` refuses, reads as
+    JSON with ``"ended": true`` (then it is not resumed at the start but set aside when
+    its topic comes back)."""
+    try:
+        with open(path, "rb") as fh:
+            rec = json.loads(fh.read())
+        return isinstance(rec, dict) and rec.get("ended") is True
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
 
 
 class _Pending:
@@ -416,8 +436,9 @@ def read_stream_record(path: str) -> dict:
         ``topic`` (bytes), ``seq``, ``t_next``, ``pending`` (list of (t, seq, ts)),
         ``pending_text`` (the JSON number text of each pending ``ts``, bytes),
         ``generation``, ``file`` (the engine checkpoint's full path), ``time``,
-        ``retired`` (True when the stream was retired to make room for another: such a
-        record is resumed when its topic comes back, not when the service starts).
+        ``ended`` (True when the stream had ended, or was retired to make room for
+        another: such a record is resumed when its topic comes back, not when the
+        service starts), ``run`` (the id of the service run that wrote it, or "").
 
     Raises
     ------
@@ -427,7 +448,7 @@ def read_stream_record(path: str) -> dict:
         with open(path, "rb") as fh:
             raw = fh.read()   # (a long warm-up's pending samples make it tens of MB)
         rec = json.loads(raw)
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{path} is not a streamfhmm stream checkpoint record: {exc}") from None
     if not isinstance(rec, dict) or rec.get("format") != _RECORD_TAG:
         raise CheckpointError(f"{path} is not a streamfhmm stream checkpoint record (no "
@@ -444,9 +465,12 @@ def read_stream_record(path: str) -> dict:
         texts = [p[2] for p in json.loads(raw, parse_float=str, parse_int=str)["pending"]] if pending else []
         fname = str(rec["file"])
         when = float(rec["time"])
-        retired = rec.get("retired", False)   # (absent from records written before it)
-        if type(retired) is not bool:
-            raise TypeError(f"'retired' must be true or false, got {retired!r}")
+        ended = rec.get("ended", False)   # (absent from version 1 records)
+        if type(ended) is not bool:
+            raise TypeError(f"'ended' must be true or false, got {ended!r}")
+        run = rec.get("run", "")
+        if type(run) is not str:
+            raise TypeError(f"'run' must be a string, got {run!r}")
         check_topic(topic)  # the service publishes under it
     except (KeyError, TypeError, ValueError, OverflowError) as exc:  # WireError is a ValueError
         raise CheckpointError(f"{path} is a damaged stream checkpoint record: {exc!r}") from None
@@ -470,7 +494,7 @@ def read_stream_record(path: str) -> dict:
     texts = [txt.encode() if type(txt) is str and len(txt) <= TS_TEXT_BYTES and _JSON_NUMBER(txt.encode())
              else ts_text(p[2]) for p, txt in zip(pending, texts)]
     return {"topic": topic, "seq": seq, "t_next": t_next, "pending": pending, "pending_text": texts,
-            "generation": gen, "file": full, "time": when, "retired": retired}
+            "generation": gen, "file": full, "time": when, "ended": ended, "run": run}
 
 
 class StreamService:
@@ -492,11 +516,13 @@ class StreamService:
         ``checkpoint_dir``.
     checkpoint_dir : str, optional
         Directory of stream checkpoints (created if missing, and made again if it is
-        deleted while the service runs). At the start the streams found there are
-        resumed, at most ``max_streams`` of them, the most recently checkpointed first;
-        the others, and the streams that had ended or were retired, resume when their
-        topic comes back. A record that cannot be resumed then is renamed
-        ``<name>.json.unusable`` and the topic starts anew (``resume_failures``).
+        deleted while the service runs). At the start the streams found there that had
+        not ended are resumed, at most ``max_streams`` of them, the last checkpointed
+        first; the others, and the streams that had ended or were retired, resume when
+        their topic comes back. A checkpoint that cannot be resumed then (damaged,
+        missing) is set aside (``.unusable`` appended to its files' names) and the topic
+        starts anew (``resume_failures``); one of an engine of another width is refused
+        (``engine_rejected``) and kept.
     checkpoint_every : int, optional
         Checkpoint a stream after this many of its samples (None: only at shutdown): at
         the end of the read batch (``batch_size``) in which they are reached, after its
@@ -516,9 +542,12 @@ class StreamService:
         published first, as at an end). A retired stream is checkpointed (with a
         checkpoint directory) and its engine closed; when its topic comes back it
         resumes from that checkpoint (without a directory: a new engine from
-        ``engine_factory``). If that checkpoint fails the stream stays, and is not tried
-        again for 10 s. When no stream can be retired, the new topic's samples are
-        counted (``streams_full``) and skipped. Counted in ``retired``.
+        ``engine_factory``). If that checkpoint fails the stream stays (not tried again
+        for 10 s) and the new topic's samples are skipped; so are they when no stream can
+        be retired (counted in ``streams_full``). Counted in ``retired``. A returning
+        stream's samples lost meanwhile count in ``lost_on_resume``, and in the gaps only
+        if the source still followed its numbers (it gives up a released topic's for a
+        new one).
     retire_idle : float, optional
         Seconds without a sample after which a stream that never ended may be retired
         to make room (None: only ended streams are). A stream is never retired while
@@ -598,7 +627,6 @@ class StreamService:
         self._log = RateLimitedLog(logger, log_interval)
         self._stop = threading.Event()
         self.streams: dict[bytes, _Stream] = {}
-        self._record_cache = None   # (topic, record) read by _known_last_seq, for _new_stream
         self.counters = {"samples": 0, "posteriors": 0, "engine_rejected": 0, "streams_full": 0,
                          "heartbeats_in": 0, "heartbeats_out": 0, "checkpoints": 0,
                          "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0, "unmatched": 0,
@@ -607,12 +635,13 @@ class StreamService:
         #: older one): ``streamfhmm serve`` then exits 1
         self.final_checkpoint_failures: list[str] = []
         self.started = time.monotonic()
-        self._started_wall = time.time()
+        self._run_id = os.urandom(8).hex()   # (names this run in the records it writes)
         self._last_status = (self.started, 0, 0)   # time, samples, learner steps of this run
         # learner steps the engines held when this service resumed them (not counted in
         # this run's rate), and those of the engines it retired (at their retirement)
         self._steps_inherited = 0
         self._steps_retired = 0
+        self._stale_returned = 0   # (counted in metrics' "stale")
         self._last_any_out = self.started
         self._closed = False
         if self.checkpoint_dir is not None:
@@ -621,9 +650,6 @@ class StreamService:
                 raise CheckpointError(f"cannot use {self.checkpoint_dir} as the checkpoint "
                                       f"directory: {problem}")
             self._resume_all()
-            if resume_engine is not None and hasattr(source, "known_last_seq"):
-                # a retired stream's topic coming back is sequence-checked from its record
-                source.known_last_seq = self._known_last_seq
 
     # -- control ---------------------------------------------------------------------
     def request_stop(self):
@@ -646,8 +672,13 @@ class StreamService:
         try:
             live = []
             for name in names:
-                rec = read_stream_record(os.path.join(self.checkpoint_dir, name))
-                if rec["retired"]:
+                try:
+                    rec = read_stream_record(os.path.join(self.checkpoint_dir, name))
+                except CheckpointError:
+                    if _record_says_ended(os.path.join(self.checkpoint_dir, name)):
+                        continue   # (left for its topic's return, which sets it aside)
+                    raise
+                if rec["ended"]:
                     kept.add(os.path.basename(rec["file"]))
                 else:
                     live.append(rec)
@@ -675,7 +706,8 @@ class StreamService:
         one not yet removed, a first one without a record) and temporary files of atomic
         writes older than an hour. Only files of the service's own name patterns, among
         ``listing`` (the directory's names); ``kept`` names the engine files of the
-        records not resumed at the start (retired streams', and those past ``max_streams``)."""
+        records not resumed at the start (ended or retired streams', those past
+        ``max_streams``)."""
         named = {_engine_file(_stream_stem(st.topic), st.generation) for st in self.streams.values()}
         named.update(kept)
         now = time.time()
@@ -691,8 +723,8 @@ class StreamService:
 
     def _resume_one(self, rec: dict, returning: bool = False) -> _Stream:
         """Resume the stream of record ``rec`` (:func:`read_stream_record`): at the start,
-        or (``returning``) when its topic comes back (a retired stream; the source has
-        taken the record's last sequence number through :meth:`_known_last_seq`)."""
+        or (``returning``) when its topic comes back (an ended or retired stream, one past
+        ``max_streams`` at the start)."""
         try:
             engine = self.resume_engine(rec["file"])
         except Exception as exc:   # (whatever a damaged file makes a resume raise)
@@ -707,7 +739,7 @@ class StreamService:
         if d_eng is not None and d_eng != self.source.n_features:
             # (it would refuse every sample of the stream, for ever)
             engine.close()
-            raise CheckpointError(f"{rec['file']} is an engine of {d_eng} features per sample, "
+            raise _WidthError(f"{rec['file']} is an engine of {d_eng} features per sample, "
                                   f"this service reads {self.source.n_features}: resume with the "
                                   "model it was written with, or use another checkpoint directory")
         st = _Stream(rec["topic"], engine)
@@ -718,11 +750,11 @@ class StreamService:
         st.generation = rec["generation"]
         st.resumed_seq = rec["seq"]
         st.returned = returning
-        # a retired stream's lag was published when it was retired (unless a warm-up
-        # was kept): nothing to end again
-        st.ended = rec["retired"] and not _warming_up(engine)
+        # an ended or retired stream's lag was published (unless a warm-up was kept):
+        # nothing to end again
+        st.ended = rec["ended"] and not _warming_up(engine)
         # (retired by this run: its steps were counted among the retired ones until now)
-        self._add_stream(st, retired_here=returning and rec["time"] >= self._started_wall)
+        self._add_stream(st, retired_here=returning and rec["run"] == self._run_id)
         if not returning:
             self.source.set_last_seq(st.topic, rec["seq"])
         age = time.time() - rec["time"]
@@ -739,12 +771,13 @@ class StreamService:
         for st in ([stream] if stream is not None else list(self.streams.values())):
             self._checkpoint(st)
 
-    def _checkpoint(self, st: _Stream, final: bool = False, retired: bool = False) -> bool:
+    def _checkpoint(self, st: _Stream, final: bool = False) -> bool:
         """Checkpoint one stream (engine file, then its record); whether it was written.
 
         A failure is counted and logged (rate-limited); one at shutdown (``final``) is
-        always logged and its stream named in :attr:`final_checkpoint_failures`.
-        ``retired`` marks the record of a stream being retired (:meth:`_retire`)."""
+        always logged and its stream named in :attr:`final_checkpoint_failures`. The
+        record of an ended stream says so (``"ended"``): it resumes when its topic comes
+        back, not at the next start."""
         stem = os.path.join(self.checkpoint_dir, _stream_stem(st.topic))
         gen = st.generation + 1
         path = _engine_file(stem, gen)
@@ -756,9 +789,8 @@ class StreamService:
             st.engine.checkpoint(path)
             rec = {"format": _RECORD_TAG, "version": _RECORD_VERSION, "topic": st.topic.hex(),
                    "seq": st.last_seq, "t_next": st.t_next, "generation": gen,
-                   "file": os.path.basename(path), "time": time.time()}
-            if retired:
-                rec["retired"] = True
+                   "file": os.path.basename(path), "time": time.time(), "ended": st.ended,
+                   "run": self._run_id}
             # the time stamps as the number texts they arrived as (json.dumps would write
             # repr of their floats): a resumed stream publishes them as it received them
             text = json.dumps(rec)[:-1] + ', "pending": ' + st.pending.json_text() + "}"
@@ -965,6 +997,18 @@ class StreamService:
                 return
         is_run = type(run) is SampleRun
         seq0 = int(run.seq[0]) if is_run else run[0].seq
+        if st.returned and st.resumed_seq is not None and 0 < seq0 <= st.resumed_seq:
+            # a stream come back whose bookkeeping the source had given up: the numbers
+            # at or before its checkpoint's are stale (a restart at 0 is not)
+            k = min(len(run), st.resumed_seq - seq0 + 1)
+            self._stale_returned += k
+            self._log("stale", "stream %r came back with %d sample(s) at or before its "
+                      "checkpoint's sequence number %d: skipped", st.name, k, st.resumed_seq)
+            if k == len(run):
+                return
+            run = (SampleRun(run.topic, run.seq[k:], run.ts_text[k:], run.ts_len[k:], run.values[k:])
+                   if is_run else run[k:])
+            seq0 += k
         if st.resumed_seq is not None:
             self._report_resume(st, seq0)
         if st.last_seq >= 0 and seq0 != st.last_seq + 1 and not st.ended \
@@ -1062,11 +1106,11 @@ class StreamService:
                            "not after the checkpoint's %d: the publisher restarted", st.name, seq, c)
 
     def _new_stream(self, topic: bytes, n: int = 1):
-        """The stream of a topic not in the table (new, or retired and come back), or None
-        (its ``n`` samples counted and skipped)."""
+        """The stream of a topic not in the table (new, or come back), or None (its ``n``
+        samples counted and skipped)."""
         if len(self.streams) >= self.max_streams and not self._make_room():
             self.counters["streams_full"] += n
-            self._forget(topic)   # (the source's table holds only the topics served)
+            self._release(topic)   # (the source may give up its bookkeeping for a new topic)
             self._log("streams_full", "skipped %d sample(s) of a new topic %r: already %d streams "
                       "(max_streams), none ended%s", n, topic_name(topic), len(self.streams),
                       "" if self.retire_idle is None else f" or idle for {self.retire_idle:g} s")
@@ -1075,6 +1119,11 @@ class StreamService:
         if rec is not None:
             try:
                 return self._resume_one(rec, returning=True)
+            except _WidthError as exc:   # (this service's configuration, not the record)
+                self.counters["engine_rejected"] += n
+                self._log("resume", "cannot resume the stream of topic %r: %s", topic_name(topic), exc)
+                self._release(topic)
+                return None
             except CheckpointError as exc:
                 self._set_aside(topic, exc)
         try:
@@ -1082,7 +1131,7 @@ class StreamService:
         except (OSError, ValueError) as exc:
             self.counters["engine_rejected"] += n
             self._log("engine_factory", "cannot start an engine for topic %r: %s", topic_name(topic), exc)
-            self._forget(topic)
+            self._release(topic)
             return None
         st = _Stream(topic, engine)
         self._add_stream(st)
@@ -1090,14 +1139,11 @@ class StreamService:
         return st
 
     def _record(self, topic: bytes) -> dict | None:
-        """The checkpoint record of ``topic``'s stream left in the directory (a retired
-        stream's, or one past ``max_streams`` at the start), or None. A record that cannot
-        be read is set aside (:meth:`_set_aside`): the topic then starts anew."""
+        """The checkpoint record of ``topic``'s stream left in the directory (an ended or
+        retired stream's, or one past ``max_streams`` at the start), or None. A record
+        that cannot be read is set aside (:meth:`_set_aside`): the topic then starts anew."""
         if self.checkpoint_dir is None:
             return None
-        cached, self._record_cache = self._record_cache, None
-        if cached is not None and cached[0] == topic:
-            return cached[1]
         path = os.path.join(self.checkpoint_dir, _stream_stem(topic) + ".json")
         if not os.path.exists(path):
             return None
@@ -1108,62 +1154,55 @@ class StreamService:
             return None
 
     def _set_aside(self, topic: bytes, exc):
-        """Rename the record of ``topic`` that cannot be resumed (``<stem>.json.unusable``,
-        kept for a look; a later one replaces it) so that the topic starts anew instead
-        of being refused for ever; counted in ``resume_failures``."""
+        """Rename the record of ``topic`` that cannot be resumed, and the engine files of
+        its name, with the suffix ``.unusable`` (kept for a look: a new stream's
+        checkpoints take other names; a later set-aside replaces them), so that the topic
+        starts anew instead of being refused for ever; counted in ``resume_failures``."""
         self.counters["resume_failures"] += 1
-        path = os.path.join(self.checkpoint_dir, _stream_stem(topic) + ".json")
-        try:
-            os.replace(path, path + ".unusable")
-        except OSError as err:
-            logger.warning("could not set aside %s: %s", path, err)
-        logger.warning("stream %r cannot be resumed (%s): its record is set aside as %s.unusable "
-                       "and the topic starts a new stream", topic_name(topic), exc, path)
-
-    def _known_last_seq(self, topic: bytes) -> int | None:
-        """The source's question about a topic it has no bookkeeping for: the last
-        sequence number of its stream's checkpoint record, if one is left in the directory
-        (so that stale samples of a retired stream coming back are skipped and a gap is
-        counted as for a stream resumed at the start)."""
-        if topic in self.streams:
-            return None
-        rec = self._record(topic)
-        if rec is None:
-            return None
-        self._record_cache = (topic, rec)
-        return rec["seq"]
+        stem = _stream_stem(topic)
+        for name in os.listdir(self.checkpoint_dir):
+            if name == stem + ".json" or (name.startswith(stem + ".") and _ENGINE_FILE_RE.match(name)):
+                path = os.path.join(self.checkpoint_dir, name)
+                try:
+                    os.replace(path, path + ".unusable")
+                except OSError as err:
+                    self._log("set_aside", "could not set aside %s: %s", path, err)
+        self._log("set_aside", "stream %r cannot be resumed (%s): its checkpoint is set aside "
+                  "(%s.json.unusable) and the topic starts a new stream", topic_name(topic), exc,
+                  os.path.join(self.checkpoint_dir, stem))
 
     def _make_room(self) -> bool:
         """Retire one stream (:meth:`_retire`): an ended one, the longest without a
         sample first, else, with ``retire_idle``, one without a sample for at least
-        ``retire_idle`` seconds, the longest first; a stream whose retirement failed in
-        the last ``_RETIRE_RETRY`` seconds is not tried again. Whether one was retired."""
+        ``retire_idle`` seconds, the longest first. A stream whose retirement failed in
+        the last ``_RETIRE_RETRY`` seconds is not tried, and a failure (its checkpoint:
+        the directory's, most likely) ends the attempt. Whether one was retired."""
         now = time.monotonic()
         ready = [st for st in self.streams.values() if now - st.retire_failed >= _RETIRE_RETRY]
-        ended = sorted((st for st in ready if st.ended), key=lambda st: st.last_in)
-        idle = [] if self.retire_idle is None else sorted(
-            (st for st in ready if not st.ended and now - st.last_in >= self.retire_idle),
-            key=lambda st: st.last_in)
-        for st in ended + idle:
-            if self._retire(st):
-                return True
+        ended = [st for st in ready if st.ended]
+        if ended:
+            return self._retire(min(ended, key=lambda st: st.last_in))
+        if self.retire_idle is not None and ready:
+            st = min(ready, key=lambda st: st.last_in)
+            if now - st.last_in >= self.retire_idle:
+                return self._retire(st)
         return False
 
     def _retire(self, st: _Stream) -> bool:
         """Take ``st`` out of the table to make room: publish its smoothing lag (unless it
-        ended, or a checkpoint keeps its warm-up), checkpoint it as retired (with a
+        ended, or a checkpoint keeps its warm-up), checkpoint it as ended (with a
         checkpoint directory; if that fails the stream stays, its lag published), close
         its engine. Whether it was retired."""
         keep = self.checkpoint_dir is not None and _warming_up(st.engine)
         if not st.ended and not keep:
             self._flush(st)
-            st.ended = True
-        if self.checkpoint_dir is not None and not self._checkpoint(st, retired=True):
+        st.ended = True
+        if self.checkpoint_dir is not None and not self._checkpoint(st):
             st.retire_failed = time.monotonic()
             return False
         self._steps_retired += _engine_steps(st.engine)
         del self.streams[st.topic]
-        self._forget(st.topic)
+        self._release(st.topic)
         try:
             st.engine.close()
         except Exception as exc:  # noqa: BLE001 - a failed close must not stop the service
@@ -1174,11 +1213,11 @@ class StreamService:
                     else "no checkpoint directory: its topic coming back starts a new engine")
         return True
 
-    def _forget(self, topic: bytes):
-        """The source gives up the bookkeeping of a topic not served (when it can)."""
-        forget = getattr(self.source, "forget", None)
-        if forget is not None:
-            forget(topic)
+    def _release(self, topic: bytes):
+        """The source may give up the bookkeeping of a topic not served (when it can)."""
+        release = getattr(self.source, "release", None)
+        if release is not None:
+            release(topic)
 
     def _add_stream(self, st: _Stream, retired_here: bool = False):
         """Register a new or resumed stream: its engine decides the block path (the
@@ -1186,6 +1225,9 @@ class StreamService:
         checkpoint's) are not this run's, unless this run retired it (``retired_here``):
         they move back from the retired engines' count."""
         self.streams[st.topic] = st
+        hold = getattr(self.source, "hold", None)
+        if hold is not None:
+            hold(st.topic)
         steps = _engine_steps(st.engine)
         if retired_here:
             self._steps_retired -= steps
@@ -1241,6 +1283,10 @@ class StreamService:
         logger.info("stream %r ended at sequence number %d", st.name, hb.seq)
         self._flush(st)
         st.ended = True
+        if self.checkpoint_dir is not None:
+            # (a crash then leaves it ended: it resumes when its topic comes back, and
+            # does not hold a place in the table after the restart)
+            self._checkpoint(st)
 
     def _flush(self, st: _Stream):
         try:
@@ -1325,8 +1371,7 @@ class StreamService:
             if not st.ended and not keep:
                 self._flush(st)
             if self.checkpoint_dir is not None:
-                # an ended stream resumes when its topic comes back, not at the next start
-                written = self._checkpoint(st, final=True, retired=st.ended)
+                written = self._checkpoint(st, final=True)
                 if keep and not written and not st.ended:
                     self._flush(st)
             try:
@@ -1360,7 +1405,8 @@ class StreamService:
         out.update(streams=len(self.streams), malformed=dict(self.source.errors),
                    malformed_total=self.source.n_malformed,
                    gaps=sum(s.gaps for s in seqs), gap_samples=sum(s.gap_samples for s in seqs),
-                   stale=sum(s.stale for s in seqs), restarts=sum(s.restarts for s in seqs),
+                   stale=sum(s.stale for s in seqs) + self._stale_returned,
+                   restarts=sum(s.restarts for s in seqs),
                    input_disconnects=getattr(self.source, "disconnects", 0),
                    input_reconnects=getattr(self.source, "reconnects", 0),
                    published=self.sink.sent, subscribers=self.sink.n_subscribers(),

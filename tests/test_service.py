@@ -666,7 +666,7 @@ def test_a_new_topic_takes_the_place_of_an_ended_stream_which_resumes_when_it_co
         h.sample(b"c", seq, _values(2, seq))       # a retired
     _wait_for(lambda: h.service.counters["retired"] == 1)
     rec = read_stream_record(str(tmp_path / "ckpt" / "stream-61.json"))
-    assert rec["retired"] and (rec["seq"], rec["t_next"], rec["pending"]) == (4, 5, [])
+    assert rec["ended"] and (rec["seq"], rec["t_next"], rec["pending"]) == (4, 5, [])
     assert sorted(h.service.streams) == [b"b", b"c"]
     for seq in range(5, 8):
         h.sample(b"a", seq, _values(0, seq))       # no room: b and c have not ended
@@ -681,11 +681,11 @@ def test_a_new_topic_takes_the_place_of_an_ended_stream_which_resumes_when_it_co
     assert _posts(got, b"b") == [(0, 0), (1, 1), (2, 2)]
     assert _posts(got, b"c") == [(0, 0), (1, 1), (2, 2)]
     assert (m["retired"], m["streams_full"], m["lost_on_resume"], m["streams"]) == (2, 3, 3, 2)
-    assert m["gap_samples"] == 0     # (the source gave up a retired topic's numbers)
+    assert m["gap_samples"] == 0     # (the source followed a's numbers: 5..7 came, skipped)
     recs = {t: read_stream_record(str(tmp_path / "ckpt" / f"stream-{t}.json"))
             for t in ("61", "62", "63")}
     # (a ended: its record at the stop is a retired one too, resumed when it comes back)
-    assert [recs[t]["retired"] for t in ("61", "62", "63")] == [True, True, False]
+    assert [recs[t]["ended"] for t in ("61", "62", "63")] == [True, True, False]
     assert recs["61"]["t_next"] == 8 and recs["62"]["t_next"] == 3
 
 
@@ -713,7 +713,7 @@ def test_a_retired_stream_is_resumed_when_its_topic_comes_back_not_at_the_start(
     got += h.recv(2)
     d = tmp_path / "ckpt"
     files = sorted(os.listdir(d))
-    assert len(files) == 4 and read_stream_record(str(d / "stream-61.json"))["retired"]
+    assert len(files) == 4 and read_stream_record(str(d / "stream-61.json"))["ended"]
     h.start()
     assert sorted(h.service.streams) == [b"b"] and sorted(os.listdir(d)) == files
     got += _end_and_a_comes_back(h, b"b", 1)         # b retired, a resumed at t = 3
@@ -881,8 +881,125 @@ def test_a_retirement_whose_checkpoint_fails_keeps_the_stream_and_waits_to_try_a
         h.sample(topic, 0, _values(1, 0))
     _wait_for(lambda: h.service.counters["streams_full"] == 3)
     assert sorted(h.service.streams) == [b"a"]
-    assert h.service.counters["checkpoint_failures"] == 1
+    assert h.service.counters["checkpoint_failures"] == 2   # (at a's end, and b's one try)
     h.stop()
+
+
+def _direct_service(tmp_path, engine=FakeEngine, **kw):
+    """A service driven by hand: ``feed(*frames)`` decodes messages through its source
+    (sequence checks included) and hands them to ``process`` as one read."""
+    ctx = zmq.Context()
+    src = ZmqSource(ANY, 3, bind=True, context=ctx, linger_ms=0)
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0)
+    svc = StreamService(src, sink, lambda t: engine(), resume_engine=engine.resume,
+                        checkpoint_dir=str(tmp_path / "ckpt"), heartbeat_interval=0, **kw)
+
+    def feed(*frames):
+        svc.process([i for i in (src.feed(f) for f in frames) if i is not None])
+
+    def close():
+        svc.shutdown()
+        src.close(0)
+        sink.close(0)
+        ctx.term()
+    return svc, feed, close
+
+
+def _s(topic, seq):
+    return encode_sample(topic, seq, 0.0, _values(0, seq))
+
+
+def _end(topic, seq):
+    return encode_heartbeat(topic, seq, 0.0, end=True)
+
+
+def test_a_topic_retired_and_skipped_in_one_read_keeps_its_numbers_checked(tmp_path):
+    """The source decodes a whole read before the service handles it: a topic retired,
+    then skipped for lack of room, in one read had its bookkeeping dropped while the
+    source had already taken later numbers, and its repeats were pushed again."""
+    svc, feed, close = _direct_service(tmp_path, max_streams=1)
+    try:
+        feed(*[_s(b"e", q) for q in range(5)], _end(b"e", 4))
+        feed(_s(b"n", 0), _s(b"e", 5))          # e retired for n; e's 5 finds no room
+        feed(_end(b"n", 0))
+        feed(_s(b"e", 5), _s(b"e", 6), _s(b"e", 9))   # 5 again: stale; 7, 8 lost
+        st = svc.streams[b"e"]
+        m = svc.metrics(engines=False)
+        assert (st.t_next, st.last_seq) == (7, 9)     # 6 and 9 pushed, at positions 5 and 6
+        assert (m["stale"], m["streams_full"], m["retired"]) == (1, 1, 2)
+    finally:
+        close()
+
+
+def test_an_ended_stream_is_checkpointed_as_ended_at_once(tmp_path):
+    """Only the stop wrote it so: after a crash, ended streams were resumed as live and
+    held the table again."""
+    svc, feed, close = _direct_service(tmp_path)
+    try:
+        feed(*[_s(b"a", q) for q in range(3)], _end(b"a", 2))
+        rec = read_stream_record(str(tmp_path / "ckpt" / "stream-61.json"))
+        assert rec["ended"] and (rec["seq"], rec["t_next"], rec["pending"]) == (2, 3, [])
+    finally:
+        close()
+
+
+def test_a_failed_retirement_ends_the_attempt(tmp_path):
+    """A checkpoint that fails (the directory's, most likely) was tried for every
+    candidate, each flushed first, on every new topic's message."""
+    svc, feed, close = _direct_service(tmp_path, engine=UnwritableFakeEngine, max_streams=2)
+    try:
+        for topic in (b"a", b"b"):
+            feed(*[_s(topic, q) for q in range(3)], _end(topic, 2))
+        assert svc.counters["checkpoint_failures"] == 2   # (their ends)
+        feed(_s(b"c", 0))
+        assert svc.counters["checkpoint_failures"] == 3 and svc.counters["streams_full"] == 1
+        feed(_s(b"d", 0))                                 # the other one
+        feed(_s(b"e", 0))                                 # both wait 10 s
+        assert svc.counters["checkpoint_failures"] == 4 and svc.counters["streams_full"] == 3
+    finally:
+        close()
+
+
+class WideFakeEngine(FakeEngine):
+    n_features = 7
+
+
+def test_a_checkpoint_of_another_width_is_refused_not_set_aside(tmp_path):
+    """A service started with the wrong model set such a checkpoint aside for good (and
+    its new stream could write over its engine file)."""
+    d = tmp_path / "ckpt"
+    svc, feed, close = _direct_service(tmp_path)
+    feed(*[_s(b"a", q) for q in range(3)], _end(b"a", 2))
+    close()
+    files = sorted(os.listdir(d))
+    svc, feed, close = _direct_service(tmp_path, engine=WideFakeEngine)
+    try:
+        feed(_s(b"a", 3))
+        assert svc.counters["engine_rejected"] == 1 and svc.counters["resume_failures"] == 0
+        assert sorted(os.listdir(d)) == files and b"a" not in svc.streams
+    finally:
+        close()
+
+
+def test_a_damaged_ended_record_does_not_stop_the_start_and_is_set_aside(tmp_path):
+    d = tmp_path / "ckpt"
+    svc, feed, close = _direct_service(tmp_path)
+    feed(*[_s(b"a", q) for q in range(3)], _end(b"a", 2))
+    close()
+    rec = read_stream_record(str(d / "stream-61.json"))
+    os.remove(rec["file"])                              # a's engine file lost
+    svc, feed, close = _direct_service(tmp_path)
+    try:
+        assert svc.streams == {}
+        feed(*[_s(b"a", q) for q in range(3, 5)])       # a starts anew at position 0
+        assert svc.streams[b"a"].t_next == 2 and svc.counters["resume_failures"] == 1
+        assert (d / "stream-61.json.unusable").exists()
+    finally:
+        close()
+    # a record nested too deep to parse is a CheckpointError (RecursionError escaped)
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    with pytest.raises(CheckpointError, match="not a streamfhmm stream checkpoint record"):
+        read_stream_record(str(tmp_path / "deep.json"))
 
 
 def test_heartbeats_of_idle_topics_never_take_the_room_of_samples(tmp_path, harness):
@@ -892,9 +1009,9 @@ def test_heartbeats_of_idle_topics_never_take_the_room_of_samples(tmp_path, harn
     h = harness(tmp_path, max_streams=2, source_kw={"max_streams": 2})
     for seq in range(5):
         h.sample(b"s", seq, _values(0, seq))
-    h.send(encode_heartbeat(b"s", 4, 0.0, end=True))
-    h.recv(5)
+    _wait_for(lambda: h.service.counters["samples"] == 5)
     h.stop()                                      # checkpoints s at sequence number 4
+    h.recv(5)
     h.start()                                     # resumes s: the source knows its 4
     h.send(encode_heartbeat(b"idle", 3, 0.0))     # an idle publisher: its table place ...
     h.send(encode_heartbeat(b"idle", 5, 0.0))     # (... and the gap 4, 5 it reveals)
@@ -1118,7 +1235,7 @@ def test_tampered_records_are_clear_errors_not_crashes(tmp_path):
                             ({"generation": True}, "generation must be an integer"),
                             ({"name": "stream-74.json"}, "is named stream-73.json"),
                             ({"file": "stream-74.1.npz"}, "names the engine file stream-73.1.npz"),
-                            ({"retired": 1}, "'retired' must be true or false"),
+                            ({"ended": 1}, "'ended' must be true or false"),
                             ({"version": 3}, "has record version 3; this streamfhmm reads versions 1 to 2")):
         for f in d.iterdir():
             f.unlink()
@@ -1606,8 +1723,9 @@ def test_e2e_malformed_messages_are_counted_and_the_stream_goes_on(fitted):
 
 def test_e2e_max_streams_1_serves_topics_that_come_and_go(fitted, tmp_path):
     """``serve --max-streams 1``: each topic ends before the next one starts; each takes
-    the place of the last (which the source had kept a place for too: serve's source
-    gives up the topics the service retires), and the first resumes where it ended."""
+    the place of the last, and the first resumes where it ended. (serve's source has
+    room for the topics of one read past --max-streams, and releases the topics the
+    service retires.)"""
     pub = Publisher()
     con = Consumer()
     serve = _serve(fitted, pub.endpoint, con, "--max-streams", "1",

@@ -610,31 +610,36 @@ def test_source_tracks_a_bounded_number_of_topics(ctx):
     src.close(0)
 
 
-def test_forget_gives_up_a_topics_bookkeeping_and_keeps_its_counts(ctx):
-    """``forget`` (the service's call for a topic it retires or has no room for) frees
-    the topic's place; its next message starts afresh, with no gap before it."""
+def test_released_bookkeeping_is_kept_until_a_new_topic_needs_its_place(ctx):
+    """``release`` (the service's call for a topic it retires or has no room for) lets
+    the source give up the topic's bookkeeping for a new topic, the longest released
+    first; until then the topic's numbers are checked as before. ``hold`` takes it back."""
     pub, ep = _pub(ctx)
     src = ZmqSource(ep, 1, context=ctx, linger_ms=0, max_streams=2)
     _wait_sub(pub)
-    for topic, seq in ((b"a", 0), (b"a", 3), (b"a", 1), (b"b", 0)):   # a: a gap of 2, 1 stale
-        pub.send_multipart(encode_sample(topic, seq, 0.0, [1.0]))
+
+    def send(*msgs):
+        for topic, seq in msgs:
+            pub.send_multipart(encode_sample(topic, seq, 0.0, [1.0]))
+    send((b"a", 0), (b"a", 3), (b"a", 1), (b"b", 0))     # a: a gap of 2, 1 stale
     assert len(_recv_all(src, 3)) == 3
-    assert src.forget(b"a") and not src.forget(b"a") and not src.forget(b"zz")
-    assert sorted(src.streams) == [b"b"]
+    src.release(b"a")
+    send((b"a", 2), (b"a", 4))                            # still checked: 2 stale, 4 follows 3
+    assert [(i.topic, i.seq) for i in _recv_all(src, 1)] == [(b"a", 4)]
+    send((b"c", 0))                                       # full: a's place given up
+    assert [(i.topic, i.seq) for i in _recv_all(src, 1)] == [(b"c", 0)]
+    assert sorted(src.streams) == [b"b", b"c"] and src.evicted == 1
     t = src.evicted_totals
-    assert (t.gaps, t.gap_samples, t.stale) == (1, 2, 1)
-    for topic, seq in ((b"c", 0), (b"a", 9)):                         # room for c, then full
-        pub.send_multipart(encode_sample(topic, seq, 0.0, [1.0]))
-    pub.send_multipart(encode_sample(b"d", 0, 0.0, [1.0]))            # a, d: untracked
-    pub.send_multipart(encode_sample(b"b", 1, 0.0, [1.0]))
-    items = _recv_all(src, 2)
-    assert [(i.topic, i.seq) for i in items] == [(b"c", 0), (b"b", 1)]
-    src.forget(b"c")                                                  # room: a anew
-    pub.send_multipart(encode_sample(b"a", 9, 0.0, [1.0]))
+    assert (t.gaps, t.gap_samples, t.stale) == (1, 2, 2)
+    src.release(b"b")
+    src.hold(b"b")
+    send((b"d", 0), (b"b", 1))                            # nothing released: d untracked
+    assert [(i.topic, i.seq) for i in _recv_all(src, 1)] == [(b"b", 1)]
+    src.release(b"c")
+    send((b"a", 9))                                       # c's place: a anew, no gap
     assert [(i.topic, i.seq) for i in _recv_all(src, 1)] == [(b"a", 9)]
-    assert src.untracked == 2 and src.evicted == 0
-    m_gaps = sum(s.gaps for s in src.streams.values()) + src.evicted_totals.gaps
-    assert m_gaps == 1
+    assert src.untracked == 1 and src.evicted == 2
+    assert sum(s.gaps for s in src.streams.values()) + src.evicted_totals.gaps == 1
     src.close(0)
 
 

@@ -235,9 +235,10 @@ class ZmqSource:
         ``evicted_totals``; a later message of that topic starts afresh, with no gap
         before it), and a heartbeat of a new topic never gives up anything. The
         bookkeeping of a topic that sent a sample, or whose last sequence number was
-        declared by :meth:`set_last_seq` (a resumed stream), is given up only by
-        :meth:`forget` (which :class:`~streamfhmm.service.StreamService` calls for the
-        topics it retires or has no room for).
+        declared by :meth:`set_last_seq` (a resumed stream), is given up only once the
+        host has released it (:meth:`release`, which
+        :class:`~streamfhmm.service.StreamService` calls for the topics it retires or has
+        no room for), after the heartbeat-only ones.
     fast : bool
         Let :meth:`recv_runs` use the compiled receive path
         (:mod:`streamfhmm.io.fastwire`) where libzmq is reachable; False forces the
@@ -283,11 +284,8 @@ class ZmqSource:
         self.max_streams = int(max_streams)
         self.untracked = 0
         self.evicted = 0
-        #: ``known_last_seq(topic) -> int | None``, asked when a topic gets bookkeeping
-        #: (anew): the last sequence number of a stream the host served before, which
-        #: the topic's numbers then continue (stale ones skipped, a gap counted); None
-        #: (the default, or an answer of None): the topic starts afresh
-        self.known_last_seq = None
+        # topics whose bookkeeping the host released (release()), oldest first
+        self._released: dict[bytes, None] = {}
         self.evicted_totals = StreamSeq()
         # topics whose bookkeeping only heartbeats made (no sample yet), oldest first
         self._heartbeat_only: dict[bytes, None] = {}
@@ -353,7 +351,7 @@ class ZmqSource:
     def set_last_seq(self, topic: bytes, seq: int):
         """Declare ``seq`` the last sequence number seen on ``topic`` (after a restart).
 
-        This bookkeeping is given up only by :meth:`forget` (see ``max_streams``).
+        This bookkeeping is given up only after :meth:`release` (see ``max_streams``).
         """
         st = self.streams.get(topic)
         if st is None:
@@ -361,6 +359,7 @@ class ZmqSource:
                 self._evict()
             st = self.streams[topic] = StreamSeq()
         self._heartbeat_only.pop(topic, None)
+        self._released.pop(topic, None)
         st.last_seq = int(seq)
 
     def feed(self, frames) -> Sample | Heartbeat | None:
@@ -407,45 +406,47 @@ class ZmqSource:
                           "(max_streams)", topic_name(topic[:40]), len(self.streams))
                 return None
             st = self.streams[topic] = StreamSeq()
-            known = self.known_last_seq
-            if known is not None:
-                last = known(topic)
-                if last is not None:
-                    st.last_seq = int(last)
             if not samples:
                 self._heartbeat_only[topic] = None
         elif samples and self._heartbeat_only:
             self._heartbeat_only.pop(topic, None)
         return st
 
-    def forget(self, topic: bytes) -> bool:
-        """Give up the bookkeeping of ``topic`` (its gaps, stale samples, restarts and
-        heartbeats go to ``evicted_totals``): a later message of it starts afresh, with
-        no gap before it (unless ``known_last_seq`` knows it). For a host that stops serving a topic (a retired stream, a
-        topic it has no room for), so that the table stays bounded. Whether the topic
-        was tracked."""
-        st = self.streams.pop(topic, None)
-        if st is None:
+    def release(self, topic: bytes):
+        """Let the bookkeeping of ``topic`` be given up when a sample of a new topic needs
+        its place (after the topics only heartbeats were seen of, the longest released
+        first); until then it is kept and used as before. For a host that stops serving
+        a topic (:class:`~streamfhmm.service.StreamService` retires a stream, or has no
+        room for one), so that the table stays bounded. :meth:`hold` takes it back."""
+        if topic in self.streams and topic not in self._heartbeat_only:
+            self._released.pop(topic, None)
+            self._released[topic] = None
+
+    def hold(self, topic: bytes):
+        """Keep the bookkeeping of ``topic`` again (a host serving it again)."""
+        self._released.pop(topic, None)
+
+    def _evict(self) -> bool:
+        """Give up the bookkeeping of the oldest topic only heartbeats were seen of, else
+        of the topic released longest ago (its gaps, stale samples, restarts and
+        heartbeats go to ``evicted_totals``; a later message of it starts afresh, with no
+        gap before it); False if there is neither."""
+        pool = self._heartbeat_only or self._released
+        if not pool:
             return False
-        self._heartbeat_only.pop(topic, None)
+        topic = next(iter(pool))
+        del pool[topic]
+        st = self.streams.pop(topic)
         gone = self.evicted_totals
         gone.gaps += st.gaps
         gone.gap_samples += st.gap_samples
         gone.stale += st.stale
         gone.restarts += st.restarts
         gone.heartbeats += st.heartbeats
-        return True
-
-    def _evict(self) -> bool:
-        """Give up the bookkeeping of the oldest topic only heartbeats were seen of (its
-        gaps and heartbeats go to ``evicted_totals``); False if there is none."""
-        if not self._heartbeat_only:
-            return False
-        topic = next(iter(self._heartbeat_only))
-        self.forget(topic)
         self.evicted += 1
-        self._log("evict", "gave up the bookkeeping of topic %r (heartbeats only, no sample) for "
-                  "a new topic: already %d topics (max_streams)", topic_name(topic[:40]),
+        self._log("evict", "gave up the bookkeeping of topic %r (%s) for a new topic: already "
+                  "%d topics (max_streams)", topic_name(topic[:40]),
+                  "heartbeats only, no sample" if pool is self._heartbeat_only else "released",
                   len(self.streams) + 1)
         return True
 
