@@ -1339,7 +1339,9 @@ class StreamService:
                 f"input disconnects {m['input_disconnects']}, stale {m['stale']}, "
                 f"rejected {m['engine_rejected']}, checkpoints {m['checkpoints']}"
                 + (f" ({m['checkpoint_failures']} failed)" if m["checkpoint_failures"] else "")
-                + f", lost on resume {m['lost_on_resume']}, learner steps {steps} "
+                + f", lost on resume {m['lost_on_resume']}"
+                + (f", retired {m['retired']}" if m["retired"] else "")
+                + f", learner steps {steps} "
                 f"({max(run_steps - s_prev, 0) / dt:,.0f}/s), "
                 f"subscribers {self.sink.n_subscribers()}")
 

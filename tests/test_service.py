@@ -681,6 +681,7 @@ def test_a_new_topic_takes_the_place_of_an_ended_stream_which_resumes_when_it_co
     assert _posts(got, b"b") == [(0, 0), (1, 1), (2, 2)]
     assert _posts(got, b"c") == [(0, 0), (1, 1), (2, 2)]
     assert (m["retired"], m["streams_full"], m["lost_on_resume"], m["streams"]) == (2, 3, 3, 2)
+    assert ", retired 2, learner steps" in h.service.status_line()
     assert m["gap_samples"] == 0     # (the source followed a's numbers: 5..7 came, skipped)
     recs = {t: read_stream_record(str(tmp_path / "ckpt" / f"stream-{t}.json"))
             for t in ("61", "62", "63")}
