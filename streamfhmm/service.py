@@ -94,6 +94,10 @@ _RECORD_TAG = "streamfhmm.service-stream"
 _RECORD_VERSION = 2   # 2: "ended" and "run" (version 1 records: not ended, run unknown)
 #: seconds before a stream whose retirement failed (its checkpoint) is tried again
 _RETIRE_RETRY = 10.0
+#: seconds a topic whose checkpoint is of another width is refused without loading it
+#: again, and how many such topics are remembered
+_REFUSE_FOR = 60.0
+_REFUSED_KEPT = 1024
 #: a stream's file stem (:func:`_stream_stem`); its record, an engine file, and a
 #: temporary file of an atomic write (:func:`~streamfhmm.io.checkpoint.write_atomically`)
 _STEM = r"stream-(?:[0-9a-f]*|h[0-9a-f]{40})"
@@ -113,6 +117,16 @@ _GENERAL_READ = 8
 
 class CheckpointError(ValueError):
     """A checkpoint directory entry that is not a valid stream checkpoint."""
+
+
+class _Everything:
+    """A container holding everything (a source without sequence bookkeeping)."""
+
+    def __contains__(self, item):
+        return True
+
+
+_ALL = _Everything()
 
 
 class _WidthError(CheckpointError):
@@ -524,9 +538,9 @@ class StreamService:
         starts anew (``resume_failures``); one of an engine of another width is refused
         (``engine_rejected``) and kept.
     checkpoint_every : int, optional
-        Checkpoint a stream after this many of its samples (None: only at shutdown): at
-        the end of the read batch (``batch_size``) in which they are reached, after its
-        posteriors are published.
+        Checkpoint a stream after this many of its samples (None: only when it ends, is
+        retired, and at shutdown, as always): at the end of the read batch
+        (``batch_size``) in which they are reached, after its posteriors are published.
     heartbeat_interval : float
         Seconds of idleness after which a stream (and the service) sends a heartbeat;
         0 disables heartbeats.
@@ -627,6 +641,9 @@ class StreamService:
         self._log = RateLimitedLog(logger, log_interval)
         self._stop = threading.Event()
         self.streams: dict[bytes, _Stream] = {}
+        self._refused: dict[bytes, float] = {}   # topics refused for their width, and when
+        # the source's sequence bookkeeping by topic (a host's own source may have none)
+        self._source_streams = source.streams if hasattr(source, "set_last_seq") else _ALL
         self.counters = {"samples": 0, "posteriors": 0, "engine_rejected": 0, "streams_full": 0,
                          "heartbeats_in": 0, "heartbeats_out": 0, "checkpoints": 0,
                          "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0, "unmatched": 0,
@@ -641,7 +658,6 @@ class StreamService:
         # this run's rate), and those of the engines it retired (at their retirement)
         self._steps_inherited = 0
         self._steps_retired = 0
-        self._stale_returned = 0   # (counted in metrics' "stale")
         self._last_any_out = self.started
         self._closed = False
         if self.checkpoint_dir is not None:
@@ -676,7 +692,12 @@ class StreamService:
                     rec = read_stream_record(os.path.join(self.checkpoint_dir, name))
                 except CheckpointError:
                     if _record_says_ended(os.path.join(self.checkpoint_dir, name)):
-                        continue   # (left for its topic's return, which sets it aside)
+                        # left for its topic's return, which sets it aside; its engine
+                        # files are not leftovers
+                        stem = name[:-len(".json")]
+                        kept.update(f for f in listing if f.startswith(stem + ".")
+                                    and _ENGINE_FILE_RE.match(f))
+                        continue
                     raise
                 if rec["ended"]:
                     kept.add(os.path.basename(rec["file"]))
@@ -721,27 +742,12 @@ class StreamService:
             except OSError as exc:   # (gone already, or not ours to remove)
                 logger.warning("could not remove the leftover %s: %s", path, exc)
 
-    def _resume_one(self, rec: dict, returning: bool = False) -> _Stream:
+    def _resume_one(self, rec: dict, returning: bool = False, engine=None) -> _Stream:
         """Resume the stream of record ``rec`` (:func:`read_stream_record`): at the start,
         or (``returning``) when its topic comes back (an ended or retired stream, one past
-        ``max_streams`` at the start)."""
-        try:
-            engine = self.resume_engine(rec["file"])
-        except Exception as exc:   # (whatever a damaged file makes a resume raise)
-            raise CheckpointError(f"cannot resume stream {rec['topic']!r} from "
-                                  f"{rec['file']}: {exc}") from None
-        n_eng = getattr(engine, "n_samples", rec["t_next"])
-        if n_eng != rec["t_next"]:
-            engine.close()
-            raise CheckpointError(f"{rec['file']} holds {n_eng} samples but its record says "
-                                  f"{rec['t_next']}: not a consistent checkpoint")
-        d_eng = getattr(engine, "n_features", None)
-        if d_eng is not None and d_eng != self.source.n_features:
-            # (it would refuse every sample of the stream, for ever)
-            engine.close()
-            raise _WidthError(f"{rec['file']} is an engine of {d_eng} features per sample, "
-                                  f"this service reads {self.source.n_features}: resume with the "
-                                  "model it was written with, or use another checkpoint directory")
+        ``max_streams`` at the start), from ``engine`` if :meth:`_load` gave it already."""
+        if engine is None:
+            engine = self._load(rec)
         st = _Stream(rec["topic"], engine)
         st.t_next = rec["t_next"]
         st.last_seq = rec["seq"]
@@ -764,6 +770,28 @@ class StreamService:
             rec["t_next"], age)
         return st
 
+    def _load(self, rec: dict):
+        """The engine of record ``rec``, checked against it and against this service
+        (CheckpointError; :class:`_WidthError` for an engine of another width)."""
+        try:
+            engine = self.resume_engine(rec["file"])
+        except Exception as exc:   # (whatever a damaged file makes a resume raise)
+            raise CheckpointError(f"cannot resume stream {rec['topic']!r} from "
+                                  f"{rec['file']}: {exc}") from None
+        n_eng = getattr(engine, "n_samples", rec["t_next"])
+        if n_eng != rec["t_next"]:
+            engine.close()
+            raise CheckpointError(f"{rec['file']} holds {n_eng} samples but its record says "
+                                  f"{rec['t_next']}: not a consistent checkpoint")
+        d_eng = getattr(engine, "n_features", None)
+        if d_eng is not None and d_eng != self.source.n_features:
+            # (it would refuse every sample of the stream, for ever)
+            engine.close()
+            raise _WidthError(f"{rec['file']} is an engine of {d_eng} features per sample, "
+                              f"this service reads {self.source.n_features}: resume with the "
+                              "model it was written with, or use another checkpoint directory")
+        return engine
+
     def checkpoint(self, stream: _Stream | None = None):
         """Checkpoint one stream (or every stream) now."""
         if self.checkpoint_dir is None:
@@ -771,13 +799,13 @@ class StreamService:
         for st in ([stream] if stream is not None else list(self.streams.values())):
             self._checkpoint(st)
 
-    def _checkpoint(self, st: _Stream, final: bool = False) -> bool:
+    def _checkpoint(self, st: _Stream, final: bool = False, ended: bool | None = None) -> bool:
         """Checkpoint one stream (engine file, then its record); whether it was written.
 
         A failure is counted and logged (rate-limited); one at shutdown (``final``) is
         always logged and its stream named in :attr:`final_checkpoint_failures`. The
-        record of an ended stream says so (``"ended"``): it resumes when its topic comes
-        back, not at the next start."""
+        record of an ended stream says so (``"ended"``; ``ended`` overrides ``st.ended``):
+        it resumes when its topic comes back, not at the next start."""
         stem = os.path.join(self.checkpoint_dir, _stream_stem(st.topic))
         gen = st.generation + 1
         path = _engine_file(stem, gen)
@@ -789,7 +817,8 @@ class StreamService:
             st.engine.checkpoint(path)
             rec = {"format": _RECORD_TAG, "version": _RECORD_VERSION, "topic": st.topic.hex(),
                    "seq": st.last_seq, "t_next": st.t_next, "generation": gen,
-                   "file": os.path.basename(path), "time": time.time(), "ended": st.ended,
+                   "file": os.path.basename(path), "time": time.time(),
+                   "ended": st.ended if ended is None else ended,
                    "run": self._run_id}
             # the time stamps as the number texts they arrived as (json.dumps would write
             # repr of their floats): a resumed stream publishes them as it received them
@@ -997,18 +1026,6 @@ class StreamService:
                 return
         is_run = type(run) is SampleRun
         seq0 = int(run.seq[0]) if is_run else run[0].seq
-        if st.returned and st.resumed_seq is not None and 0 < seq0 <= st.resumed_seq:
-            # a stream come back whose bookkeeping the source had given up: the numbers
-            # at or before its checkpoint's are stale (a restart at 0 is not)
-            k = min(len(run), st.resumed_seq - seq0 + 1)
-            self._stale_returned += k
-            self._log("stale", "stream %r came back with %d sample(s) at or before its "
-                      "checkpoint's sequence number %d: skipped", st.name, k, st.resumed_seq)
-            if k == len(run):
-                return
-            run = (SampleRun(run.topic, run.seq[k:], run.ts_text[k:], run.ts_len[k:], run.values[k:])
-                   if is_run else run[k:])
-            seq0 += k
         if st.resumed_seq is not None:
             self._report_resume(st, seq0)
         if st.last_seq >= 0 and seq0 != st.last_seq + 1 and not st.ended \
@@ -1077,6 +1094,10 @@ class StreamService:
         st.ended = False
         st.last_in = time.monotonic()
         self.counters["samples"] += n
+        if st.topic not in self._source_streams:
+            # the source gave up the topic's bookkeeping within the read that brought it
+            # back (a new topic needed the place): it follows the stream's numbers again
+            self.source.set_last_seq(st.topic, last_seq)
 
     def _maybe_checkpoint(self, st: _Stream, n: int):
         if self.checkpoint_every is not None:
@@ -1107,36 +1128,62 @@ class StreamService:
 
     def _new_stream(self, topic: bytes, n: int = 1):
         """The stream of a topic not in the table (new, or come back), or None (its ``n``
-        samples counted and skipped)."""
-        if len(self.streams) >= self.max_streams and not self._make_room():
-            self.counters["streams_full"] += n
-            self._release(topic)   # (the source may give up its bookkeeping for a new topic)
-            self._log("streams_full", "skipped %d sample(s) of a new topic %r: already %d streams "
-                      "(max_streams), none ended%s", n, topic_name(topic), len(self.streams),
-                      "" if self.retire_idle is None else f" or idle for {self.retire_idle:g} s")
-            return None
+        samples counted and skipped).
+
+        Order: the place first (whether a stream could be retired, nothing done yet),
+        then the topic's checkpoint (loaded, so that one this service refuses costs no
+        stream its place), then the retirement."""
+        full = len(self.streams) >= self.max_streams
+        victim = self._room_candidate() if full else None
+        if full and victim is None:
+            return self._skip(topic, n, "streams_full", "skipped %d sample(s) of a new topic %r: "
+                              "already %d streams (max_streams), none ended%s", n, topic_name(topic),
+                              len(self.streams), "" if self.retire_idle is None
+                              else f" or idle for {self.retire_idle:g} s")
+        refused = self._refused.get(topic)
+        if refused is not None and time.monotonic() - refused < _REFUSE_FOR:
+            return self._skip(topic, n, "engine_rejected", "skipped %d sample(s) of topic %r: its "
+                              "checkpoint is of another width (refused %.0f s ago)", n,
+                              topic_name(topic), time.monotonic() - refused)
         rec = self._record(topic)
+        engine = None
         if rec is not None:
             try:
-                return self._resume_one(rec, returning=True)
+                engine = self._load(rec)
             except _WidthError as exc:   # (this service's configuration, not the record)
-                self.counters["engine_rejected"] += n
-                self._log("resume", "cannot resume the stream of topic %r: %s", topic_name(topic), exc)
-                self._release(topic)
-                return None
+                self._refused.pop(topic, None)
+                self._refused[topic] = time.monotonic()
+                if len(self._refused) > _REFUSED_KEPT:
+                    del self._refused[next(iter(self._refused))]
+                return self._skip(topic, n, "engine_rejected", "cannot resume the stream of "
+                                  "topic %r: %s", topic_name(topic), exc)
             except CheckpointError as exc:
                 self._set_aside(topic, exc)
+                rec = None
+        if victim is not None and not self._retire(victim):
+            if engine is not None:
+                engine.close()
+            return self._skip(topic, n, "streams_full", "skipped %d sample(s) of a new topic %r: "
+                              "retiring stream %r failed", n, topic_name(topic), victim.name)
+        if rec is not None:
+            return self._resume_one(rec, returning=True, engine=engine)
         try:
             engine = self.engine_factory(topic)
         except (OSError, ValueError) as exc:
-            self.counters["engine_rejected"] += n
-            self._log("engine_factory", "cannot start an engine for topic %r: %s", topic_name(topic), exc)
-            self._release(topic)
-            return None
+            return self._skip(topic, n, "engine_rejected", "cannot start an engine for topic %r: %s",
+                              topic_name(topic), exc)
         st = _Stream(topic, engine)
         self._add_stream(st)
         logger.info("new stream %r", st.name)
         return st
+
+    def _skip(self, topic: bytes, n: int, counter: str, *log):
+        """Count ``n`` samples of a topic not served in ``counter``, log (rate-limited),
+        and release the topic's bookkeeping in the source; None."""
+        self.counters[counter] += n
+        self._log(counter, *log)
+        self._release(topic)
+        return None
 
     def _record(self, topic: bytes) -> dict | None:
         """The checkpoint record of ``topic``'s stream left in the directory (an ended or
@@ -1171,22 +1218,21 @@ class StreamService:
                   "(%s.json.unusable) and the topic starts a new stream", topic_name(topic), exc,
                   os.path.join(self.checkpoint_dir, stem))
 
-    def _make_room(self) -> bool:
-        """Retire one stream (:meth:`_retire`): an ended one, the longest without a
-        sample first, else, with ``retire_idle``, one without a sample for at least
-        ``retire_idle`` seconds, the longest first. A stream whose retirement failed in
-        the last ``_RETIRE_RETRY`` seconds is not tried, and a failure (its checkpoint:
-        the directory's, most likely) ends the attempt. Whether one was retired."""
+    def _room_candidate(self):
+        """The stream to retire for a new topic, or None: an ended one, the longest
+        without a sample first, else, with ``retire_idle``, one without a sample for at
+        least ``retire_idle`` seconds, the longest first; a stream whose retirement failed
+        in the last ``_RETIRE_RETRY`` seconds is not one."""
         now = time.monotonic()
         ready = [st for st in self.streams.values() if now - st.retire_failed >= _RETIRE_RETRY]
         ended = [st for st in ready if st.ended]
         if ended:
-            return self._retire(min(ended, key=lambda st: st.last_in))
+            return min(ended, key=lambda st: st.last_in)
         if self.retire_idle is not None and ready:
             st = min(ready, key=lambda st: st.last_in)
             if now - st.last_in >= self.retire_idle:
-                return self._retire(st)
-        return False
+                return st
+        return None
 
     def _retire(self, st: _Stream) -> bool:
         """Take ``st`` out of the table to make room: publish its smoothing lag (unless it
@@ -1196,8 +1242,9 @@ class StreamService:
         keep = self.checkpoint_dir is not None and _warming_up(st.engine)
         if not st.ended and not keep:
             self._flush(st)
-        st.ended = True
-        if self.checkpoint_dir is not None and not self._checkpoint(st):
+            st.ended = True
+        # (ended in the record: resumed when its topic comes back, not at a start)
+        if self.checkpoint_dir is not None and not self._checkpoint(st, ended=True):
             st.retire_failed = time.monotonic()
             return False
         self._steps_retired += _engine_steps(st.engine)
@@ -1407,7 +1454,7 @@ class StreamService:
         out.update(streams=len(self.streams), malformed=dict(self.source.errors),
                    malformed_total=self.source.n_malformed,
                    gaps=sum(s.gaps for s in seqs), gap_samples=sum(s.gap_samples for s in seqs),
-                   stale=sum(s.stale for s in seqs) + self._stale_returned,
+                   stale=sum(s.stale for s in seqs),
                    restarts=sum(s.restarts for s in seqs),
                    input_disconnects=getattr(self.source, "disconnects", 0),
                    input_reconnects=getattr(self.source, "reconnects", 0),

@@ -989,9 +989,13 @@ def test_a_damaged_ended_record_does_not_stop_the_start_and_is_set_aside(tmp_pat
     close()
     rec = read_stream_record(str(d / "stream-61.json"))
     os.remove(rec["file"])                              # a's engine file lost
+    FakeEngine().checkpoint(str(d / "stream-62.1.npz"))
+    (d / "stream-62.json").write_text(json.dumps(       # b's: a version this one cannot read
+        {"format": _RECORD_TAG, "version": 3, "ended": True}))
     svc, feed, close = _direct_service(tmp_path)
     try:
         assert svc.streams == {}
+        assert (d / "stream-62.1.npz").exists()        # (not taken for a leftover)
         feed(*[_s(b"a", q) for q in range(3, 5)])       # a starts anew at position 0
         assert svc.streams[b"a"].t_next == 2 and svc.counters["resume_failures"] == 1
         assert (d / "stream-61.json.unusable").exists()
@@ -1001,6 +1005,59 @@ def test_a_damaged_ended_record_does_not_stop_the_start_and_is_set_aside(tmp_pat
     (tmp_path / "deep.json").write_text("[" * 100_000)
     with pytest.raises(CheckpointError, match="not a streamfhmm stream checkpoint record"):
         read_stream_record(str(tmp_path / "deep.json"))
+
+
+def test_a_topic_back_in_the_read_that_evicts_its_numbers_is_followed_again(tmp_path):
+    """The source took e's sample, then gave up e's numbers for a new topic later in the
+    same read: the service served e with no sequence check (a repeat pushed again)."""
+    svc, feed, close = _direct_service(tmp_path, max_streams=1)
+    svc.source.max_streams = 2
+    try:
+        feed(*[_s(b"e", q) for q in range(5)], _end(b"e", 4))
+        feed(_s(b"n", 0), _end(b"n", 0))          # e retired for n (released)
+        feed(_s(b"e", 5), _s(b"m", 0))            # e back; m evicts e's bookkeeping
+        assert b"e" in svc.source.streams         # (followed again from e's 5)
+        feed(_s(b"e", 5), _s(b"e", 6), _s(b"e", 9))
+        st = svc.streams[b"e"]
+        m = svc.metrics(engines=False)
+        assert (st.t_next, m["stale"], m["gap_samples"]) == (8, 1, 2)   # 5, 6, 9 once each
+    finally:
+        close()
+
+
+def test_a_failed_retirement_leaves_a_kept_warm_up_as_it_was(tmp_path):
+    """It was left marked ended: its end heartbeat was then ignored, and with a failing
+    shutdown checkpoint its samples never got a posterior."""
+    svc, feed, close = _direct_service(tmp_path, engine=UnwritableWarmupFakeEngine, max_streams=1,
+                                       retire_idle=0.0)
+    feed(*[_s(b"w", q) for q in range(4)])        # still warming up
+    feed(_s(b"n", 0))                             # w's retirement fails
+    assert not svc.streams[b"w"].ended and svc.counters["streams_full"] == 1
+    close()
+    assert svc.counters["samples"] == 4 and svc.counters["posteriors"] == 4
+
+
+def test_a_topic_of_another_width_is_loaded_once_and_costs_no_stream_its_place(tmp_path):
+    svc, feed, close = _direct_service(tmp_path)
+    feed(*[_s(b"w", q) for q in range(3)], _end(b"w", 2))
+    close()
+    loads = []
+
+    class Counted(WideFakeEngine):
+        @classmethod
+        def resume(cls, path):
+            loads.append(path)
+            return super().resume(path)
+    svc, feed, close = _direct_service(tmp_path, engine=Counted, max_streams=2)
+    try:
+        for topic in (b"a", b"b"):
+            feed(*[_s(topic, q) for q in range(3)], _end(topic, 2))
+        for q in range(3, 8):
+            feed(_s(b"w", q))
+        assert sorted(svc.streams) == [b"a", b"b"] and svc.counters["retired"] == 0
+        assert len(loads) == 1 and svc.counters["engine_rejected"] == 5
+    finally:
+        close()
 
 
 def test_heartbeats_of_idle_topics_never_take_the_room_of_samples(tmp_path, harness):
