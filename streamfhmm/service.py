@@ -558,10 +558,13 @@ class StreamService:
         resumes from that checkpoint (without a directory: a new engine from
         ``engine_factory``). If that checkpoint fails the stream stays (not tried again
         for 10 s) and the new topic's samples are skipped; so are they when no stream can
-        be retired (counted in ``streams_full``). Counted in ``retired``. A returning
-        stream's samples lost meanwhile count in ``lost_on_resume``, and in the gaps only
-        if the source still followed its numbers (it gives up a released topic's for a
-        new one).
+        be retired (counted in ``streams_full``). Counted in ``retired``. The source
+        follows a retired (or, after a restart, an ended) topic's numbers until a new
+        topic needs the place (:meth:`ZmqSource.release`): a late repeat is then stale.
+        Once it gave them up, the topic starts afresh there: a repeat of an old number
+        is taken for a publisher restart and its posterior published again (delivery is
+        at-least-once), and samples lost meanwhile count in ``lost_on_resume`` only, not
+        in the gaps.
     retire_idle : float, optional
         Seconds without a sample after which a stream that never ended may be retired
         to make room (None: only ended streams are). A stream is never retired while
@@ -700,7 +703,7 @@ class StreamService:
                         continue
                     raise
                 if rec["ended"]:
-                    kept.add(os.path.basename(rec["file"]))
+                    self._left_for_return(rec, kept)
                 else:
                     live.append(rec)
             # at most max_streams, the most recently checkpointed first: the others (a
@@ -709,7 +712,7 @@ class StreamService:
             for rec in live[:self.max_streams]:
                 self._resume_one(rec)
             for rec in live[self.max_streams:]:
-                kept.add(os.path.basename(rec["file"]))
+                self._left_for_return(rec, kept)
             if len(live) > self.max_streams:
                 logger.warning("%d stream checkpoints in %s beyond max_streams (%d): those streams "
                                "resume when their topics come back", len(live) - self.max_streams,
@@ -720,6 +723,15 @@ class StreamService:
             self.streams.clear()
             raise
         self._remove_leftovers(listing, kept)
+
+    def _left_for_return(self, rec: dict, kept: set):
+        """A record not resumed at the start: its engine file is kept, and the source
+        follows its topic's numbers from the record's (released: given up, if need be,
+        for a new topic), so that a late repeat is stale when the topic comes back."""
+        kept.add(os.path.basename(rec["file"]))
+        if hasattr(self.source, "set_last_seq"):
+            self.source.set_last_seq(rec["topic"], rec["seq"])
+            self._release(rec["topic"])
 
     def _remove_leftovers(self, listing, kept=()):
         """Remove what a crash in the middle of a checkpoint leaves in the directory: engine

@@ -1025,6 +1025,23 @@ def test_a_topic_back_in_the_read_that_evicts_its_numbers_is_followed_again(tmp_
         close()
 
 
+def test_after_a_restart_a_late_repeat_of_an_ended_topic_is_stale(tmp_path):
+    """An ended stream is not resumed at the start, but the source follows its numbers
+    from its checkpoint: a late repeat was taken for a new topic's first sample and
+    published a second time."""
+    svc, feed, close = _direct_service(tmp_path)
+    feed(*[_s(b"a", q) for q in range(5)], _end(b"a", 4))
+    close()
+    svc, feed, close = _direct_service(tmp_path)
+    try:
+        assert svc.streams == {}
+        feed(_s(b"a", 3), _s(b"a", 5))
+        m = svc.metrics(engines=False)
+        assert (svc.streams[b"a"].t_next, m["stale"], m["samples"]) == (6, 1, 1)
+    finally:
+        close()
+
+
 def test_a_failed_retirement_leaves_a_kept_warm_up_as_it_was(tmp_path):
     """It was left marked ended: its end heartbeat was then ignored, and with a failing
     shutdown checkpoint its samples never got a posterior."""
