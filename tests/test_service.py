@@ -5,10 +5,12 @@ End-to-end tests run ``python -m streamfhmm serve`` / ``replay`` as subprocesses
 notifications, ``--wait-subscribers``, output messages), never through sleeps, and
 every wait has a timeout.
 """
+import collections
 import faulthandler
 import json
 import os
 import queue
+import random
 import re
 import signal
 import subprocess
@@ -1075,6 +1077,58 @@ def test_a_topic_of_another_width_is_loaded_once_and_costs_no_stream_its_place(t
         assert len(loads) == 1 and svc.counters["engine_rejected"] == 5
     finally:
         close()
+
+
+def _capture(svc, published):
+    """Record (topic, seq, mean[0]) of every posterior ``svc`` publishes, instead of
+    sending it."""
+    def send(topic, seq, ts, p):
+        published.append((bytes(topic), int(seq), float(p.mean[0])))
+
+    def send_block(topic, seq, text, tlen, batch):
+        for q, m in zip(np.asarray(seq).tolist(), np.asarray(batch.mean)[:, 0].tolist()):
+            published.append((bytes(topic), int(q), float(m)))
+    svc.sink.send, svc.sink.send_block = send, send_block
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_topics_that_come_and_go_are_served_once_each(tmp_path, seed):
+    """Random reads of a few topics (samples in order, gaps, late repeats, ends) into
+    services of 1-3 streams, each stopped and the next started on the same directory:
+    every sample pushed has one posterior, published once, of that sample."""
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    engine = rng.choice([FakeEngine, BlockFakeEngine])
+    kw = dict(max_streams=rng.choice([1, 2, 3]), batch_threshold=2)
+    if rng.random() < 0.5:
+        kw["retire_idle"] = 0.0
+    if rng.random() < 0.5:
+        kw["checkpoint_every"] = rng.choice([1, 3, 7])
+    topics = [bytes([97 + i]) for i in range(rng.choice([2, 3, 5]))]
+    nxt = dict.fromkeys(topics, 0)
+    published, pushed = [], 0
+    for _ in range(rng.choice([1, 2, 3])):
+        svc, feed, close = _direct_service(tmp_path, engine=engine, **kw)
+        _capture(svc, published)
+        for _ in range(rng.randint(5, 60)):
+            frames = []
+            for _ in range(rng.randint(1, 6)):
+                t, x = rng.choice(topics), rng.random()
+                if x < 0.75:                      # the next number, or after a gap
+                    nxt[t] += 0 if x < 0.65 else rng.randint(1, 5)
+                    frames.append(_s(t, nxt[t]))
+                    nxt[t] += 1
+                elif x < 0.85 and nxt[t] > 1:     # a late repeat
+                    frames.append(_s(t, rng.randint(1, nxt[t] - 1)))
+                elif x < 0.97:
+                    frames.append(_end(t, max(nxt[t] - 1, 0)))
+            feed(*frames)
+        close()
+        pushed += svc.counters["samples"]
+    counts = collections.Counter((t, q) for t, q, _ in published)
+    assert [k for k, v in counts.items() if v > 1] == []
+    assert all(m == q for _, q, m in published)       # (FakeEngine: mean[0] is the sample's)
+    assert len(published) == pushed
 
 
 def test_heartbeats_of_idle_topics_never_take_the_room_of_samples(tmp_path, harness):
