@@ -287,11 +287,28 @@ class Receiver(threading.Thread):
         self.sub.close(0)
 
 
-def soak_service(model_path, X, seconds, every, window, status_interval, churn=0, max_streams=4):
+def dir_usage(path) -> tuple:
+    """(MB, files) of the regular files in directory ``path`` (not recursive)."""
+    total, n = 0, 0
+    with os.scandir(path) as it:
+        for e in it:
+            try:
+                if e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+                    n += 1
+            except OSError:   # (removed meanwhile)
+                pass
+    return total / 1e6, n
+
+
+def soak_service(model_path, X, seconds, every, window, status_interval, churn=0, max_streams=4,
+                 checkpoint=None, checkpoint_retain=None):
     """Run serve --learn for ``seconds`` fed as fast as it takes (at most ``window`` in
     flight); the sampled rows and the service's last stderr lines. With ``churn`` > 0
     each topic ends after ``churn`` samples (an end heartbeat) and the next one is new,
-    the service holding at most ``max_streams`` (it retires the ended ones)."""
+    the service holding at most ``max_streams`` (it retires the ended ones). With
+    ``checkpoint`` (a directory) serve checkpoints there (``--checkpoint``, and
+    ``--checkpoint-retain`` if given) and the rows add the directory's size and files."""
     lib = _libzmq.functions()
     ctx = zmq.Context()
     pub = ctx.socket(zmq.XPUB)
@@ -305,6 +322,10 @@ def soak_service(model_path, X, seconds, every, window, status_interval, churn=0
            "--heartbeat", "0", "--status-interval", str(status_interval)]
     if churn:
         cmd += ["--max-streams", str(max_streams)]
+    if checkpoint is not None:
+        cmd += ["--checkpoint", checkpoint]
+        if checkpoint_retain is not None:
+            cmd += ["--checkpoint-retain", f"{checkpoint_retain:g}"]
     print("# " + " ".join(os.path.basename(c) if c == sys.executable else c for c in cmd))
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err = StderrTail(proc.stderr)
@@ -332,6 +353,8 @@ def soak_service(model_path, X, seconds, every, window, status_interval, churn=0
             rows.append({"seconds": now - t0, "published": seq, "received": rx.count,
                          "serve samples": st[0], "learner steps": st[1], "topics": topics,
                          "retired": err.retired, "VmRSS MB": vmrss_mb(proc.pid)})
+            if checkpoint is not None:
+                rows[-1]["ckpt MB"], rows[-1]["ckpt files"] = dir_usage(checkpoint)
         t0 = time.perf_counter()
         record(t0)
         ticker, over = Ticker(t0, seconds, every), False
@@ -394,6 +417,11 @@ def main(argv=None):
                     help="service: each topic ends after N samples and a new one begins; serve "
                          "holds at most --max-streams (it retires ended streams)")
     ap.add_argument("--max-streams", type=int, default=4, help="serve's --max-streams with --churn")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="service: serve --checkpoint in a temporary directory; the table adds its "
+                         "size and files")
+    ap.add_argument("--checkpoint-retain", type=float, metavar="SECONDS",
+                    help="with --checkpoint: serve --checkpoint-retain SECONDS")
     args = ap.parse_args(argv)
     if args.quick:
         args.seconds, args.every = 20.0, 2.0
@@ -402,6 +430,8 @@ def main(argv=None):
     print(f"# load average {os.getloadavg()[0]:.1f}; target: bounded: RSS growth after warm-up "
           f"(the first {WARMUP_FRACTION:.0%} of a run) <= {TARGET_MB:g} MB and <= "
           f"{TARGET_MB_PER_MILLION:g} MB per million samples")
+    if args.checkpoint_retain is not None and not args.checkpoint:
+        ap.error("--checkpoint-retain needs --checkpoint")
     model, X = make_model(M_CHAINS, args.rows)
     X = np.ascontiguousarray(X, dtype="<f8")
     summaries = {}
@@ -423,14 +453,20 @@ def main(argv=None):
                                             f"--max-streams {args.max_streams}" if args.churn else "")
         print()
         print(f"# {label}: as fast as it takes, at most {args.window} messages in flight")
+        if args.checkpoint:
+            label += ", --checkpoint" + (f" --checkpoint-retain {args.checkpoint_retain:g}"
+                                         if args.checkpoint_retain is not None else "")
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "power.npz")
             model.save(path)
             rows, status, last = soak_service(path, X, args.seconds, args.every, args.window,
                                               status_interval=min(args.every, 1.0),
-                                              churn=args.churn, max_streams=args.max_streams)
+                                              churn=args.churn, max_streams=args.max_streams,
+                                              checkpoint=os.path.join(d, "ckpt") if args.checkpoint else None,
+                                              checkpoint_retain=args.checkpoint_retain)
         show(rows, ["seconds", "published", "received", "serve samples", "learner steps"]
-             + (["topics", "retired"] if args.churn else []) + ["VmRSS MB"])
+             + (["topics", "retired"] if args.churn else []) + ["VmRSS MB"]
+             + (["ckpt MB", "ckpt files"] if args.checkpoint else []))
         rate = rows[-1]["received"] / rows[-1]["seconds"]
         stopped = [ln for ln in last if "stopped after" in ln]
         print(f"# {rate:,.0f} posteriors/s received; serve exit status {status}")

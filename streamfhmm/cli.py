@@ -782,6 +782,8 @@ def _serve(args, state) -> int:
     prog = "streamfhmm serve"
     if args.checkpoint_every is not None and args.checkpoint is None:
         raise CliError("--checkpoint-every needs --checkpoint DIR")
+    if args.checkpoint_retain is not None and args.checkpoint is None:
+        raise CliError("--checkpoint-retain needs --checkpoint DIR")
     if args.metrics_addr is not None and not args.metrics_port:
         raise CliError("--metrics-addr needs --metrics-port")
     args.metrics_addr = args.metrics_addr or "127.0.0.1"
@@ -888,6 +890,7 @@ def _serve(args, state) -> int:
                                     status=lambda line: print(line, file=sys.stderr, flush=True),
                                     max_streams=args.max_streams, wait_subscribers=args.wait_subscribers,
                                     batch_size=_SERVE_BATCH, retire_idle=args.retire_idle,
+                                    checkpoint_retain=args.checkpoint_retain,
                                     batch_wait=min(args.batch_wait * 1e-6, 1.0), lane=not args.no_lane)
         except CheckpointError as exc:
             raise CliError(str(exc)) from None
@@ -1429,6 +1432,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "resumed (others when their topics come back)")
     sv.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                     help="checkpoint each stream every N samples (default 10000 with --checkpoint)")
+    sv.add_argument("--checkpoint-retain", type=_nonneg_float, metavar="SECONDS",
+                    help="remove the checkpoint of a stream that ended or was retired (and is not "
+                         "served) this long after it was written; its topic coming back then starts "
+                         "anew (default: keep them all; each is an engine file of up to a few MB)")
     sv.add_argument("--format", choices=("binary", "json"), default="binary", help="output format")
     sv.add_argument("--metrics-port", type=_port, metavar="P",
                     help="serve Prometheus metrics on http://127.0.0.1:P/metrics (needs prometheus-client)")

@@ -104,6 +104,8 @@ _STEM = r"stream-(?:[0-9a-f]*|h[0-9a-f]{40})"
 _RECORD_RE = re.compile(rf"^{_STEM}\.json$")
 _ENGINE_FILE_RE = re.compile(rf"^{_STEM}\.\d+\.npz$")
 _TMP_FILE_RE = re.compile(rf"^\.{_STEM}\.(?:\d+\.npz|json)\.tmp-\d+-\d+$")
+#: a record or engine file set aside (:meth:`StreamService._set_aside`)
+_UNUSABLE_RE = re.compile(rf"^{_STEM}\.(?:\d+\.npz|json)\.unusable$")
 #: seconds after which a temporary file of a checkpoint directory is a crash's leftover
 _TMP_MAX_AGE = 3600.0
 #: a JSON number's text (what a time stamp arrives as, or ``repr`` of a finite float)
@@ -132,6 +134,14 @@ _ALL = _Everything()
 class _WidthError(CheckpointError):
     """A stream checkpoint of an engine with another number of features than the
     service reads (its configuration, not the file, is at fault)."""
+
+
+def _mtime(path: str) -> float:
+    """When the file at ``path`` was last written (now if it cannot be read)."""
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return time.time()
 
 
 def _record_says_ended(path: str) -> bool:
@@ -569,6 +579,16 @@ class StreamService:
         Seconds without a sample after which a stream that never ended may be retired
         to make room (None: only ended streams are). A stream is never retired while
         the table has room.
+    checkpoint_retain : float, optional
+        Seconds the checkpoint of a stream that ended or was retired, and that the
+        service does not hold, is kept after it was written (None: for ever). Then it is
+        removed (its record, then its engine file; counted in ``checkpoints_removed``)
+        and the topic, if it comes back, starts a new stream. Without it a service whose
+        topics come and go grows its checkpoint directory by one engine file per topic
+        ever seen (2.9 MB for the power model of bench/soak.py, learning) and reads
+        every record at each start. Checkpoints of streams that had not ended (a stop, a crash: they resume
+        at the next start) are never removed; files set aside (``.unusable``) older than
+        this are removed at the start. Needs ``checkpoint_dir``.
     wait_subscribers : int
         Subscribe to the input only once this many consumers subscribed to the output.
     batch_size : int
@@ -603,7 +623,8 @@ class StreamService:
                  heartbeat_interval: float = 1.0, status_interval: float = 0.0, status=None,
                  max_streams: int = 1024, wait_subscribers: int = 0, batch_size: int = 256,
                  batch_threshold: int = 4, log_interval: float = 10.0, batch_wait: float = 250e-6,
-                 lane: bool = True, drain_timeout: float = 5.0, retire_idle: float | None = None):
+                 lane: bool = True, drain_timeout: float = 5.0, retire_idle: float | None = None,
+                 checkpoint_retain: float | None = None):
         if checkpoint_every is not None:
             _check_count("checkpoint_every", checkpoint_every, 1, "samples")
         if checkpoint_every is not None and checkpoint_dir is None:
@@ -619,6 +640,11 @@ class StreamService:
             _check_seconds(name, value)
         if retire_idle is not None:
             _check_seconds("retire_idle", retire_idle)
+        if checkpoint_retain is not None:
+            _check_seconds("checkpoint_retain", checkpoint_retain)
+            if checkpoint_dir is None:
+                raise ValueError("checkpoint_retain needs a checkpoint directory (it removes "
+                                 "the checkpoints of streams that ended or were retired)")
         self.source = source
         self.sink = sink
         self.engine_factory = engine_factory
@@ -637,6 +663,10 @@ class StreamService:
         self.batch_wait = float(batch_wait)
         self.drain_timeout = float(drain_timeout)
         self.retire_idle = None if retire_idle is None else float(retire_idle)
+        self.checkpoint_retain = None if checkpoint_retain is None else float(checkpoint_retain)
+        #: the checkpoints ``checkpoint_retain`` removes in time: by file stem, (the wall
+        #: time it was written, its topic or None, its engine files), oldest first
+        self._retained: dict[str, tuple] = {}
         self._block = None  # whether the engines have push_many (known at the first stream)
         self._lane = bool(lane) and source.fast and sink.fast
         self._lane_status = np.zeros(len(LANE_STATUS), np.int64)
@@ -650,7 +680,7 @@ class StreamService:
         self.counters = {"samples": 0, "posteriors": 0, "engine_rejected": 0, "streams_full": 0,
                          "heartbeats_in": 0, "heartbeats_out": 0, "checkpoints": 0,
                          "checkpoint_failures": 0, "lost_on_resume": 0, "ends": 0, "unmatched": 0,
-                         "retired": 0, "resume_failures": 0}
+                         "retired": 0, "resume_failures": 0, "checkpoints_removed": 0}
         #: streams whose checkpoint at shutdown failed (a restart resumes them from an
         #: older one): ``streamfhmm serve`` then exits 1
         self.final_checkpoint_failures: list[str] = []
@@ -688,22 +718,27 @@ class StreamService:
                              "was given")
 
         kept = set()   # the engine files of the records left for their topics' return
+        retained = []  # (time, stem, topic, engine files) of those that had ended
         try:
             live = []
             for name in names:
+                path = os.path.join(self.checkpoint_dir, name)
+                stem = name[:-len(".json")]
                 try:
-                    rec = read_stream_record(os.path.join(self.checkpoint_dir, name))
+                    rec = read_stream_record(path)
                 except CheckpointError:
-                    if _record_says_ended(os.path.join(self.checkpoint_dir, name)):
+                    if _record_says_ended(path):
                         # left for its topic's return, which sets it aside; its engine
                         # files are not leftovers
-                        stem = name[:-len(".json")]
-                        kept.update(f for f in listing if f.startswith(stem + ".")
-                                    and _ENGINE_FILE_RE.match(f))
+                        files = [f for f in listing if f.startswith(stem + ".")
+                                 and _ENGINE_FILE_RE.match(f)]
+                        kept.update(files)
+                        retained.append((_mtime(path), stem, None, files))
                         continue
                     raise
                 if rec["ended"]:
                     self._left_for_return(rec, kept)
+                    retained.append((rec["time"], stem, rec["topic"], [os.path.basename(rec["file"])]))
                 else:
                     live.append(rec)
             # at most max_streams, the most recently checkpointed first: the others (a
@@ -723,6 +758,11 @@ class StreamService:
             self.streams.clear()
             raise
         self._remove_leftovers(listing, kept)
+        if self.checkpoint_retain is not None:
+            for when, stem, topic, files in sorted(retained, key=lambda r: r[0]):
+                self._retain(stem, topic, files, when)
+            self._remove_set_aside(listing)
+            self._forget_expired()
 
     def _left_for_return(self, rec: dict, kept: set):
         """A record not resumed at the start: its engine file is kept, and the source
@@ -753,6 +793,65 @@ class StreamService:
                     logger.info("removed %s, a leftover of an interrupted checkpoint", path)
             except OSError as exc:   # (gone already, or not ours to remove)
                 logger.warning("could not remove the leftover %s: %s", path, exc)
+
+    # -- checkpoint_retain ---------------------------------------------------------------
+    def _retain(self, stem: str, topic: bytes | None, files, when: float | None = None):
+        """Note the checkpoint of a stream the service does not hold (ended or retired),
+        written at wall time ``when`` (now if None; never later than now, so that the
+        notes stay oldest first), for removal ``checkpoint_retain`` seconds after."""
+        if self.checkpoint_retain is None:
+            return
+        now = time.time()
+        self._retained.pop(stem, None)
+        self._retained[stem] = (now if when is None else min(when, now), topic, list(files))
+
+    def _forget_expired(self):
+        """Remove the noted checkpoints written more than ``checkpoint_retain`` seconds
+        ago: the record first (a crash then leaves an engine file no record names, which
+        the next start removes), then its engine files."""
+        if not self._retained:
+            return
+        limit = time.time() - self.checkpoint_retain
+        while self._retained:
+            stem, (when, topic, files) = next(iter(self._retained.items()))
+            if when > limit:
+                break
+            del self._retained[stem]
+            if topic is not None and topic in self.streams:   # (served again: not ours)
+                continue
+            try:
+                os.remove(os.path.join(self.checkpoint_dir, stem + ".json"))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:   # (tried again at the next start)
+                self._log("retain", "could not remove the checkpoint record %s.json: %s", stem, exc)
+                continue
+            for name in files:
+                try:
+                    os.remove(os.path.join(self.checkpoint_dir, name))
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:   # (a leftover without its record: the next start removes it)
+                    self._log("retain", "could not remove the engine checkpoint %s: %s", name, exc)
+            if topic is not None:
+                self._refused.pop(topic, None)
+            self.counters["checkpoints_removed"] += 1
+            logger.info("removed the checkpoint of stream %r, written %.0f s ago "
+                        "(checkpoint_retain %g s)", stem if topic is None else topic_name(topic),
+                        time.time() - when, self.checkpoint_retain)
+
+    def _remove_set_aside(self, listing):
+        """At the start: remove the files set aside (``.unusable``) longer ago than
+        ``checkpoint_retain`` seconds."""
+        limit = time.time() - self.checkpoint_retain
+        for name in listing:
+            if _UNUSABLE_RE.match(name):
+                path = os.path.join(self.checkpoint_dir, name)
+                if _mtime(path) <= limit:
+                    try:
+                        os.remove(path)
+                    except OSError as exc:
+                        logger.warning("could not remove %s, set aside earlier: %s", path, exc)
 
     def _resume_one(self, rec: dict, returning: bool = False, engine=None) -> _Stream:
         """Resume the stream of record ``rec`` (:func:`read_stream_record`): at the start,
@@ -1219,6 +1318,7 @@ class StreamService:
         starts anew instead of being refused for ever; counted in ``resume_failures``."""
         self.counters["resume_failures"] += 1
         stem = _stream_stem(topic)
+        self._retained.pop(stem, None)
         for name in os.listdir(self.checkpoint_dir):
             if name == stem + ".json" or (name.startswith(stem + ".") and _ENGINE_FILE_RE.match(name)):
                 path = os.path.join(self.checkpoint_dir, name)
@@ -1262,6 +1362,9 @@ class StreamService:
         self._steps_retired += _engine_steps(st.engine)
         del self.streams[st.topic]
         self._release(st.topic)
+        if self.checkpoint_dir is not None:
+            stem = _stream_stem(st.topic)
+            self._retain(stem, st.topic, [_engine_file(stem, st.generation)])
         try:
             st.engine.close()
         except Exception as exc:  # noqa: BLE001 - a failed close must not stop the service
@@ -1284,6 +1387,7 @@ class StreamService:
         checkpoint's) are not this run's, unless this run retired it (``retired_here``):
         they move back from the retired engines' count."""
         self.streams[st.topic] = st
+        self._retained.pop(_stream_stem(st.topic), None)
         hold = getattr(self.source, "hold", None)
         if hold is not None:
             hold(st.topic)
@@ -1358,6 +1462,8 @@ class StreamService:
 
     def _housekeeping(self, now: float):
         self.source.maintain()
+        if self._retained:
+            self._forget_expired()
         hb = self.heartbeat_interval
         if hb > 0:
             for st in list(self.streams.values()):
@@ -1451,7 +1557,9 @@ class StreamService:
         libzmq dropping one for a frame past the size bound), ``input_reconnects`` (the
         service's own reconnections after such a drop),
         ``engine_rejected``, ``streams_full``, ``retired`` (streams retired to make room for
-        a new topic), ``resume_failures`` (records set aside), ``heartbeats_in``, ``heartbeats_out``,
+        a new topic), ``resume_failures`` (records set aside), ``checkpoints_removed``
+        (checkpoints of ended or retired streams removed after ``checkpoint_retain``),
+        ``heartbeats_in``, ``heartbeats_out``,
         ``checkpoints``, ``checkpoint_failures``, ``lost_on_resume``, ``ends``,
         ``unmatched`` (posteriors of positions with no pending sample, not published),
         ``published``, ``subscribers``, ``uptime``; ``engines`` maps a topic (str) to
@@ -1538,6 +1646,8 @@ def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0
         "lost_on_resume": "samples lost between a stream's checkpoint and its resume (at a "
                           "restart, or when its topic came back)",
         "resume_failures": "stream checkpoints that could not be resumed (set aside)",
+        "checkpoints_removed": "checkpoints of ended or retired streams removed after "
+                               "checkpoint_retain seconds",
     }
 
     class _Collector:

@@ -1056,6 +1056,85 @@ def test_a_failed_retirement_leaves_a_kept_warm_up_as_it_was(tmp_path):
     assert svc.counters["samples"] == 4 and svc.counters["posteriors"] == 4
 
 
+def _stream_files(d, stem):
+    return sorted(f for f in os.listdir(d) if f.startswith(stem + "."))
+
+
+def test_checkpoint_retain_removes_a_retired_streams_checkpoint_and_its_topic_starts_anew(tmp_path):
+    """Without it, every topic ever retired kept a record and an engine file (0.3-0.7 MB
+    for the household model) for good: a daemon whose topics come and go filled its disk,
+    and read every record at each start."""
+    d = tmp_path / "ckpt"
+    svc, feed, close = _direct_service(tmp_path, max_streams=1, checkpoint_retain=3600.0)
+    try:
+        feed(*[_s(b"a", q) for q in range(5)], _end(b"a", 4))
+        feed(_s(b"b", 0))                                   # a retired for b
+        assert _stream_files(d, "stream-61") == ["stream-61.2.npz", "stream-61.json"]
+        svc._housekeeping(time.monotonic())                 # written just now: kept
+        assert _stream_files(d, "stream-61") and svc.counters["checkpoints_removed"] == 0
+        svc.checkpoint_retain = 0.0                         # (its time has come)
+        svc._housekeeping(time.monotonic())
+        assert _stream_files(d, "stream-61") == [] and svc.counters["checkpoints_removed"] == 1
+        assert _stream_files(d, "stream-62") == []          # b is served: nothing of it noted
+        feed(_end(b"b", 0), _s(b"a", 5))                    # a comes back: a new stream at 0
+        assert svc.streams[b"a"].t_next == 1 and svc.counters["lost_on_resume"] == 0
+        svc._housekeeping(time.monotonic())                 # b retired for a, removed at once
+        assert _stream_files(d, "stream-62") == [] and svc.counters["checkpoints_removed"] == 2
+        assert _stream_files(d, "stream-61") == []          # a, served again, is not
+        feed(_s(b"a", 3), _s(b"a", 6))                      # a's numbers still followed
+        assert svc.streams[b"a"].t_next == 2 and svc.metrics(engines=False)["stale"] == 1
+        svc.checkpoint_retain = 3600.0
+        feed(_end(b"a", 6))
+        feed(_s(b"c", 0))                                   # a retired for c
+        feed(_end(b"c", 0))
+        feed(_s(b"a", 7))                                   # c for a, which resumes
+        assert svc.streams[b"a"].t_next == 3
+        svc.checkpoint_retain = 0.0
+        svc._housekeeping(time.monotonic())                 # c's removed; a's, served, kept
+        assert _stream_files(d, "stream-63") == [] and svc.counters["checkpoints_removed"] == 3
+        assert "stream-61.json" in _stream_files(d, "stream-61")
+    finally:
+        close()
+    assert not read_stream_record(str(d / "stream-61.json"))["ended"]   # (a, live at the stop)
+
+
+def test_checkpoint_retain_at_the_start_removes_old_ended_streams_never_live_ones(tmp_path):
+    d = tmp_path / "ckpt"
+    svc, feed, close = _direct_service(tmp_path)
+    feed(*[_s(b"a", q) for q in range(3)], _end(b"a", 2))  # a ended
+    feed(*[_s(b"b", q) for q in range(3)])                 # b live at the stop
+    close()
+    FakeEngine().checkpoint(str(d / "stream-63.1.npz"))    # c's: a version this one cannot read
+    (d / "stream-63.json").write_text(json.dumps({"format": _RECORD_TAG, "version": 3, "ended": True}))
+    (d / "stream-64.json.unusable").write_text("{}")      # set aside by an earlier run
+    old = time.time() - 7200
+    for name in os.listdir(d):                             # all written two hours ago
+        os.utime(d / name, (old, old))
+    for name in ("stream-61.json", "stream-62.json"):
+        rec = json.loads((d / name).read_text())
+        rec["time"] = old
+        (d / name).write_text(json.dumps(rec))
+    svc, feed, close = _direct_service(tmp_path, checkpoint_retain=3600.0)
+    try:
+        assert sorted(svc.streams) == [b"b"]               # b resumed, however old
+        assert sorted(os.listdir(d)) == ["stream-62.1.npz", "stream-62.json"]
+        assert svc.counters["checkpoints_removed"] == 2
+        feed(_s(b"a", 3))                                  # a starts anew at position 0
+        assert svc.streams[b"a"].t_next == 1 and svc.counters["resume_failures"] == 0
+    finally:
+        close()
+    # kept when younger than checkpoint_retain
+    svc, feed, close = _direct_service(tmp_path)
+    feed(_end(b"a", 3))
+    close()
+    svc, feed, close = _direct_service(tmp_path, checkpoint_retain=3600.0)
+    try:
+        assert sorted(svc.streams) == [b"b"] and svc.counters["checkpoints_removed"] == 0
+        assert read_stream_record(str(d / "stream-61.json"))["ended"]
+    finally:
+        close()
+
+
 def test_a_topic_of_another_width_is_loaded_once_and_costs_no_stream_its_place(tmp_path):
     svc, feed, close = _direct_service(tmp_path)
     feed(*[_s(b"w", q) for q in range(3)], _end(b"w", 2))
@@ -1598,6 +1677,8 @@ def test_service_argument_checks():
                         (dict(log_interval="10"), "log_interval must be a number of seconds"),
                         (dict(drain_timeout=-0.5), "drain_timeout must be a number of seconds"),
                         (dict(retire_idle=float("nan")), "retire_idle must be a number of seconds"),
+                        (dict(checkpoint_retain=-1.0), "checkpoint_retain must be a number of seconds"),
+                        (dict(checkpoint_retain=60.0), "checkpoint_retain needs a checkpoint directory"),
                         (dict(checkpoint_dir="x"), "a checkpoint directory needs resume_engine")):
         with pytest.raises(ValueError, match=message):
             StreamService(src, sink, FakeEngine, **kw)
