@@ -115,6 +115,8 @@ _JSON_NUMBER = re.compile(JSON_NUMBER + rb"\Z").match
 #: messages per general-path read of a lane service waiting for its lane to apply again
 #: (after the end of a sequence, before its first sample opens the next one)
 _GENERAL_READ = 8
+#: most streams in the table among which the lane looks for the only one not ended
+_LANE_SCAN = 16
 
 
 class CheckpointError(ValueError):
@@ -1015,17 +1017,19 @@ class StreamService:
         """Handle the messages waiting (up to ``batch_size``), without blocking; returns
         how many were read.
 
-        A service of one stream on the compiled wire path reads through the serving lane;
-        a message the lane does not take (another topic, a break in the sequence, a
-        heartbeat, anything for the Python decoder) is handled on the general path
-        (``recv_runs`` then :meth:`process`), and the lane goes on after it.
+        A service with one stream (or one not ended among a few: :meth:`_lane_stream`) on
+        the compiled wire path reads through the serving lane; a message the lane does
+        not take (another topic, a break in the sequence, a heartbeat, anything for the
+        Python decoder) is handled on the general path (``recv_runs`` then
+        :meth:`process`), and the lane goes on after it.
         """
         left = self.batch_size
         n = 0
         while left > 0:
-            lane = self._lane and len(self.streams) == 1
+            st = self._lane_stream() if self._lane else None
+            lane = st is not None
             if lane:
-                k, done = self._lane_read(next(iter(self.streams.values())), left)
+                k, done = self._lane_read(st, left)
                 n += k
                 left -= k
                 if done:
@@ -1043,6 +1047,24 @@ class StreamService:
             if not lane:
                 break
         return n
+
+    def _lane_stream(self) -> _Stream | None:
+        """The stream the serving lane may serve: the only one, or the only one not ended
+        among at most ``_LANE_SCAN`` (ended streams stay in the table until a new topic
+        needs their place, so topics that come and go would otherwise leave the lane
+        for good once a second one arrived); None otherwise."""
+        streams = self.streams
+        if len(streams) == 1:
+            return next(iter(streams.values()))
+        if len(streams) > _LANE_SCAN:
+            return None
+        live = None
+        for st in streams.values():
+            if not st.ended:
+                if live is not None:
+                    return None
+                live = st
+        return live
 
     def _lane_read(self, st: _Stream, max_messages: int):
         """The serving lane on stream ``st``: ``(messages read, done)``; ``done`` when

@@ -49,10 +49,10 @@ def _model_and_net(seed, mode="smooth"):
     return model, net.fit_scaler(X)
 
 
-def _traffic(rng, n, topics=(b"s",)):
+def _traffic(rng, n, topics=(b"s",), ends=True):
     """Frames of n messages, mostly the next canonical sample of a topic, with NaN
-    values, gaps, repeats, restarts, heartbeats, end heartbeats, JSON samples and
-    malformed messages of several kinds."""
+    values, gaps, repeats, restarts, heartbeats, end heartbeats (unless not ``ends``),
+    JSON samples and malformed messages of several kinds."""
     seqs = dict.fromkeys(topics, 0)
     out = []
     for _ in range(n):
@@ -75,7 +75,7 @@ def _traffic(rng, n, topics=(b"s",)):
         elif u < 0.92:
             out.append(encode_heartbeat(topic, seqs[topic] - 1, 1.0))
         elif u < 0.925:
-            out.append(encode_heartbeat(topic, seqs[topic] - 1, 1.0, end=True))
+            out.append(encode_heartbeat(topic, seqs[topic] - 1, 1.0, end=ends))
         elif u < 0.95:
             out.append(encode_sample(topic, seqs[topic], 2.5, x, format="json"))
             seqs[topic] += 1
@@ -285,18 +285,42 @@ def test_the_lane_takes_an_unbroken_stream(sides, batch, fmt):
 
 
 def test_a_second_topic_moves_the_service_to_the_general_path(sides):
-    """The lane serves one stream; with two, every read goes the general way (and the
-    output is still the general path's)."""
+    """The lane serves one stream; with two live ones, every read goes the general way
+    (and the output is still the general path's)."""
     model, net = _model_and_net(5)
     pub, a, b = sides(model, net, 32)
     rng = np.random.default_rng(5)
-    _run(pub, (a, b), _traffic(rng, 800))
+    _run(pub, (a, b), _traffic(rng, 800, ends=False))
     before = a.svc.lane_samples
     assert before > 0
-    _run(pub, (a, b), _traffic(rng, 800, topics=(b"s", b"t")))
+    _run(pub, (a, b), _traffic(rng, 800, topics=(b"s", b"t"), ends=False))
     assert a.svc.lane_samples == before
     _same_output(a.messages, b.messages)
     assert _counters(a) == _counters(b)
+
+
+@pytest.mark.parametrize("batch", [1, 32])
+def test_the_lane_serves_topics_that_come_and_go(sides, batch):
+    """Ended streams stay in the table until a new topic needs their place: once a
+    second topic had come, the lane was never taken again, however many ended."""
+    model, net = _model_and_net(9)
+    pub, a, b = sides(model, net, batch)
+    rng = np.random.default_rng(9)
+    frames, n = [], 0
+    for k in range(5):   # five topics in turn, each ending; the second comes back
+        topic = b"t%d" % (k if k < 4 else 1)
+        first = 300 if k == 4 else 0
+        X = rng.normal(size=(300, D))
+        frames += [encode_sample(topic, first + i, 1e9 + n + i, x) for i, x in enumerate(X)]
+        frames.append(encode_heartbeat(topic, first + 299, 1.0, end=True))
+        n += 300
+    frames += _traffic(rng, 600, topics=(b"t2", b"t5"))   # and a mixed stretch
+    _run(pub, (a, b), frames)
+    _same_output(a.messages, b.messages)
+    assert _counters(a) == _counters(b) and a.svc.counters["ends"] >= 5
+    assert a.source.streams == b.source.streams
+    # each topic's samples but its first read's (it is opened by the general path)
+    assert a.svc.lane_samples >= 5 * (300 - batch) and b.svc.lane_samples == 0
 
 
 def test_warm_lane_runs_the_lane_before_any_service_subscribes(caplog):
