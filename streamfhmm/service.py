@@ -92,6 +92,9 @@ logger = logging.getLogger(__name__)
 
 _RECORD_TAG = "streamfhmm.service-stream"
 _RECORD_VERSION = 2   # 2: "ended" and "run" (version 1 records: not ended, run unknown)
+#: a record's "ended" flag as :meth:`StreamService._checkpoint` writes it (json.dumps)
+_ENDED_TEXT = b'"ended": true'
+_GOES_ON_TEXT = b'"ended": false'
 #: seconds before a stream whose retirement failed (its checkpoint) is tried again
 _RETIRE_RETRY = 10.0
 #: seconds a topic whose checkpoint is of another width is refused without loading it
@@ -302,7 +305,8 @@ class _Pending:
 class _Stream:
     __slots__ = ("topic", "name", "engine", "pending", "t_next", "last_seq", "last_out",
                  "since_checkpoint", "generation", "resumed_seq", "samples", "posteriors",
-                 "lost_on_resume", "ended", "lane", "last_in", "retire_failed", "returned")
+                 "lost_on_resume", "ended", "lane", "last_in", "retire_failed", "returned",
+                 "record_ended")
 
     def __init__(self, topic: bytes, engine):
         self.topic = topic
@@ -323,6 +327,7 @@ class _Stream:
         self.last_in = time.monotonic()   # when its last sample was taken (or it was made)
         self.retire_failed = -math.inf    # when retiring it last failed (its checkpoint)
         self.returned = False       # resumed when its topic came back (not at the start)
+        self.record_ended = False   # its record on disk says "ended"
 
 
 def _engine_steps(engine) -> int:
@@ -491,6 +496,8 @@ def read_stream_record(path: str) -> dict:
         texts = [p[2] for p in json.loads(raw, parse_float=str, parse_int=str)["pending"]] if pending else []
         fname = str(rec["file"])
         when = float(rec["time"])
+        if not math.isfinite(when):
+            raise ValueError(f"time must be a finite number, got {rec['time']!r}")
         ended = rec.get("ended", False)   # (absent from version 1 records)
         if type(ended) is not bool:
             raise TypeError(f"'ended' must be true or false, got {ended!r}")
@@ -588,9 +595,14 @@ class StreamService:
         and the topic, if it comes back, starts a new stream. Without it a service whose
         topics come and go grows its checkpoint directory by one engine file per topic
         ever seen (2.9 MB for the power model of bench/soak.py, learning) and reads
-        every record at each start. Checkpoints of streams that had not ended (a stop, a crash: they resume
-        at the next start) are never removed; files set aside (``.unusable``) older than
-        this are removed at the start. Needs ``checkpoint_dir``.
+        every record at each start. Checkpoints of streams that had neither ended nor
+        been retired (a stop, a crash: they resume at the next start) are never
+        removed, nor those of ended streams that went on (their record is written again
+        as not ended at their next sample). A retired stream still warming up (its
+        buffered samples kept in its checkpoint, without posteriors) loses them with it.
+        Files set aside (``.unusable``) longer ago than this are removed at the start.
+        The ages are read from the records (the wall clock) at the start, then kept on
+        the monotonic clock. Needs ``checkpoint_dir``.
     wait_subscribers : int
         Subscribe to the input only once this many consumers subscribed to the output.
     batch_size : int
@@ -764,7 +776,10 @@ class StreamService:
             for when, stem, topic, files in sorted(retained, key=lambda r: r[0]):
                 self._retain(stem, topic, files, when)
             self._remove_set_aside(listing)
-            self._forget_expired()
+            n = self._forget_expired()
+            if n:
+                logger.info("removed the checkpoints of %d stream(s) that ended or were retired "
+                            "more than %g s ago (checkpoint_retain)", n, self.checkpoint_retain)
 
     def _left_for_return(self, rec: dict, kept: set):
         """A record not resumed at the start: its engine file is kept, and the source
@@ -799,21 +814,25 @@ class StreamService:
     # -- checkpoint_retain ---------------------------------------------------------------
     def _retain(self, stem: str, topic: bytes | None, files, when: float | None = None):
         """Note the checkpoint of a stream the service does not hold (ended or retired),
-        written at wall time ``when`` (now if None; never later than now, so that the
-        notes stay oldest first), for removal ``checkpoint_retain`` seconds after."""
+        written at wall time ``when`` (a record's; None: now), for removal
+        ``checkpoint_retain`` seconds after. Kept on the monotonic clock (a step of the
+        wall clock moves no removal made during the run), never later than now, so that
+        the notes stay oldest first."""
         if self.checkpoint_retain is None:
             return
-        now = time.time()
+        now = time.monotonic()
+        noted = now if when is None else now - max(0.0, time.time() - when)
         self._retained.pop(stem, None)
-        self._retained[stem] = (now if when is None else min(when, now), topic, list(files))
+        self._retained[stem] = (noted, topic, list(files))
 
     def _forget_expired(self):
         """Remove the noted checkpoints written more than ``checkpoint_retain`` seconds
         ago: the record first (a crash then leaves an engine file no record names, which
-        the next start removes), then its engine files."""
+        the next start removes), then its engine files. Returns how many."""
         if not self._retained:
-            return
-        limit = time.time() - self.checkpoint_retain
+            return 0
+        removed = 0
+        limit = time.monotonic() - self.checkpoint_retain
         while self._retained:
             stem, (when, topic, files) = next(iter(self._retained.items()))
             if when > limit:
@@ -838,9 +857,11 @@ class StreamService:
             if topic is not None:
                 self._refused.pop(topic, None)
             self.counters["checkpoints_removed"] += 1
-            logger.info("removed the checkpoint of stream %r, written %.0f s ago "
-                        "(checkpoint_retain %g s)", stem if topic is None else topic_name(topic),
-                        time.time() - when, self.checkpoint_retain)
+            removed += 1
+            logger.debug("removed the checkpoint of stream %r, written %.0f s ago "
+                         "(checkpoint_retain %g s)", stem if topic is None else topic_name(topic),
+                         time.monotonic() - when, self.checkpoint_retain)
+        return removed
 
     def _remove_set_aside(self, listing):
         """At the start: remove the files set aside (``.unusable``) longer ago than
@@ -872,6 +893,7 @@ class StreamService:
         # an ended or retired stream's lag was published (unless a warm-up was kept):
         # nothing to end again
         st.ended = rec["ended"] and not _warming_up(engine)
+        st.record_ended = rec["ended"]
         # (retired by this run: its steps were counted among the retired ones until now)
         self._add_stream(st, retired_here=returning and rec["run"] == self._run_id)
         if not returning:
@@ -950,6 +972,7 @@ class StreamService:
         old = _engine_file(stem, st.generation)
         st.generation = gen
         st.since_checkpoint = 0
+        st.record_ended = rec["ended"]
         self.counters["checkpoints"] += 1
         if os.path.exists(old):
             try:
@@ -1225,12 +1248,35 @@ class StreamService:
         st.last_seq = last_seq
         st.samples += n
         st.ended = False
+        if st.record_ended:
+            self._record_goes_on(st)
         st.last_in = time.monotonic()
         self.counters["samples"] += n
         if st.topic not in self._source_streams:
             # the source gave up the topic's bookkeeping within the read that brought it
             # back (a new topic needed the place): it follows the stream's numbers again
             self.source.set_last_seq(st.topic, last_seq)
+
+    def _record_goes_on(self, st: _Stream):
+        """The first sample after an end: the stream's record, written as ended, is
+        written again as not ended (nothing else changes: it still describes its engine
+        file), so that after a crash the stream resumes at the start and no
+        ``checkpoint_retain`` removes it. A failure is counted and logged; the next
+        checkpoint writes the record anew."""
+        st.record_ended = False
+        path = os.path.join(self.checkpoint_dir, _stream_stem(st.topic) + ".json")
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+            # (as the text: its pending time stamps stay the number texts they arrived as;
+            # _checkpoint writes the flag once, and no other field can hold that text)
+            if raw.count(_ENDED_TEXT) != 1:
+                raise ValueError("it is not a record this service wrote as ended")
+            _atomic_write_text(path, raw.replace(_ENDED_TEXT, _GOES_ON_TEXT).decode())
+        except (OSError, ValueError) as exc:
+            self.counters["checkpoint_failures"] += 1
+            self._log("checkpoint", "the record of stream %r, which goes on after its end, "
+                      "could not be written as not ended: %s", st.name, exc)
 
     def _maybe_checkpoint(self, st: _Stream, n: int):
         if self.checkpoint_every is not None:
@@ -1346,6 +1392,7 @@ class StreamService:
                 path = os.path.join(self.checkpoint_dir, name)
                 try:
                     os.replace(path, path + ".unusable")
+                    os.utime(path + ".unusable")   # (set aside now: checkpoint_retain's time)
                 except OSError as err:
                     self._log("set_aside", "could not set aside %s: %s", path, err)
         self._log("set_aside", "stream %r cannot be resumed (%s): its checkpoint is set aside "
@@ -1528,6 +1575,7 @@ class StreamService:
                 + (f" ({m['checkpoint_failures']} failed)" if m["checkpoint_failures"] else "")
                 + f", lost on resume {m['lost_on_resume']}"
                 + (f", retired {m['retired']}" if m["retired"] else "")
+                + (f", checkpoints removed {m['checkpoints_removed']}" if m["checkpoints_removed"] else "")
                 + f", learner steps {steps} "
                 f"({max(run_steps - s_prev, 0) / dt:,.0f}/s), "
                 f"subscribers {self.sink.n_subscribers()}")

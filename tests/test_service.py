@@ -1075,7 +1075,6 @@ def test_checkpoint_retain_removes_a_retired_streams_checkpoint_and_its_topic_st
         svc.checkpoint_retain = 0.0                         # (its time has come)
         svc._housekeeping(time.monotonic())
         assert _stream_files(d, "stream-61") == [] and svc.counters["checkpoints_removed"] == 1
-        assert _stream_files(d, "stream-62") == []          # b is served: nothing of it noted
         feed(_end(b"b", 0), _s(b"a", 5))                    # a comes back: a new stream at 0
         assert svc.streams[b"a"].t_next == 1 and svc.counters["lost_on_resume"] == 0
         svc._housekeeping(time.monotonic())                 # b retired for a, removed at once
@@ -1110,6 +1109,7 @@ def test_checkpoint_retain_at_the_start_removes_old_ended_streams_never_live_one
     old = time.time() - 7200
     for name in os.listdir(d):                             # all written two hours ago
         os.utime(d / name, (old, old))
+    (d / "stream-65.json.unusable").write_text("{}")      # and one just now
     for name in ("stream-61.json", "stream-62.json"):
         rec = json.loads((d / name).read_text())
         rec["time"] = old
@@ -1117,7 +1117,7 @@ def test_checkpoint_retain_at_the_start_removes_old_ended_streams_never_live_one
     svc, feed, close = _direct_service(tmp_path, checkpoint_retain=3600.0)
     try:
         assert sorted(svc.streams) == [b"b"]               # b resumed, however old
-        assert sorted(os.listdir(d)) == ["stream-62.1.npz", "stream-62.json"]
+        assert sorted(os.listdir(d)) == ["stream-62.1.npz", "stream-62.json", "stream-65.json.unusable"]
         assert svc.counters["checkpoints_removed"] == 2
         feed(_s(b"a", 3))                                  # a starts anew at position 0
         assert svc.streams[b"a"].t_next == 1 and svc.counters["resume_failures"] == 0
@@ -1131,6 +1131,81 @@ def test_checkpoint_retain_at_the_start_removes_old_ended_streams_never_live_one
     try:
         assert sorted(svc.streams) == [b"b"] and svc.counters["checkpoints_removed"] == 0
         assert read_stream_record(str(d / "stream-61.json"))["ended"]
+    finally:
+        close()
+
+
+def _age_records(d, seconds):
+    """Make every record and file in ``d`` read as written ``seconds`` ago."""
+    old = time.time() - seconds
+    for name in os.listdir(d):
+        if name.endswith(".json"):
+            rec = json.loads((d / name).read_text())
+            rec["time"] = old
+            (d / name).write_text(json.dumps(rec))
+        os.utime(d / name, (old, old))
+
+
+def test_an_ended_stream_that_goes_on_is_not_removed_after_a_crash(tmp_path):
+    """Its record said "ended" until its next checkpoint (10,000 samples later, by
+    default): a crash meanwhile, and a start checkpoint_retain later removed the
+    checkpoint of a live stream."""
+    import shutil
+    svc, feed, close = _direct_service(tmp_path)
+    try:
+        feed(*[_s(b"a", q) for q in range(5)], _end(b"a", 4))
+        assert read_stream_record(str(tmp_path / "ckpt" / "stream-61.json"))["ended"]
+        texts = [encode_sample(b"a", q, float(f"{q}.50"), _values(0, q)) for q in (5, 6)]
+        feed(*texts)                                        # a goes on
+        rec = read_stream_record(str(tmp_path / "ckpt" / "stream-61.json"))
+        assert not rec["ended"] and (rec["seq"], rec["t_next"], rec["generation"]) == (4, 5, 1)
+        shutil.copytree(tmp_path / "ckpt", tmp_path / "crash" / "ckpt")   # the state at a crash
+    finally:
+        close()
+    _age_records(tmp_path / "crash" / "ckpt", 7200)
+    svc, feed, close = _direct_service(tmp_path / "crash", checkpoint_retain=3600.0)
+    try:
+        assert svc.streams[b"a"].t_next == 5 and svc.counters["checkpoints_removed"] == 0
+        feed(_s(b"a", 5))
+        assert svc.streams[b"a"].t_next == 6 and svc.metrics(engines=False)["stale"] == 0
+    finally:
+        close()
+    # a warm-up retired (its samples pending in the record), back: the record is written
+    # again as it was but for the flag (so its pending samples' time stamps keep the
+    # number texts they arrived as)
+    d = tmp_path / "warm" / "ckpt"
+    svc, feed, close = _direct_service(tmp_path / "warm", engine=WarmupFakeEngine, max_streams=1,
+                                       retire_idle=0.0)
+    try:
+        feed(*[encode_sample(b"w", q, 1e9 + q / 8, _values(0, q)) for q in range(3)])
+        feed(_s(b"n", 0))                                   # w retired, its warm-up kept
+        raw = (d / "stream-77.json").read_bytes()
+        assert b'"ended": true' in raw and len(read_stream_record(str(d / "stream-77.json"))["pending"]) == 3
+        feed(_end(b"n", 0))
+        feed(_s(b"w", 3))                                   # w back, and it goes on
+        assert (d / "stream-77.json").read_bytes() == raw.replace(b'"ended": true', b'"ended": false')
+    finally:
+        close()
+
+
+def test_a_checkpoint_set_aside_is_kept_checkpoint_retain_from_then(tmp_path):
+    """os.replace keeps a file's time: a checkpoint written long ago and set aside just
+    now was removed at the next start."""
+    d = tmp_path / "ckpt"
+    svc, feed, close = _direct_service(tmp_path)
+    feed(*[_s(b"a", q) for q in range(3)], _end(b"a", 2))
+    close()
+    os.remove(read_stream_record(str(d / "stream-61.json"))["file"])   # a's engine file lost
+    _age_records(d, 7200)
+    svc, feed, close = _direct_service(tmp_path)
+    try:
+        feed(_s(b"a", 3))                                  # set aside now
+        assert svc.counters["resume_failures"] == 1
+    finally:
+        close()
+    svc, feed, close = _direct_service(tmp_path, checkpoint_retain=3600.0)
+    try:
+        assert "stream-61.json.unusable" in os.listdir(d)
     finally:
         close()
 
@@ -1444,6 +1519,7 @@ def test_tampered_records_are_clear_errors_not_crashes(tmp_path):
                             ({"name": "stream-74.json"}, "is named stream-73.json"),
                             ({"file": "stream-74.1.npz"}, "names the engine file stream-73.1.npz"),
                             ({"ended": 1}, "'ended' must be true or false"),
+                            ({"time": float("nan")}, "time must be a finite number, got nan"),
                             ({"version": 3}, "has record version 3; this streamfhmm reads versions 1 to 2")):
         for f in d.iterdir():
             f.unlink()
