@@ -1075,19 +1075,27 @@ class StreamService:
         """The stream the serving lane may serve: the only one, or the only one not ended
         among at most ``_LANE_SCAN`` (ended streams stay in the table until a new topic
         needs their place, so topics that come and go would otherwise leave the lane
-        for good once a second one arrived); None otherwise."""
+        for good once a second one arrived), if its engine can take the lane (its
+        ``_lane_ready``: not warming up, not exact, ...); None otherwise (the read goes
+        the general way in full, not ``_GENERAL_READ`` messages at a time)."""
         streams = self.streams
-        if len(streams) == 1:
-            return next(iter(streams.values()))
-        if len(streams) > _LANE_SCAN:
+        if not self._block:
             return None
-        live = None
-        for st in streams.values():
-            if not st.ended:
-                if live is not None:
-                    return None
-                live = st
-        return live
+        if len(streams) == 1:
+            live = next(iter(streams.values()))
+        elif len(streams) > _LANE_SCAN:
+            return None
+        else:
+            live = None
+            for st in streams.values():
+                if not st.ended:
+                    if live is not None:
+                        return None
+                    live = st
+            if live is None:
+                return None
+        ready = getattr(live.engine, "_lane_ready", None)
+        return live if ready is not None and ready() else None
 
     def _lane_read(self, st: _Stream, max_messages: int):
         """The serving lane on stream ``st``: ``(messages read, done)``; ``done`` when

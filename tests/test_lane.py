@@ -354,3 +354,56 @@ def test_the_last_sequence_number_does_not_stop_the_service(sides):
     assert _counters(a) == _counters(b) and a.svc.counters["samples"] == len(seqs)
     assert a.source.streams[b"s"].restarts == b.source.streams[b"s"].restarts == 1
     assert a.svc.lane_samples > 0
+
+
+@pytest.mark.parametrize("posterior,warmup", [("exact", None), ("recognition", 100_000)])
+def test_a_stream_the_lane_cannot_take_is_read_in_full_batches(posterior, warmup):
+    """Exact posteriors, or a cold start's warm-up: the lane cannot take the stream, and
+    the service read its input 8 messages at a time (waiting for the lane to apply
+    again), 5-7 times slower; with ended streams beside it since the lane serves
+    topics that come and go."""
+    model, net = _model_and_net(1)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    src = ZmqSource(f"tcp://127.0.0.1:{port}", D, hwm=0, context=ctx)
+    snk = ZmqSink("tcp://127.0.0.1:*", hwm=0, context=ctx)
+
+    def factory(topic):
+        if warmup:
+            return StreamEngine(FHMM(n_chains=3, window=5, n_hidden=6), learn=True, warmup=warmup,
+                                random_state=0)
+        return StreamEngine(model, learn=False, posterior=posterior, random_state=0)
+    svc = StreamService(src, snk, factory, heartbeat_interval=0, batch_size=256, batch_wait=0)
+    calls = []
+    recv_runs = src.recv_runs
+    src.recv_runs = lambda *a, **k: calls.append(a) or recv_runs(*a, **k)
+    try:
+        while True:   # connected
+            pub.send_multipart(encode_heartbeat(b"probe", 0, 0.0))
+            if src.socket.poll(10):
+                svc.read()
+                break
+        rng = np.random.default_rng(1)
+        frames = []
+        for topic in (b"a", b"b"):   # two topics that end, then one that goes on
+            frames += [encode_sample(topic, i, 1.0 + i, x) for i, x in enumerate(rng.normal(size=(20, D)))]
+            frames.append(encode_heartbeat(topic, 19, 1.0, end=True))
+        frames += [encode_sample(b"c", i, 1e9 + i, x) for i, x in enumerate(rng.normal(size=(3000, D)))]
+        for f in frames:
+            pub.send_multipart(f)
+        pub.send_multipart(encode_heartbeat(b"zz", 0, 0.0, end=True))
+        deadline = time.monotonic() + 60
+        while not (b"zz" in src.streams and src.streams[b"zz"].ended):
+            assert time.monotonic() < deadline, "the traffic did not arrive"
+            if src.socket.poll(20):
+                svc.read()
+        assert svc.counters["samples"] == 3040 and svc.lane_samples == 0
+        assert len(calls) <= 3100 // 256 + 30, len(calls)   # (8 at a time: about 390)
+    finally:
+        svc.shutdown()
+        src.close(0)
+        snk.close(0)
+        pub.close(0)
+        ctx.term()

@@ -1267,6 +1267,12 @@ class StreamEngine:
         self._n_emitted += ne
 
     # -- the serving lane (streamfhmm.io.lane) -----------------------------------------
+    def _lane_ready(self) -> bool:
+        """Whether :meth:`_lane_state` can give a state once a sequence is open: not
+        closed, past the warm-up, recognition posteriors (what a few more samples cannot
+        change; the service reads the rest of its input the general way otherwise)."""
+        return not self._closed and self._phase == "running" and not self._exact_mode
+
     def _lane_state(self) -> "LaneState | None":
         """The block kernel's state for a compiled caller that runs it on samples it
         received itself (:func:`streamfhmm.io.lane.serve_lane`, in this order); None
