@@ -113,6 +113,41 @@ def test_a_publisher_restarting_elsewhere_than_0_is_followed(ctx):
         s.close(0)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_sequence_checks_do_not_depend_on_how_reads_split_runs(ctx, seed):
+    """A run of consecutive numbers that starts behind the last one and goes on past it
+    (a publisher restarted at 1, its numbers read in one batch) was stale up to the last
+    number and then taken as the old sequence going on: resync_after never applied,
+    unlike when the same numbers came in short reads."""
+    print(f"seed={seed}")
+    rng = np.random.default_rng(seed)
+    seqs, q = [], 0
+    for _ in range(60):   # stretches in order, with restarts, resends, gaps, ends of numbers
+        q = int(rng.choice([0, 1, max(0, q - int(rng.integers(1, 30))), q + int(rng.integers(1, 4))]))
+        k = int(rng.integers(1, 40))
+        seqs += list(range(q, q + k))
+        q += k
+    results = []
+    for split in ("one", "runs", "random"):
+        src = ZmqSource("tcp://127.0.0.1:0", 1, context=ctx, linger_ms=0, bind=True, resync_after=8)
+        st = src.streams.setdefault(b"a", StreamSeq())
+        runs, i = [], 0
+        while i < len(seqs):   # consecutive numbers, cut as the split says
+            j = i + 1
+            while j < len(seqs) and seqs[j] == seqs[j - 1] + 1 and (
+                    split == "runs" or (split == "random" and rng.random() < 0.8)):
+                j += 1
+            runs.append((seqs[i], j - i))
+            i = j
+        taken = []
+        for first, n in runs:
+            skip = src._accept(b"a", st, first, n)
+            taken += range(first + skip, first + n)
+        results.append((taken, st.last_seq, st.samples, st.stale, st.restarts, st.gaps, st.gap_samples))
+        src.close(0)
+    assert results[1] == results[0] and results[2] == results[0]
+
+
 def test_heartbeat_reveals_tail_gap_and_end(ctx):
     pub, ep = _pub(ctx)
     src = ZmqSource(ep, 1, context=ctx, linger_ms=0)

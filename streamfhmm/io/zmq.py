@@ -467,9 +467,11 @@ class ZmqSource:
             st.restarts += 1
             self._log("restart", "stream %r restarted at sequence number 0 (after %d)",
                       topic_name(topic), last)
-        elif seq + n - 1 <= last and self.resync_after and behind + n >= self.resync_after:
+        elif self.resync_after and behind + min(n, last - seq + 1) >= self.resync_after:
             # the resync_after-th number in order behind the last one: accepted, with those
-            # after it in this run, after a discontinuity (the ones before it were stale)
+            # after it in this run, after a discontinuity (the ones before it were stale);
+            # also when the run goes on past the last one (one read took the restarted
+            # publisher's numbers that far: read one by one, they resynchronise as here)
             skip = self.resync_after - behind - 1
             st.stale += skip
             st.restarts += 1
