@@ -330,6 +330,15 @@ class _Stream:
         self.record_ended = False   # its record on disk says "ended"
 
 
+def _pause_learner(engine, paused: bool):
+    """Hold (or let go on) the learner of ``engine`` if it has one to hold
+    (:meth:`StreamEngine._pause_learner`): the learners of ended streams, which stay in
+    the table until a new topic needs their place, took the CPU of the live ones."""
+    pause = getattr(engine, "_pause_learner", None)
+    if pause is not None:
+        pause(paused)
+
+
 def _engine_steps(engine) -> int:
     """The learner steps ``engine`` has taken (0 if it cannot say)."""
     try:
@@ -894,6 +903,8 @@ class StreamService:
         # nothing to end again
         st.ended = rec["ended"] and not _warming_up(engine)
         st.record_ended = rec["ended"]
+        if st.ended:
+            _pause_learner(engine, True)
         # (retired by this run: its steps were counted among the retired ones until now)
         self._add_stream(st, retired_here=returning and rec["run"] == self._run_id)
         if not returning:
@@ -1255,7 +1266,9 @@ class StreamService:
         st.t_next += n
         st.last_seq = last_seq
         st.samples += n
-        st.ended = False
+        if st.ended:
+            st.ended = False
+            _pause_learner(st.engine, False)
         if st.record_ended:
             self._record_goes_on(st)
         st.last_in = time.monotonic()
@@ -1523,6 +1536,7 @@ class StreamService:
         logger.info("stream %r ended at sequence number %d", st.name, hb.seq)
         self._flush(st)
         st.ended = True
+        _pause_learner(st.engine, True)   # (until a sample of it comes again)
         if self.checkpoint_dir is not None:
             # (a crash then leaves it ended: it resumes when its topic comes back, and
             # does not hold a place in the table after the restart)

@@ -523,6 +523,35 @@ def test_learner_toggle_and_metrics():
 
 
 
+def test_a_paused_learner_takes_no_steps_and_learning_stays_as_set(tmp_path):
+    """What the service does to the engines of ended streams: held, the learner takes no
+    step; ``learning`` and a checkpoint still say True; let go, it steps again. Held
+    while ``learning`` is off, it stays off when let go."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=23)
+    X = _data(model, 4000, seed=24)
+    with StreamEngine(model, mode="smooth", learn=True, learner_duty=1.0, random_state=0) as eng:
+        _pace(eng, X[:2000], 500, 0.02)
+        eng._pause_learner(True)
+        with eng._learner.lock:     # the round that was running, if any, has ended
+            pass
+        s = eng.metrics()["learner_steps"]
+        eng.push_many(X[2000:2500])
+        _full_learner_round(eng)
+        assert eng.metrics()["learner_steps"] == s and eng.learning and eng.metrics()["learning"]
+        eng.checkpoint(str(tmp_path / "e.npz"))
+        eng._pause_learner(False)
+        t0 = time.perf_counter()
+        while eng.metrics()["learner_steps"] == s and time.perf_counter() - t0 < 10:
+            time.sleep(0.01)
+        assert eng.metrics()["learner_steps"] > s
+        eng.learning = False
+        eng._pause_learner(True)
+        eng._pause_learner(False)
+        assert not eng.learning and not eng._learner.enabled
+    with StreamEngine.resume(str(tmp_path / "e.npz")) as back:
+        assert back.learning and back._learner.enabled
+
+
 @pytest.mark.parametrize("path", ["push", "push_many", "warm-up"])
 def test_learn_samples_holds_the_model_fixed(path, tmp_path):
     """learn_samples: learning turns itself off once that many samples were accepted

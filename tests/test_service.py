@@ -1210,6 +1210,37 @@ def test_a_checkpoint_set_aside_is_kept_checkpoint_retain_from_then(tmp_path):
         close()
 
 
+class PausingFakeEngine(FakeEngine):
+    paused = None
+
+    def _pause_learner(self, paused):
+        self.paused = paused
+
+
+def test_the_learner_of_an_ended_stream_is_held_until_it_goes_on(tmp_path):
+    """Ended streams stay in the table until a new topic needs their place, their
+    learners stepping on: with topics that come and go, three of serve's four learners
+    (--max-streams 4) worked for streams that had ended."""
+    svc, feed, close = _direct_service(tmp_path, engine=PausingFakeEngine)
+    feed(*[_s(b"a", q) for q in range(3)])
+    eng = svc.streams[b"a"].engine
+    assert eng.paused is None
+    feed(_end(b"a", 2))
+    assert eng.paused is True
+    feed(_s(b"a", 3))                                 # it goes on
+    assert eng.paused is False
+    feed(_end(b"a", 3))
+    close()
+    svc, feed, close = _direct_service(tmp_path, engine=PausingFakeEngine)
+    try:
+        feed(_s(b"a", 4))                             # back from its checkpoint as ended
+        assert svc.streams[b"a"].engine.paused is False
+        feed(_end(b"a", 4), _s(b"b", 0))
+        assert svc.streams[b"a"].engine.paused is True and svc.streams[b"b"].engine.paused is None
+    finally:
+        close()
+
+
 def test_a_topic_of_another_width_is_loaded_once_and_costs_no_stream_its_place(tmp_path):
     svc, feed, close = _direct_service(tmp_path)
     feed(*[_s(b"w", q) for q in range(3)], _end(b"w", 2))

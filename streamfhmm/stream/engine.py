@@ -584,6 +584,7 @@ class StreamEngine:
     def _init_counters(self):
         self._ready = False
         self._learning_wanted = True
+        self._learner_paused = False
         self._t = 0
         self._seq_open = False
         self._seq_start = 0
@@ -758,7 +759,7 @@ class StreamEngine:
             self._learner._last_good[:] = self._learner.x
 
     def _start_thread(self):
-        self._learner.enabled = self._learning_wanted
+        self._learner.enabled = self._learning_wanted and not self._learner_paused
         self._thread = LearnerThread(self._learner, _publish_to(weakref.ref(self)),
                                      snapshot_interval=self._cfg["snapshot_interval"],
                                      min_fill=self._cfg["batch_size"],
@@ -1523,7 +1524,7 @@ class StreamEngine:
         """Whether the learner takes steps; assignable at run time."""
         if self._learner is None:
             return self._learn and self._learning_wanted
-        return self._learner.enabled
+        return self._learning_wanted
 
     @learning.setter
     def learning(self, value: bool):
@@ -1531,10 +1532,22 @@ class StreamEngine:
         if value and not self._learn:
             raise ValueError("this engine was built with learn=False: it has no learner")
         self._learning_wanted = value
+        self._enable_learner()
+
+    def _enable_learner(self):
         if self._learner is not None:
+            value = self._learning_wanted and not self._learner_paused
             self._learner.enabled = value
             if value and self._thread is not None:
                 self._thread.wake()   # (an idle thread waits up to 0.1 s)
+
+    def _pause_learner(self, paused: bool):
+        """Hold the background learner (``paused``) or let it go on, without changing
+        :attr:`learning` or what a checkpoint writes: a service holds the learners of
+        streams that ended (no new samples: the steps they would take on their reservoir
+        cost the streams still running their CPU) until a sample comes again."""
+        self._learner_paused = bool(paused)
+        self._enable_learner()
 
     @property
     def learner_duty(self) -> float:
