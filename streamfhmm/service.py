@@ -1086,7 +1086,8 @@ class StreamService:
         """The stream the serving lane may serve: the only one, or the only one not ended
         among at most ``_LANE_SCAN`` (ended streams stay in the table until a new topic
         needs their place, so topics that come and go would otherwise leave the lane
-        for good once a second one arrived), if its engine can take the lane (its
+        for good once a second one arrived), if it has not ended, is not waiting for its
+        first sample after a resume, and its engine can take the lane (its
         ``_lane_ready``: not warming up, not exact, ...); None otherwise (the read goes
         the general way in full, not ``_GENERAL_READ`` messages at a time)."""
         streams = self.streams
@@ -1105,6 +1106,8 @@ class StreamService:
                     live = st
             if live is None:
                 return None
+        if live.ended or live.resumed_seq is not None:   # (until a sample of it comes)
+            return None
         ready = getattr(live.engine, "_lane_ready", None)
         return live if ready is not None and ready() else None
 
@@ -1445,6 +1448,7 @@ class StreamService:
         if not st.ended and not keep:
             self._flush(st)
             st.ended = True
+            _pause_learner(st.engine, True)   # (it stays if the checkpoint fails)
         # (ended in the record: resumed when its topic comes back, not at a start)
         if self.checkpoint_dir is not None and not self._checkpoint(st, ended=True):
             st.retire_failed = time.monotonic()

@@ -356,12 +356,14 @@ def test_the_last_sequence_number_does_not_stop_the_service(sides):
     assert a.svc.lane_samples > 0
 
 
-@pytest.mark.parametrize("posterior,warmup", [("exact", None), ("recognition", 100_000)])
-def test_a_stream_the_lane_cannot_take_is_read_in_full_batches(posterior, warmup):
+@pytest.mark.parametrize("posterior,warmup,lone", [("exact", None, False), ("recognition", 100_000, False),
+                                                   ("recognition", None, True)])
+def test_a_stream_the_lane_cannot_take_is_read_in_full_batches(posterior, warmup, lone):
     """Exact posteriors, or a cold start's warm-up: the lane cannot take the stream, and
     the service read its input 8 messages at a time (waiting for the lane to apply
     again), 5-7 times slower; with ended streams beside it since the lane serves
-    topics that come and go."""
+    topics that come and go. Nor a lone stream that ended (``lone``: 3,000 heartbeats
+    of other topics follow its end)."""
     model, net = _model_and_net(1)
     ctx = zmq.Context()
     pub = ctx.socket(zmq.PUB)
@@ -374,7 +376,9 @@ def test_a_stream_the_lane_cannot_take_is_read_in_full_batches(posterior, warmup
         if warmup:
             return StreamEngine(FHMM(n_chains=3, window=5, n_hidden=6), learn=True, warmup=warmup,
                                 random_state=0)
-        return StreamEngine(model, learn=False, posterior=posterior, random_state=0)
+        if posterior == "exact":
+            return StreamEngine(model, learn=False, posterior="exact", random_state=0)
+        return StreamEngine(model, learn=False, net=net, random_state=0)
     svc = StreamService(src, snk, factory, heartbeat_interval=0, batch_size=256, batch_wait=0)
     calls = []
     recv_runs = src.recv_runs
@@ -387,10 +391,13 @@ def test_a_stream_the_lane_cannot_take_is_read_in_full_batches(posterior, warmup
                 break
         rng = np.random.default_rng(1)
         frames = []
-        for topic in (b"a", b"b"):   # two topics that end, then one that goes on
+        for topic in (b"a",) if lone else (b"a", b"b"):   # topics that end, then one that goes on
             frames += [encode_sample(topic, i, 1.0 + i, x) for i, x in enumerate(rng.normal(size=(20, D)))]
             frames.append(encode_heartbeat(topic, 19, 1.0, end=True))
-        frames += [encode_sample(b"c", i, 1e9 + i, x) for i, x in enumerate(rng.normal(size=(3000, D)))]
+        if lone:
+            frames += [encode_heartbeat(b"x%d" % (i % 50), i, 1.0) for i in range(3020)]
+        else:
+            frames += [encode_sample(b"c", i, 1e9 + i, x) for i, x in enumerate(rng.normal(size=(3000, D)))]
         for f in frames:
             pub.send_multipart(f)
         pub.send_multipart(encode_heartbeat(b"zz", 0, 0.0, end=True))
@@ -399,7 +406,7 @@ def test_a_stream_the_lane_cannot_take_is_read_in_full_batches(posterior, warmup
             assert time.monotonic() < deadline, "the traffic did not arrive"
             if src.socket.poll(20):
                 svc.read()
-        assert svc.counters["samples"] == 3040 and svc.lane_samples == 0
+        assert svc.counters["samples"] == (20 if lone else 3040) and svc.lane_samples == 0
         assert len(calls) <= 3100 // 256 + 30, len(calls)   # (8 at a time: about 390)
     finally:
         svc.shutdown()

@@ -1240,6 +1240,18 @@ def test_the_learner_of_an_ended_stream_is_held_until_it_goes_on(tmp_path):
     finally:
         close()
 
+    class Unwritable(PausingFakeEngine, UnwritableFakeEngine):
+        pass
+    svc, feed, close = _direct_service(tmp_path / "failing", engine=Unwritable, max_streams=1,
+                                       retire_idle=0.0)
+    try:
+        feed(*[_s(b"a", q) for q in range(3)])
+        feed(_s(b"b", 0))                             # a's retirement fails: a stays, ended
+        a = svc.streams[b"a"]
+        assert a.ended and a.engine.paused is True and b"b" not in svc.streams
+    finally:
+        close()
+
 
 def test_a_topic_of_another_width_is_loaded_once_and_costs_no_stream_its_place(tmp_path):
     svc, feed, close = _direct_service(tmp_path)
