@@ -448,6 +448,8 @@ def main(argv=None):
           f"{TARGET_MB_PER_MILLION:g} MB per million samples")
     if args.checkpoint_retain is not None and not args.checkpoint:
         ap.error("--checkpoint-retain needs --checkpoint")
+    if args.checkpoint_retain is not None and not 0 <= args.checkpoint_retain < float("inf"):
+        ap.error(f"--checkpoint-retain must be a finite number >= 0, got {args.checkpoint_retain}")
     model, X = make_model(M_CHAINS, args.rows)
     X = np.ascontiguousarray(X, dtype="<f8")
     summaries = {}
@@ -467,11 +469,11 @@ def main(argv=None):
     if args.part in ("service", "both"):
         label = "serve --learn (binary)" + (f", a new topic every {args.churn:,} samples, "
                                             f"--max-streams {args.max_streams}" if args.churn else "")
-        print()
-        print(f"# {label}: as fast as it takes, at most {args.window} messages in flight")
         if args.checkpoint:
             label += ", --checkpoint" + (f" --checkpoint-retain {args.checkpoint_retain:g}"
                                          if args.checkpoint_retain is not None else "")
+        print()
+        print(f"# {label}: as fast as it takes, at most {args.window} messages in flight")
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "power.npz")
             model.save(path)

@@ -1470,8 +1470,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "most this long); a message that finds the service idle is handled at once; "
                          "0: read on every wake-up (default 250)")
     sv.add_argument("--no-lane", action="store_true",
-                    help="never use the serving lane (one compiled call per read for a single stream, "
-                         "binary or JSON output): the general path, for comparison")
+                    help="never use the serving lane (one compiled call per read for a single stream, or "
+                         "the one live stream among ended ones; binary or JSON output): the "
+                         "general path, for comparison")
     sv.add_argument("--verbose", "-v", action="store_true", help="log stream events (new, ended, resumed)")
     _zmq_args(sv, linger=2000)
     sv.set_defaults(func=_cmd_serve)

@@ -116,7 +116,8 @@ _JSON_NUMBER = re.compile(JSON_NUMBER + rb"\Z").match
 
 
 #: messages per general-path read of a lane service waiting for its lane to apply again
-#: (after the end of a sequence, before its first sample opens the next one)
+#: (a gap or restart closed the engine's sequence, and the next sample opens another; the
+#: source's bookkeeping or the engine's position disagreeing with the stream's)
 _GENERAL_READ = 8
 #: most streams in the table among which the lane looks for the only one not ended
 _LANE_SCAN = 16
@@ -336,7 +337,10 @@ def _pause_learner(engine, paused: bool):
     the table until a new topic needs their place, took the CPU of the live ones."""
     pause = getattr(engine, "_pause_learner", None)
     if pause is not None:
-        pause(paused)
+        try:
+            pause(paused)
+        except Exception as exc:  # noqa: BLE001 - a host engine's must not stop the service
+            logger.warning("holding or releasing the learner of an engine failed: %s", exc)
 
 
 def _engine_steps(engine) -> int:
@@ -629,7 +633,8 @@ class StreamService:
         call each way, the stream bookkeeping) is divided among them. A message that finds
         the service idle is handled at once. 0 reads on every wake-up.
     lane : bool
-        Serve a single stream through the compiled serving lane
+        Serve a single stream (or the one live stream among ended ones) through the
+        compiled serving lane
         (:mod:`streamfhmm.io.lane`) when the wire path allows it (compiled receive and
         send, an engine with the block path): one compiled call per read for receive,
         recognition and publication. False: always the general path
@@ -1269,11 +1274,11 @@ class StreamService:
         st.t_next += n
         st.last_seq = last_seq
         st.samples += n
+        if st.record_ended:
+            self._record_goes_on(st)
         if st.ended:
             st.ended = False
             _pause_learner(st.engine, False)
-        if st.record_ended:
-            self._record_goes_on(st)
         st.last_in = time.monotonic()
         self.counters["samples"] += n
         if st.topic not in self._source_streams:
@@ -1406,7 +1411,8 @@ class StreamService:
     def _set_aside(self, topic: bytes, exc):
         """Rename the record of ``topic`` that cannot be resumed, and the engine files of
         its name, with the suffix ``.unusable`` (kept for a look: a new stream's
-        checkpoints take other names; a later set-aside replaces them), so that the topic
+        checkpoints take other names; a later set-aside replaces them; with
+        ``checkpoint_retain`` a start removes them once older), so that the topic
         starts anew instead of being refused for ever; counted in ``resume_failures``."""
         self.counters["resume_failures"] += 1
         stem = _stream_stem(topic)
@@ -1416,9 +1422,13 @@ class StreamService:
                 path = os.path.join(self.checkpoint_dir, name)
                 try:
                     os.replace(path, path + ".unusable")
-                    os.utime(path + ".unusable")   # (set aside now: checkpoint_retain's time)
                 except OSError as err:
                     self._log("set_aside", "could not set aside %s: %s", path, err)
+                    continue
+                try:
+                    os.utime(path + ".unusable")   # (set aside now: checkpoint_retain's time)
+                except OSError as err:
+                    self._log("set_aside", "could not date %s.unusable: %s", path, err)
         self._log("set_aside", "stream %r cannot be resumed (%s): its checkpoint is set aside "
                   "(%s.json.unusable) and the topic starts a new stream", topic_name(topic), exc,
                   os.path.join(self.checkpoint_dir, stem))

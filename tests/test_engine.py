@@ -530,7 +530,11 @@ def test_a_paused_learner_takes_no_steps_and_learning_stays_as_set(tmp_path):
     model = _model(M=2, D=2, window=3, n_hidden=4, seed=23)
     X = _data(model, 4000, seed=24)
     with StreamEngine(model, mode="smooth", learn=True, learner_duty=1.0, random_state=0) as eng:
-        _pace(eng, X[:2000], 500, 0.02)
+        eng.push_many(X[:2000])
+        t0 = time.perf_counter()
+        while eng.metrics()["learner_steps"] == 0 and time.perf_counter() - t0 < 30:
+            time.sleep(0.01)
+        assert eng.metrics()["learner_steps"] > 0 and eng.learner_error is None
         eng._pause_learner(True)
         with eng._learner.lock:     # the round that was running, if any, has ended
             pass

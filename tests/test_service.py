@@ -1079,7 +1079,7 @@ def test_checkpoint_retain_removes_a_retired_streams_checkpoint_and_its_topic_st
         assert svc.streams[b"a"].t_next == 1 and svc.counters["lost_on_resume"] == 0
         svc._housekeeping(time.monotonic())                 # b retired for a, removed at once
         assert _stream_files(d, "stream-62") == [] and svc.counters["checkpoints_removed"] == 2
-        assert _stream_files(d, "stream-61") == []          # a, served again, is not
+        assert _stream_files(d, "stream-61") == []          # (a served: nothing written yet)
         feed(_s(b"a", 3), _s(b"a", 6))                      # a's numbers still followed
         assert svc.streams[b"a"].t_next == 2 and svc.metrics(engines=False)["stale"] == 1
         svc.checkpoint_retain = 3600.0

@@ -1521,10 +1521,9 @@ class StreamEngine:
 
     @property
     def learning(self) -> bool:
-        """Whether the learner takes steps; assignable at run time."""
-        if self._learner is None:
-            return self._learn and self._learning_wanted
-        return self._learning_wanted
+        """Whether learning is on (the learner takes steps, unless a service holds it
+        while its stream has ended: :meth:`_pause_learner`); assignable at run time."""
+        return self._learn and self._learning_wanted
 
     @learning.setter
     def learning(self, value: bool):
