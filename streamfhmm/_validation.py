@@ -125,7 +125,8 @@ def check_fit_magnitude(X: np.ndarray, name: str = "X", row0: int = 0) -> np.nda
 
 
 def check_observations(X, name: str = "X", n_features: int | None = None,
-                       allow_nan: bool = False, min_samples: int = 1) -> np.ndarray:
+                       allow_nan: bool = False, min_samples: int = 1,
+                       allow_empty_rows: bool = False) -> np.ndarray:
     """Validate an observation matrix.
 
     Parameters
@@ -138,6 +139,9 @@ def check_observations(X, name: str = "X", n_features: int | None = None,
         NaN marks a missing value when True; infinities are always refused.
     min_samples : int
         The least T accepted.
+    allow_empty_rows : bool
+        With ``allow_nan``: accept rows with every value missing (samples on the wire,
+        which an engine imputes); a fit or an exact smoother needs a value per row.
 
     Returns
     -------
@@ -162,7 +166,7 @@ def check_observations(X, name: str = "X", n_features: int | None = None,
         r, c = np.argwhere(np.isnan(X))[0]
         raise ValueError(f"{name} must not contain NaN here (missing values are not supported by this "
                          f"method); found NaN at row {r}, column {c}")
-    if allow_nan and np.isnan(X).all(axis=1).any():
+    if allow_nan and not allow_empty_rows and np.isnan(X).all(axis=1).any():
         r = int(np.flatnonzero(np.isnan(X).all(axis=1))[0])
         raise ValueError(f"{name} has a row with every value missing (row {r}); drop it or "
                          f"interpolate it: at least one observed value per sample is expected")

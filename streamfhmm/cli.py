@@ -1144,11 +1144,6 @@ def _cmd_replay(args) -> int:
         X = X[:args.limit]
     if X.shape[0] == 0:
         raise CliError(f"{args.data}: no rows left to replay")
-    empty = np.isnan(X).all(axis=1)
-    if empty.any():   # (the wire refuses a sample without a value: replay does too)
-        r = int(np.flatnonzero(empty)[0]) + (args.start_row or 0)
-        raise CliError(f"{args.data}, row {r}: every value is missing; a sample on the wire needs "
-                       f"at least one (drop or fill the {_plural(int(empty.sum()), 'such row')})")
     if args.start_seq + X.shape[0] > SEQ_LIMIT:
         room = SEQ_LIMIT - args.start_seq
         raise CliError(f"--start-seq {args.start_seq} leaves room for {_plural(room, 'row')} (sequence "

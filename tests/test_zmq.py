@@ -310,6 +310,7 @@ def test_sink_counts_the_subscribers_connected_as_they_come_and_go(ctx):
 def test_replay_waits_for_subscriber_and_loses_nothing(ctx, fmt):
     print(f"seed={SEED}")
     X = np.random.default_rng(SEED).standard_normal((5000, 3))
+    X[10, 1] = X[20] = np.nan          # missing values, and a sample without any (sent too)
     ready = threading.Event()
     endpoint = {}
     result = {}
@@ -470,28 +471,29 @@ def test_replay_refuses_bad_arguments(ctx):
 
 
 def test_replay_refuses_what_the_wire_cannot_carry_before_sending(ctx):
-    """An infinity, a row with every value missing, or text in X is refused at once with a
-    ValueError naming X (binary sent such rows, which every receiver dropped as malformed
-    behind a sequence gap; JSON failed half-way with json's own error)."""
+    """An infinity or text in X is refused at once with a ValueError naming X (binary sent
+    such rows, which every receiver dropped as malformed behind a sequence gap; JSON
+    failed half-way with json's own error). A row with every value missing is a sample."""
     sub = ctx.socket(zmq.SUB)
     _OPEN.append(sub)
     sub.setsockopt(zmq.LINGER, 0)
     for X, message in (([[1.0, 2.0], [np.inf, 0.0]], "X must not contain infinities; found inf at row 1, column 0"),
-                       ([[1.0, 2.0], [np.nan, np.nan]], r"X has a row with every value missing \(row 1\)"),
                        ([["a", "b"]], "X must be a numeric array")):
         for fmt in ("binary", "json"):
             with pytest.raises(ValueError, match=message):
                 replay(X, ANY, context=ctx, format=fmt, wait_subscribers=0)
-    # a missing value that is not the whole row travels (NaN in binary, null in JSON)
+    # missing values travel (NaN in binary, null in JSON), a whole row of them too
     sink_ep = "tcp://127.0.0.1:*"
     src = ZmqSource(sink_ep, 2, bind=True, context=ctx)
     res = {}
-    th = threading.Thread(target=lambda: res.update(replay([[1.0, np.nan], [2.0, 3.0]], src.endpoint,
-                                                           bind=False, context=ctx, wait_timeout=10)))
+    th = threading.Thread(target=lambda: res.update(replay([[1.0, np.nan], [2.0, 3.0], [np.nan, np.nan]],
+                                                           src.endpoint, bind=False, context=ctx,
+                                                           wait_timeout=10)))
     th.start()
-    got = _recv_all(src, 2)
+    got = _recv_all(src, 3)
     th.join(10)
-    assert res["sent"] == 2 and np.isnan(got[0].values[1]) and got[1].values.tolist() == [2.0, 3.0]
+    assert res["sent"] == 3 and np.isnan(got[0].values[1]) and got[1].values.tolist() == [2.0, 3.0]
+    assert np.isnan(got[2].values).all() and src.n_malformed == 0
     src.close(0)
 
 

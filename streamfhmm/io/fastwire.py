@@ -255,7 +255,8 @@ def _decode_canonical(frames, frame_len, n_frames, n_features, values_row, bytes
     an ASCII topic of at most 255 bytes, the header :func:`_parse_header` matches
     (``parsed`` receives seq, ts start, ts length) and D = ``n_features`` values, finite
     or NaN and not all NaN, which are copied into ``values_row`` (through its bytes,
-    ``bytes_row``)."""
+    ``bytes_row``). A sample with every value missing is valid input too, left to the
+    Python decoder (rare: the block path and the serving lane see no such row)."""
     nbytes = 8 * n_features
     # (a frame longer than the scratch was truncated: MAXMSGSIZE keeps that from
     # happening, and nothing here reads past the scratch whatever the lengths say)

@@ -15,8 +15,10 @@ Input (a sensor sample), either form is accepted on the same socket:
   ``""``) and should come first, in compact form, so that ZeroMQ's byte-prefix
   subscription ``{"topic":"name"`` selects it. At most ``2048 + 32 D`` bytes.
 
-NaN (binary) or ``null`` (JSON) marks a missing value; an infinity, or a sample with
-every value missing, is refused.
+NaN (binary) or ``null`` (JSON) marks a missing value; an infinity is refused. A
+sample with every value missing is a sample (a sensor that is alive and read nothing:
+the engine imputes it from its window and flags its posterior imputed), not a gap in
+the stream's sequence numbers (which ends the engine's sequence).
 
 An input **heartbeat** (one-way, a publisher that is alive but idle) is the
 multipart ``[topic, {"heartbeat": true, "seq": last_seq_sent, "ts": now}, b""]``
@@ -93,7 +95,7 @@ ERROR_KINDS = (
     "json",       # header or one-frame message not parseable JSON (or too large to parse)
     "fields",     # JSON parsed, but seq / ts / values / heartbeat missing or of the wrong type
     "size",       # payload not 8 * D bytes, or a JSON "values" list not of length D
-    "nonfinite",  # an infinite value, or every value missing (NaN / null)
+    "nonfinite",  # an infinite value
 )
 
 #: the longest time-stamp text carried as text (:class:`SampleRun`; longer ones are
@@ -303,8 +305,6 @@ def _check_values(x: np.ndarray) -> np.ndarray:
     if np.isinf(x).any():
         i = int(np.flatnonzero(np.isinf(x))[0])
         raise WireError("nonfinite", f"value {i} is {x[i]}")
-    if np.isnan(x).all():
-        raise WireError("nonfinite", "every value is missing (NaN)")
     return x
 
 

@@ -971,6 +971,7 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
     Parameters
     ----------
     X : array_like, shape (T, D)
+        NaN marks a missing value (a row may have none: it is sent all the same).
     endpoint : str
     rate : float, optional
         Messages per second (None or 0: as fast as possible).
@@ -1022,9 +1023,10 @@ def replay(X, endpoint: str, *, rate: float | None = None, topic=b"", format: st
     returns, in the same thread, never is, and the wait for subscribers lasts until
     ``wait_timeout``: call ``replay`` from another thread or process.
     """
-    # (what the wire carries: an infinity, or a row with every value missing, reached
-    # every receiver as a malformed message and a sequence gap, and JSON failed mid-way)
-    X = check_observations(X, allow_nan=True, min_samples=0)
+    # (what the wire carries: an infinity reached every receiver as a malformed message
+    # and a sequence gap, and JSON failed mid-way; a row with every value missing is a
+    # sample, which the engine imputes)
+    X = check_observations(X, allow_nan=True, min_samples=0, allow_empty_rows=True)
     if rate is not None and (not rate >= 0 or not math.isfinite(rate)):
         raise ValueError(f"rate must be a positive number of messages per second, got {rate}")
     if isinstance(start_seq, (bool, np.bool_)) or not isinstance(start_seq, (int, np.integer)) \
