@@ -1420,7 +1420,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--share", choices=("chain", "all"), help="with --cold: network sharing (default chain)")
     sv.add_argument("--seed", type=_nonneg_int, default=None, help="with --cold: random seed (>= 0)")
     sv.add_argument("--warmup", type=_int_at_least(2), metavar="N",
-                    help="with --cold: samples per stream before the model is initialised (default 2000); "
+                    help="with --cold: samples with a value per stream before the model is initialised (default 2000); "
                          "also with --model and --learn when the streams start a recognition network of "
                          "their own (--mode filter, or a model fitted without --method svi)")
     sv.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory; the streams found there that had not ended are "

@@ -903,8 +903,8 @@ def test_learn_samples_limits_what_the_warmup_learns(monkeypatch):
     Y[:8] = np.nan
     seen.clear()
     with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", posterior="exact",
-                      learn=True, warmup=50, warmup_steps=5, learn_samples=10,
-                      random_state=0) as eng:
+                      learn=True, warmup=42, warmup_steps=5, learn_samples=10,
+                      random_state=0) as eng:   # (42 samples with a value end the warm-up)
         out = eng.push_many(Y)
         assert eng.metrics()["phase"] == "running" and len(out) == 50
     assert len(seen) == 1 and len(seen[0]) == 42      # the complete rows of all 50
@@ -1004,7 +1004,7 @@ def test_a_warmup_with_too_few_values_goes_on():
     Y = X.copy()
     Y[3:] = np.nan                     # 3 samples with a value, then every sensor dead
     eng = StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter",
-                       posterior="exact", learn=False, warmup=10)
+                       posterior="exact", learn=False, warmup=4)   # (4 samples with a value)
     with eng:
         assert len(eng.push_many(Y[:25])) == 0
         m = eng.metrics()
@@ -1015,6 +1015,24 @@ def test_a_warmup_with_too_few_values_goes_on():
         assert eng.metrics()["imputed_start"] is False   # its 4 samples are complete
     assert [p.t for p in out] == list(range(27)) and all(p.flags & FLAG_WARMUP for p in out)
     assert eng.metrics()["samples"] == 27 and eng.metrics()["rejected"] == 0
+
+
+def test_a_stream_that_starts_with_dead_sensors_warms_up_on_warmup_samples_with_a_value():
+    """Samples without a value counted towards ``warmup``: a stream whose sensors were
+    dead for its first ``warmup`` samples was started from the first few valued ones
+    after them (4 here, 5 for 3 chains: its start fit collapsed the covariance), now
+    that the wire carries such samples to every served stream."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=56)
+    X = _data(model, 80, seed=57)
+    Y = X.copy()
+    Y[:30] = np.nan                    # dead for the first 30 samples
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", posterior="exact",
+                      learn=False, warmup=20) as eng:
+        assert len(eng.push_many(Y[:49])) == 0 and eng.warming_up   # 19 with a value
+        out = eng.push(Y[49])                                       # the 20th
+        assert not eng.warming_up
+    assert [p.t for p in out] == list(range(50)) and all(p.flags & FLAG_WARMUP for p in out)
+    assert all(p.flags & 1 for p in out[:30])                       # (imputed)
 
 
 def test_a_warmup_keeps_only_its_samples_with_a_value(tmp_path, monkeypatch):
@@ -1038,12 +1056,12 @@ def test_a_warmup_keeps_only_its_samples_with_a_value(tmp_path, monkeypatch):
     real = StreamEngine._process
     monkeypatch.setattr(StreamEngine, "_process", lambda self, Z, flags, feed: (
         replayed.append(Z.copy()) if flags & FLAG_WARMUP else None) or real(self, Z, flags, feed))
-    kw = dict(mode="filter", posterior="exact", learn=False, warmup=50)
+    kw = dict(mode="filter", posterior="exact", learn=False, warmup=4)
     with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), **kw) as eng:
         eng.push_many(Y[:80_000])
         m = eng.metrics()
         assert eng.warming_up and m["samples"] == 80_000 and m["imputed"] == 80_000 - 2
-        assert eng._wbuf.shape == (50, 2) and eng._wn_valued == 3   # (not grown)
+        assert eng._wbuf.shape == (4, 2) and eng._wn_valued == 3   # (not grown)
         path = eng.checkpoint(tmp_path / "w.npz")
         meta, arrays = load_checkpoint(path)
         old = {k: v for k, v in arrays.items() if not k.startswith("warmup.")}
@@ -1079,7 +1097,7 @@ def test_an_extended_warmup_keeps_its_checkpoints_and_its_count(tmp_path):
     Y[3:50] = np.nan                   # 3 samples with a value, then dead sensors
     path = tmp_path / "x.npz"
     with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", posterior="exact",
-                      learn=False, warmup=10, checkpoint_path=path, checkpoint_every=5) as eng:
+                      learn=False, warmup=4, checkpoint_path=path, checkpoint_every=5) as eng:
         for x in Y[:40]:
             assert eng.push(x) == []
         m = eng.metrics()

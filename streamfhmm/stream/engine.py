@@ -319,10 +319,11 @@ class StreamEngine:
         D, for an unfitted model (default: the length of the first sample); with a
         fitted one it must be the model's.
     warmup : int
-        Samples buffered before an unfitted model (or a new network) is initialised;
-        more when fewer than ``max(n_chains + 2, 4)`` of them hold a value (one, for a
-        fitted model): the warm-up goes on until that many have. The warm-up posteriors
-        are emitted, flagged ``FLAG_WARMUP``, by the call that completes the warm-up.
+        Samples with a value (not every value missing) buffered before an unfitted
+        model (or a new network) is initialised, and at least ``max(n_chains + 2, 4)``
+        (one, for a fitted model); samples without a value are buffered too (they get
+        their posteriors at the start) but do not count. The warm-up posteriors are
+        emitted, flagged ``FLAG_WARMUP``, by the call that completes the warm-up.
     warmup_steps : int
         SVI steps on the warm-up buffer before streaming starts.
     warmup_time : float
@@ -945,13 +946,19 @@ class StreamEngine:
         ``max(n_chains + 2, 4)`` to fit them."""
         return 1 if self._params0 is not None else max(self._M + 2, 4)
 
+    def _warmup_target(self) -> int:
+        """Samples with a value that end the warm-up: ``warmup``, and at least what a
+        start needs (:meth:`_warmup_needs`)."""
+        return max(self._warmup, self._warmup_needs())
+
     def _warmup_can_start(self) -> bool:
-        """Whether the buffered warm-up holds the samples with a value a start needs; if
-        not, the warm-up goes on past ``warmup`` samples until it does (a stream whose
-        sensors are dead at first: refusing the samples instead left the warm-up where
-        it was for good). O(1): the buffered samples with a value are counted as they
-        arrive."""
-        return self._wn_valued >= self._warmup_needs()
+        """Whether the buffered warm-up holds ``warmup`` samples with a value (and what a
+        start needs); if not, it goes on until it does: a stream whose sensors are dead
+        at first (samples without a value, counted and given posteriors at the start)
+        was started from the few valued samples after them, its model fitted on as few
+        as 5 (refusing such samples instead left the warm-up where it was for good).
+        O(1): the buffered samples with a value are counted as they arrive."""
+        return self._wn_valued >= self._warmup_target()
 
     # ------------------------------------------------------------------ input checks
     def _reject(self, msg, n=1):
@@ -1059,8 +1066,8 @@ class StreamEngine:
                 self._reject_inf(x)
             if (np.abs(x) > MAX_ABS_VALUE).any():
                 self._reject(self._huge_warmup_message(x, "index "))
-            if (self._wn + 1 >= self._warmup   # this sample ends the warm-up: all or nothing
-                    and self._wn_valued + _has_value(x, status) >= self._warmup_needs()):
+            # this sample ends the warm-up: all or nothing
+            if self._wn_valued + _has_value(x, status) >= self._warmup_target():
                 return self._all_or_nothing(lambda: self._push_warmup(x, status), lambda: 1)
             posts = self._push_warmup(x, status)
             self._warmup_checkpoint_due()
