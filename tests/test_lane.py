@@ -422,7 +422,7 @@ def test_a_sample_without_a_value_keeps_the_stream_whole(sides, fmt):
     """A sample with every value missing was malformed on the wire: its number then
     counted as a gap, which ended the engine's sequence (the lag flushed, edge flags).
     It is a sample: its posterior is published, flagged imputed, and the stream goes on
-    (the lane leaves it to the general path)."""
+    (on the lane too: the compiled receive path decodes it)."""
     model, net = _model_and_net(4)
     pub, a, b = sides(model, net, 32, fmt)
     X = np.random.default_rng(4).normal(size=(300, D))

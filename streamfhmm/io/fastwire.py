@@ -254,9 +254,8 @@ def _decode_canonical(frames, frame_len, n_frames, n_features, values_row, bytes
     """Whether the message in the scratch ``frames`` is the canonical input: three frames,
     an ASCII topic of at most 255 bytes, the header :func:`_parse_header` matches
     (``parsed`` receives seq, ts start, ts length) and D = ``n_features`` values, finite
-    or NaN and not all NaN, which are copied into ``values_row`` (through its bytes,
-    ``bytes_row``). A sample with every value missing is valid input too, left to the
-    Python decoder (rare: the block path and the serving lane see no such row)."""
+    or NaN (missing; every value may be), which are copied into ``values_row`` (through
+    its bytes, ``bytes_row``)."""
     nbytes = 8 * n_features
     # (a frame longer than the scratch was truncated: MAXMSGSIZE keeps that from
     # happening, and nothing here reads past the scratch whatever the lengths say)
@@ -270,14 +269,11 @@ def _decode_canonical(frames, frame_len, n_frames, n_features, values_row, bytes
         return False
     for i in range(nbytes):
         bytes_row[i] = frames[2, i]
-    n_missing = 0
     for j in range(n_features):
         v = values_row[j]
-        if v != v:
-            n_missing += 1
-        elif v - v != 0.0:           # an infinity
+        if v == v and v - v != 0.0:   # an infinity (NaN, a missing value, passes)
             return False
-    return n_missing < n_features
+    return True
 
 
 @jit
