@@ -800,7 +800,7 @@ class StreamService:
         follows its topic's numbers from the record's (released: given up, if need be,
         for a new topic), so that a late repeat is stale when the topic comes back."""
         kept.add(os.path.basename(rec["file"]))
-        if hasattr(self.source, "set_last_seq"):
+        if self._source_streams is not _ALL:   # (a source with sequence bookkeeping)
             self.source.set_last_seq(rec["topic"], rec["seq"])
             self._release(rec["topic"])
 
@@ -1120,9 +1120,10 @@ class StreamService:
         """The serving lane on stream ``st``: ``(messages read, done)``; ``done`` when
         the queue was emptied or ``max_messages`` read (nothing for the general path)."""
         engine = st.engine
-        state = engine._lane_state() if self._block and hasattr(engine, "_lane_state") else None
-        if (state is None or st.resumed_seq is not None or st.ended or st.last_seq < 0
-                or st.last_seq >= SEQ_LIMIT - 1):
+        # (st is _lane_stream's: not ended, not waiting after a resume, its engine's
+        # _lane_ready true; the state is None while no sequence is open)
+        state = engine._lane_state()
+        if state is None or st.last_seq < 0 or st.last_seq >= SEQ_LIMIT - 1:
             # (the lane takes the next number as an int64: after 2**63 - 1 there is none,
             # and the general path counts what comes as a restart or stale)
             return 0, False
@@ -1466,7 +1467,7 @@ class StreamService:
         self._steps_retired += _engine_steps(st.engine)
         del self.streams[st.topic]
         self._release(st.topic)
-        if self.checkpoint_dir is not None:
+        if self.checkpoint_retain is not None:
             stem = _stream_stem(st.topic)
             self._retain(stem, st.topic, [_engine_file(stem, st.generation)])
         try:
@@ -1491,7 +1492,8 @@ class StreamService:
         checkpoint's) are not this run's, unless this run retired it (``retired_here``):
         they move back from the retired engines' count."""
         self.streams[st.topic] = st
-        self._retained.pop(_stream_stem(st.topic), None)
+        if self._retained:
+            self._retained.pop(_stream_stem(st.topic), None)
         hold = getattr(self.source, "hold", None)
         if hold is not None:
             hold(st.topic)

@@ -760,7 +760,7 @@ class StreamEngine:
             self._learner._last_good[:] = self._learner.x
 
     def _start_thread(self):
-        self._learner.enabled = self._learning_wanted and not self._learner_paused
+        self._enable_learner()   # (no thread yet: nothing to wake)
         self._thread = LearnerThread(self._learner, _publish_to(weakref.ref(self)),
                                      snapshot_interval=self._cfg["snapshot_interval"],
                                      min_fill=self._cfg["batch_size"],
@@ -937,7 +937,7 @@ class StreamEngine:
         self._n_samples += 1
         if status == _ko.STATUS_MISSING:
             self._n_imputed += 1
-        if self._wn >= self._warmup and self._warmup_can_start():
+        if self._warmup_can_start():   # (its warmup samples with a value: _wn >= warmup)
             return list(self._initialise())
         return []
 
