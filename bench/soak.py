@@ -87,7 +87,9 @@ posteriors/s) on 2,854 topics, 2,847 retired, gaps 0; 277.7 MB after the warm-up
 
 ``--checkpoint`` (with ``--churn``) runs serve with a checkpoint directory in a
 temporary directory, and the table adds its size and files; ``--checkpoint-retain S``
-adds serve's ``--checkpoint-retain S``. 120 s each (``--churn 20000 --every 10``): the
+adds serve's ``--checkpoint-retain S``. The reference, from the same run: what the
+directory would hold without removal (one engine file per topic, at the run's mean
+engine-file size). 120 s each (``--churn 20000 --every 10``): the
 directory grew to 1,741 MB and 1,206 files (603 topics, 2.9 MB per engine file) without
 it, and stayed at 127-187 MB (88-131 files) with ``--checkpoint-retain 10``. 300 s
 with ``--checkpoint --checkpoint-retain 10`` (after the learner and lane changes above):
@@ -317,6 +319,13 @@ def dir_usage(path) -> tuple:
     return total / 1e6, n
 
 
+def engine_file_mb(path) -> float | None:
+    """Mean size (MB) of the engine checkpoints (``*.npz``) in directory ``path``, or None."""
+    sizes = [e.stat().st_size for e in os.scandir(path) if e.name.endswith(".npz")] \
+        if os.path.isdir(path) else []
+    return sum(sizes) / len(sizes) / 1e6 if sizes else None
+
+
 def soak_service(model_path, X, seconds, every, window, status_interval, churn=0, max_streams=4,
                  checkpoint=None, checkpoint_retain=None):
     """Run serve --learn for ``seconds`` fed as fast as it takes (at most ``window`` in
@@ -482,6 +491,7 @@ def main(argv=None):
                                               churn=args.churn, max_streams=args.max_streams,
                                               checkpoint=os.path.join(d, "ckpt") if args.checkpoint else None,
                                               checkpoint_retain=args.checkpoint_retain)
+            engine_mb = engine_file_mb(os.path.join(d, "ckpt")) if args.checkpoint else None
         show(rows, ["seconds", "published", "received", "serve samples", "learner steps"]
              + (["topics", "retired"] if args.churn else []) + ["VmRSS MB"]
              + (["ckpt MB", "ckpt files"] if args.checkpoint else []))
@@ -490,6 +500,15 @@ def main(argv=None):
         print(f"# {rate:,.0f} posteriors/s received; serve exit status {status}")
         if stopped:
             print(f"# {stopped[-1]}")
+        if engine_mb and stopped:
+            # the same run's reference: what its checkpoints would hold with none removed
+            written = re.search(r"checkpoints ([\d,]+)", stopped[-1])
+            if written:
+                n = int(written.group(1).replace(",", ""))
+                print(f"# checkpoint directory at the end: {rows[-1]['ckpt MB']:,.0f} MB; this run wrote "
+                      f"{n:,} engine checkpoints ({engine_mb:.2f} MB each on average); without removal "
+                      f"it would hold one per topic: {rows[-1]['topics']:,} x {engine_mb:.2f} = "
+                      f"{rows[-1]['topics'] * engine_mb:,.0f} MB")
         summaries[label] = summarise(label, rows, args.seconds, sample_key="published")
     print()
     print("# summary")
