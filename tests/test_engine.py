@@ -199,6 +199,25 @@ def test_exact_filter_equals_filtered_marginals():
     np.testing.assert_allclose(m["loglik_per_sample"] * 400, ll, rtol=1e-10)
 
 
+def test_exact_loglik_per_sample_is_over_the_samples_with_a_value():
+    """An empty sample's log p(y_t | y_<t) is 0: counted, an outage raised the mean
+    towards 0 (a dead sensor looked like a better fit). Push and push_many, against
+    the dense forward pass."""
+    model = _model(M=3, D=2, seed=74)
+    X = _data(model, 300, seed=75, nan_fraction=0.1, all_missing=range(100, 220))
+    p = model.params_
+    n_valued = int((~np.isnan(X).all(axis=1)).sum())
+    ll = naive.loglik_dense(p.W, None, p.transmat, p.startprob, X, L=p.L)
+    print(f"valued samples {n_valued} of {len(X)}, loglik {ll!r}")
+    for name, feed in (("push", lambda e: [e.push(x) for x in X]),
+                       ("push_many", lambda e: e.push_many(X))):
+        with StreamEngine(model, mode="filter", learn=False, posterior="exact") as eng:
+            feed(eng)
+            got = eng.metrics()["loglik_per_sample"]
+        print(f"{name}: loglik_per_sample {got!r}")
+        assert got == pytest.approx(ll / n_valued, rel=1e-9)
+
+
 def test_exact_smooth_is_fixed_lag_and_flush_is_smoothing():
     model = _model(M=2, D=2, window=7, seed=12)
     X = _data(model, 40, seed=13, nan_fraction=0.1, all_missing=(5,))
@@ -259,10 +278,10 @@ def test_exact_posteriors_with_missing_value_and_ill_conditioned_L(eps):
         ref = naive.fixed_lag_dense(p.W, None, p.transmat, p.startprob, X, lag, L=p.L)
         with StreamEngine(model, mode=mode, posterior="exact", learn=False) as e:
             a = PosteriorBatch.from_posteriors([q for y in X for q in e.push(y)] + e.flush())
-            ll_a = e.metrics()["loglik_per_sample"] * len(X)
+            ll_a = e.metrics()["loglik_per_sample"] * (len(X) - 1)   # (X[5] holds no value)
         with StreamEngine(model, mode=mode, posterior="exact", learn=False) as e:
             b = PosteriorBatch.from_posteriors(list(e.push_many(X)) + e.flush())
-            ll_b = e.metrics()["loglik_per_sample"] * len(X)
+            ll_b = e.metrics()["loglik_per_sample"] * (len(X) - 1)
         print(f"mode={mode} loglik push {ll_a!r} push_many {ll_b!r} exact {ll_ref!r}")
         for got, ll in ((a, ll_a), (b, ll_b)):
             np.testing.assert_array_equal(got.t, np.arange(len(X)))
@@ -1033,6 +1052,40 @@ def test_a_stream_that_starts_with_dead_sensors_warms_up_on_warmup_samples_with_
         assert not eng.warming_up
     assert [p.t for p in out] == list(range(50)) and all(p.flags & FLAG_WARMUP for p in out)
     assert all(p.flags & 1 for p in out[:30])                       # (imputed)
+
+
+def test_the_learner_gets_no_subchain_without_a_value():
+    """A subchain with no value tells nothing of the model (its ELBO is at most 0,
+    the prior's): neither the warm-up's reservoir nor the running stream hands one to
+    the learner, whose running ELBO an outage raised towards 0. Subchains with some
+    values go in, missing ones and all."""
+    seed = 76
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=seed)
+    X = _data(model, 3000, seed=seed + 1)
+    X[:400:2] = np.nan                 # the warm-up: every other sample empty ...
+    X[200:300] = np.nan                # ... and an outage of 100 samples
+    X[1500:1800] = np.nan              # one of 300 while running
+    fed = []
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", learn=True,
+                      warmup=300, warmup_steps=20, reservoir_size=5000,
+                      random_state=seed) as eng:
+        eng.push_many(X[:700])
+        assert not eng.warming_up
+        lr = eng._learner
+        with lr.lock:
+            seeded = lr.reservoir.data[:lr.reservoir.size].copy()
+        feed = lr.feed
+        lr.feed = lambda seg, t: (fed.append(seg), feed(seg, t))
+        for x in X[700:1000]:
+            eng.push(x)
+        eng.push_many(X[1000:])
+    S = seeded.shape[1]
+    print(f"subchains of {S}: {len(seeded)} from the warm-up, {len(fed)} fed while running")
+    assert len(seeded) > 50 and len(fed) > 100
+    for segs in (seeded, np.array(fed)):
+        empty = np.isnan(segs).all(axis=(1, 2))
+        assert not empty.any()
+        assert np.isnan(segs).all(axis=2).any(axis=1).any()   # (partly empty ones go in)
 
 
 def test_a_warmup_keeps_only_its_samples_with_a_value(tmp_path, monkeypatch):

@@ -246,6 +246,14 @@ def _n_valued(Y) -> int:
     return int((~np.isnan(Y).all(axis=1)).sum())
 
 
+def _informative(seg) -> bool:
+    """Whether subchain ``seg`` (S, D) holds a value. One without tells nothing of
+    the model: its ELBO is at most 0, reached by the prior, so in the reservoir it
+    would only spend steps teaching the networks the prior and raise the running
+    ELBO (a sensor's outage would look like a good fit)."""
+    return not np.isnan(seg).all()
+
+
 def _moment_scaler(params: FHMMParams):
     """Mean and standard deviation of y under the stationary model (a scaler that needs
     no data)."""
@@ -811,7 +819,8 @@ class StreamEngine:
                                          self._cfg["net_burnin"] if fresh else 0)
             S, L = self._S, self._L
             for end in range(S - 1, n_fit, L):
-                learner.reservoir.offer(Y[end - S + 1:end + 1].copy(), self._seq_start + end)
+                if _informative(Y[end - S + 1:end + 1]):
+                    learner.reservoir.offer(Y[end - S + 1:end + 1].copy(), self._seq_start + end)
             t0 = time.perf_counter()
             chunk = self._cfg["snapshot_interval"]
             while (learner.steps + learner.discarded < self._warmup_steps
@@ -1093,7 +1102,7 @@ class StreamEngine:
                                     self._beta, self._g, self._ytil, ex.bias, ex.Linv, ex.Ut,
                                     ex.half_c, ex.const, ex.A, ex.pi, ex.W, ex.L, emit,
                                     self._tb, self._mb, i)
-            if status != _ko.STATUS_INFINITE:
+            if status != _ko.STATUS_INFINITE and _has_value(x, status):
                 self._loglik += self._logc_ring[t % (lag + 1)]
                 self._loglik_n += 1
         else:
@@ -1322,9 +1331,10 @@ class StreamEngine:
 
     def _feed(self, seg, t):
         """Hand the learner a copy of subchain ``seg`` (S samples) ending at ``t``, unless
-        it holds a value beyond 1e150 in magnitude: its gradient overflows, and in the
-        reservoir it would spoil every minibatch that drew it for a long time."""
-        if not (np.abs(seg) > MAX_ABS_VALUE).any():
+        it holds a value beyond 1e150 in magnitude (its gradient overflows, and in the
+        reservoir it would spoil every minibatch that drew it for a long time) or no
+        value at all (see :func:`_informative`)."""
+        if _informative(seg) and not (np.abs(seg) > MAX_ABS_VALUE).any():
             self._learner.feed(seg.copy(), t)
 
     def _exact_chunk(self, Xc, out, extra_flags):
@@ -1345,7 +1355,7 @@ class StreamEngine:
                                ex.bias, ex.Linv, ex.Ut, ex.half_c, ex.const, ex.A, ex.pi, ex.W,
                                ex.L, self._ch_theta, self._ch_mean, self._ch_tau)
         self._loglik += ll
-        self._loglik_n += m
+        self._loglik_n += _n_valued(Xc)   # an empty sample's log p(y_t | y_<t) is 0
         tau = self._ch_tau[:ne]
         k = tau + lag - t
         theta, mean, rho = self._ch_theta[:ne], self._ch_mean[:ne], np.zeros((ne, self._M))
@@ -1592,7 +1602,8 @@ class StreamEngine:
             ``discarded_steps`` (non-finite), ``dropped_segments`` (learner overrun),
             ``reservoir_size``, ``snapshot_version``, ``elbo`` (running per-position ELBO
             of the learner's minibatches), ``loglik_per_sample`` (exact mode: mean
-            ``log p(y_t | y_<t)``), ``push_p50_us`` / ``push_p99_us`` / ``push_max_us``
+            ``log p(y_t | y_<t)`` over the samples holding a value; an empty sample's is
+            0 and would make an outage look like a good fit), ``push_p50_us`` / ``push_p99_us`` / ``push_max_us``
             (over the last ``latency_window`` pushes), ``checkpoints`` written,
             ``learning``, ``learner_duty``, ``learner_cpu_s`` (CPU seconds the learner
             thread spent taking steps: its rate is at most ``learner_duty``), ``phase``,
