@@ -787,7 +787,8 @@ def _serve(args, state) -> int:
     if args.metrics_addr is not None and not args.metrics_port:
         raise CliError("--metrics-addr needs --metrics-port")
     args.metrics_addr = args.metrics_addr or "127.0.0.1"
-    for option, value in (("--learner-duty", args.learner_duty), ("--learn-samples", args.learn_samples)):
+    for option, value in (("--learner-duty", args.learner_duty), ("--learn-samples", args.learn_samples),
+                          ("--learn-idle", args.learn_idle)):
         if value is not None and not (args.learn or args.cold):
             raise CliError(f"{option} needs --learn (or --cold)")
     for dest, default in _SERVE_COLD_OPTIONS.items():   # (None in the parser: given or not)
@@ -891,6 +892,8 @@ def _serve(args, state) -> int:
                                     max_streams=args.max_streams, wait_subscribers=args.wait_subscribers,
                                     batch_size=_SERVE_BATCH, retire_idle=args.retire_idle,
                                     checkpoint_retain=args.checkpoint_retain,
+                                    learn_idle=(60.0 if args.learn_idle is None
+                                                else args.learn_idle or None),
                                     batch_wait=min(args.batch_wait * 1e-6, 1.0), lane=not args.no_lane)
         except CheckpointError as exc:
             raise CliError(str(exc)) from None
@@ -1450,6 +1453,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--retire-idle", type=_nonneg_float, default=None, metavar="SECONDS",
                     help="let a new topic also take the place of a stream without a sample for "
                          "this long, when --max-streams are held (default: only ended streams)")
+    sv.add_argument("--learn-idle", type=_nonneg_float, default=None, metavar="SECONDS",
+                    help="with --learn (or --cold): hold the learner of a stream without a sample "
+                         "for this long until its next sample, as an ended stream's is at once "
+                         "(default 60; 0: never)")
     sv.add_argument("--resync-after", type=_nonneg_int, default=64, metavar="N",
                     help="a stream whose publisher restarted at a sequence number other than 0 "
                          "is followed again after N numbers in order behind the last one (the "

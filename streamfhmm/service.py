@@ -307,7 +307,7 @@ class _Stream:
     __slots__ = ("topic", "name", "engine", "pending", "t_next", "last_seq", "last_out",
                  "since_checkpoint", "generation", "resumed_seq", "samples", "posteriors",
                  "lost_on_resume", "ended", "lane", "last_in", "retire_failed", "returned",
-                 "record_ended")
+                 "record_ended", "held")
 
     def __init__(self, topic: bytes, engine):
         self.topic = topic
@@ -329,12 +329,14 @@ class _Stream:
         self.retire_failed = -math.inf    # when retiring it last failed (its checkpoint)
         self.returned = False       # resumed when its topic came back (not at the start)
         self.record_ended = False   # its record on disk says "ended"
+        self.held = False           # its learner held (ended, or idle: learn_idle) till a sample
 
 
 def _pause_learner(engine, paused: bool):
     """Hold (or let go on) the learner of ``engine`` if it has one to hold
     (:meth:`StreamEngine._pause_learner`): the learners of ended streams, which stay in
-    the table until a new topic needs their place, took the CPU of the live ones."""
+    the table until a new topic needs their place, and of idle ones took the CPU of the
+    live ones (and of the host), stepping on reservoirs that no longer change."""
     pause = getattr(engine, "_pause_learner", None)
     if pause is not None:
         try:
@@ -601,6 +603,13 @@ class StreamService:
         Seconds without a sample after which a stream that never ended may be retired
         to make room (None: only ended streams are). A stream is never retired while
         the table has room.
+    learn_idle : float, optional
+        Seconds without a sample after which a stream's background learner is held
+        (default 60; None: never), as an ended stream's is at once, until its next
+        sample: with nothing new in its reservoir, its steps would only take the CPU
+        (``learner_duty`` of a core each) from the streams still running and from the
+        host. Holding changes neither the engine's ``learning`` nor its checkpoints.
+        Counted in ``learners_held``.
     checkpoint_retain : float, optional
         Seconds the checkpoint of a stream that ended or was retired, and that the
         service does not hold, is kept after it was written (None: for ever). Then it is
@@ -652,7 +661,7 @@ class StreamService:
                  max_streams: int = 1024, wait_subscribers: int = 0, batch_size: int = 256,
                  batch_threshold: int = 4, log_interval: float = 10.0, batch_wait: float = 250e-6,
                  lane: bool = True, drain_timeout: float = 5.0, retire_idle: float | None = None,
-                 checkpoint_retain: float | None = None):
+                 checkpoint_retain: float | None = None, learn_idle: float | None = 60.0):
         if checkpoint_every is not None:
             _check_count("checkpoint_every", checkpoint_every, 1, "samples")
         if checkpoint_every is not None and checkpoint_dir is None:
@@ -668,6 +677,11 @@ class StreamService:
             _check_seconds(name, value)
         if retire_idle is not None:
             _check_seconds("retire_idle", retire_idle)
+        if learn_idle is not None:
+            _check_seconds("learn_idle", learn_idle)
+            if not learn_idle > 0:
+                raise ValueError(f"learn_idle must be a number of seconds > 0 (None: never hold "
+                                 f"a learner for idleness), got {learn_idle!r}")
         if checkpoint_retain is not None:
             _check_seconds("checkpoint_retain", checkpoint_retain)
             if checkpoint_dir is None:
@@ -691,7 +705,10 @@ class StreamService:
         self.batch_wait = float(batch_wait)
         self.drain_timeout = float(drain_timeout)
         self.retire_idle = None if retire_idle is None else float(retire_idle)
-        self.checkpoint_retain = None if checkpoint_retain is None else float(checkpoint_retain)
+        self.learn_idle = None if learn_idle is None else float(learn_idle)
+        # (inf removes nothing: as None, without a note per retired topic kept for ever)
+        self.checkpoint_retain = (None if checkpoint_retain is None or math.isinf(checkpoint_retain)
+                                  else float(checkpoint_retain))
         #: the checkpoints ``checkpoint_retain`` removes in time: by file stem, (the wall
         #: time it was written, its topic or None, its engine files), oldest first
         self._retained: dict[str, tuple] = {}
@@ -909,7 +926,7 @@ class StreamService:
         st.ended = rec["ended"] and not _warming_up(engine)
         st.record_ended = rec["ended"]
         if st.ended:
-            _pause_learner(engine, True)
+            self._hold(st)
         # (retired by this run: its steps were counted among the retired ones until now)
         self._add_stream(st, retired_here=returning and rec["run"] == self._run_id)
         if not returning:
@@ -1277,8 +1294,9 @@ class StreamService:
         st.samples += n
         if st.record_ended:
             self._record_goes_on(st)
-        if st.ended:
-            st.ended = False
+        st.ended = False
+        if st.held:
+            st.held = False
             _pause_learner(st.engine, False)
         st.last_in = time.monotonic()
         self.counters["samples"] += n
@@ -1459,7 +1477,7 @@ class StreamService:
         if not st.ended and not keep:
             self._flush(st)
             st.ended = True
-            _pause_learner(st.engine, True)   # (it stays if the checkpoint fails)
+            self._hold(st)   # (it stays if the checkpoint fails)
         # (ended in the record: resumed when its topic comes back, not at a start)
         if self.checkpoint_dir is not None and not self._checkpoint(st, ended=True):
             st.retire_failed = time.monotonic()
@@ -1552,7 +1570,7 @@ class StreamService:
         logger.info("stream %r ended at sequence number %d", st.name, hb.seq)
         self._flush(st)
         st.ended = True
-        _pause_learner(st.engine, True)   # (until a sample of it comes again)
+        self._hold(st)   # (until a sample of it comes again)
         if self.checkpoint_dir is not None:
             # (a crash then leaves it ended: it resumes when its topic comes back, and
             # does not hold a place in the table after the restart)
@@ -1567,10 +1585,24 @@ class StreamService:
         if posts:
             self._publish(st, posts)
 
+    def _hold(self, st: _Stream):
+        """Hold the learner of ``st`` until its next sample (:meth:`_accepted`)."""
+        if not st.held:
+            st.held = True
+            _pause_learner(st.engine, True)
+
+    def _hold_idle(self, now: float):
+        """Hold the learners of the streams without a sample for ``learn_idle`` seconds."""
+        for st in list(self.streams.values()):
+            if not st.held and now - st.last_in >= self.learn_idle:
+                self._hold(st)
+
     def _housekeeping(self, now: float):
         self.source.maintain()
         if self._retained:
             self._forget_expired()
+        if self.learn_idle is not None:
+            self._hold_idle(now)
         hb = self.heartbeat_interval
         if hb > 0:
             for st in list(self.streams.values()):
@@ -1595,7 +1627,8 @@ class StreamService:
     def status_line(self, now: float | None = None, prefix: str = "streamfhmm serve:") -> str:
         """One line: samples and rate, streams, gaps, malformed messages, input
         disconnections, checkpoints, learner steps (a resumed checkpoint's included) and
-        their rate (rates since the previous status line, of this run's steps only)."""
+        their rate (rates since the previous status line, of this run's steps only), the
+        learners held (if any), subscribers."""
         now = time.monotonic() if now is None else now
         t_prev, n_prev, s_prev = self._last_status
         dt = max(now - t_prev, 1e-9)
@@ -1616,7 +1649,8 @@ class StreamService:
                 + (f", checkpoints removed {m['checkpoints_removed']}" if m["checkpoints_removed"] else "")
                 + f", learner steps {steps} "
                 f"({max(run_steps - s_prev, 0) / dt:,.0f}/s), "
-                f"subscribers {self.sink.n_subscribers()}")
+                + (f"learners held {m['learners_held']}, " if m["learners_held"] else "")
+                + f"subscribers {self.sink.n_subscribers()}")
 
     # -- shutdown ----------------------------------------------------------------------
     def shutdown(self):
@@ -1659,7 +1693,8 @@ class StreamService:
     def metrics(self, engines: bool = True) -> dict:
         """Counters of the service (and, with ``engines``, each engine's ``metrics()``).
 
-        Keys: ``samples``, ``posteriors``, ``streams``, ``malformed`` (by kind),
+        Keys: ``samples``, ``posteriors``, ``streams``, ``learners_held`` (streams whose
+        learner is held: ended, or idle for ``learn_idle``), ``malformed`` (by kind),
         ``malformed_total``, ``gaps``, ``gap_samples``, ``stale``, ``restarts``,
         ``input_disconnects`` (input connections that ended: a publisher leaving, or
         libzmq dropping one for a frame past the size bound), ``input_reconnects`` (the
@@ -1679,7 +1714,9 @@ class StreamService:
             seqs.append(gone)
         out = dict(self.counters)
         out["streams_full"] += getattr(self.source, "untracked", 0)
-        out.update(streams=len(self.streams), malformed=dict(self.source.errors),
+        out.update(streams=len(self.streams),
+                   learners_held=sum(st.held for st in list(self.streams.values())),
+                   malformed=dict(self.source.errors),
                    malformed_total=self.source.n_malformed,
                    gaps=sum(s.gaps for s in seqs), gap_samples=sum(s.gap_samples for s in seqs),
                    stale=sum(s.stale for s in seqs),
@@ -1770,6 +1807,8 @@ def start_metrics_server(service: StreamService, port: int, addr: str = "127.0.0
                     c = CounterMetricFamily(f"streamfhmm_{key}", doc, value=m[key])
                 yield c
             yield GaugeMetricFamily("streamfhmm_streams", "streams being served", value=m["streams"])
+            yield GaugeMetricFamily("streamfhmm_learners_held", "streams whose learner is held "
+                                    "(ended, or idle for learn_idle)", value=m["learners_held"])
             yield GaugeMetricFamily("streamfhmm_subscribers", "output subscriptions", value=m["subscribers"])
             yield GaugeMetricFamily("streamfhmm_uptime_seconds", "seconds since start", value=m["uptime"])
             families = {}

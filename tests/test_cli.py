@@ -513,6 +513,8 @@ def _errors(tmp_path, files):
          "argument --checkpoint-retain: expected a finite number >= 0, got nan"),
         (["serve", "--model", m, "--features", "7"], 1, "--features 7 differs from the model's 3 features"),
         (["serve", "--model", m, "--learn-samples", "500"], 1, "--learn-samples needs --learn (or --cold)"),
+        (["serve", "--model", m, "--learn", "--learn-idle", "-1"], 2,
+         "argument --learn-idle: expected a finite number >= 0, got -1"),
         (["serve", "--model", m, "--learn", "--learn-samples", "0"], 2,
          "argument --learn-samples: expected a positive integer, got 0"),
         (["serve", "--model", m, "--mode", "filter"], 1, "needs a causal recognition network"),
@@ -566,6 +568,25 @@ def test_serve_exits_1_when_a_shutdown_checkpoint_failed(files, tmp_path, capsys
     assert err.strip().splitlines()[-1] == (f"streamfhmm serve: error: the shutdown checkpoint of 1 stream "
                                             f"failed ('s'): a restart resumes it from the last checkpoint "
                                             f"written in {ckpt}")
+
+
+@pytest.mark.parametrize("extra, expected", [([], 60.0), (["--learn-idle", "2.5"], 2.5),
+                                             (["--learn-idle", "0"], None)])
+def test_serve_passes_learn_idle_to_the_service(files, capsys, monkeypatch, extra, expected):
+    """--learn-idle SECONDS (default 60; 0: never) holds an idle stream's learner."""
+    import streamfhmm.cli as cli
+    import streamfhmm.service as service
+    seen = []
+
+    def run(self, time_budget=None, max_samples=None):
+        seen.append(self.learn_idle)
+        return self.metrics()
+    monkeypatch.setattr(cli, "_warm_engine", lambda *a, **k: None)
+    monkeypatch.setattr(service.StreamService, "run", run)
+    code, _, err = _run(["serve", "--model", files["model"], "--learn", "--sub", "tcp://127.0.0.1:*",
+                         "--bind", "--pub", "tcp://127.0.0.1:*"] + extra, capsys)
+    assert code == 0, err
+    assert seen == [expected]
 
 
 def test_serve_checks_files_and_sockets_before_warming_the_kernels(files, tmp_path, capsys, monkeypatch):
@@ -699,6 +720,7 @@ def test_replay_refuses_rows_past_the_last_sequence_number(files, capsys, monkey
 @pytest.mark.parametrize("extra, message", [
     (["--learner-duty", "0.9"], "--learner-duty needs --learn (or --cold)"),
     (["--learn-samples", "100"], "--learn-samples needs --learn (or --cold)"),
+    (["--learn-idle", "30"], "--learn-idle needs --learn (or --cold)"),
     (["--chains", "9"], "--chains applies to --cold (the model it learns), not to --model"),
     (["--learn", "--window", "11"], "--window applies to --cold (the model it learns), not to --model"),
     (["--hidden", "8"], "--hidden applies to --cold (the model it learns), not to --model"),

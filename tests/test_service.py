@@ -1097,6 +1097,21 @@ def test_checkpoint_retain_removes_a_retired_streams_checkpoint_and_its_topic_st
     assert not read_stream_record(str(d / "stream-61.json"))["ended"]   # (a, live at the stop)
 
 
+def test_checkpoint_retain_inf_keeps_no_note_per_retired_topic(tmp_path):
+    """inf (never remove) kept a note per retired topic in memory for ever."""
+    d = tmp_path / "ckpt"
+    svc, feed, close = _direct_service(tmp_path, max_streams=1, checkpoint_retain=float("inf"))
+    try:
+        assert svc.checkpoint_retain is None
+        for topic in (b"a", b"b", b"c"):
+            feed(*[_s(topic, q) for q in range(3)], _end(topic, 2))
+        assert svc.counters["retired"] == 2 and svc._retained == {}
+        svc._housekeeping(time.monotonic() + 1e9)
+        assert _stream_files(d, "stream-61") and _stream_files(d, "stream-62")
+    finally:
+        close()
+
+
 def test_checkpoint_retain_at_the_start_removes_old_ended_streams_never_live_ones(tmp_path):
     d = tmp_path / "ckpt"
     svc, feed, close = _direct_service(tmp_path)
@@ -1249,6 +1264,103 @@ def test_the_learner_of_an_ended_stream_is_held_until_it_goes_on(tmp_path):
         feed(_s(b"b", 0))                             # a's retirement fails: a stays, ended
         a = svc.streams[b"a"]
         assert a.ended and a.engine.paused is True and b"b" not in svc.streams
+    finally:
+        close()
+
+
+class CountingPauseEngine(PausingFakeEngine):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def _pause_learner(self, paused):
+        self.calls.append(paused)
+        self.paused = paused
+
+
+def test_the_learner_of_an_idle_stream_is_held_until_its_next_sample(tmp_path):
+    """A stream that went quiet without its end heartbeat kept its learner stepping
+    (learner_duty of a core) on a reservoir that no longer changed, until retire_idle
+    retired it, or for ever: it is held after learn_idle seconds without a sample."""
+    svc, feed, close = _direct_service(tmp_path, engine=CountingPauseEngine)
+    try:
+        feed(*[_s(b"a", q) for q in range(3)])
+        feed(*[_s(b"b", q) for q in range(3)], _end(b"b", 2))
+        a, b = svc.streams[b"a"].engine, svc.streams[b"b"].engine
+        assert svc.learn_idle == 60.0 and a.calls == [] and b.calls == [True]
+        t0 = time.monotonic()
+        svc._housekeeping(t0 + 59.0)
+        assert a.calls == [] and svc.metrics(engines=False)["learners_held"] == 1
+        svc._housekeeping(t0 + 61.0)
+        assert a.calls == [True] and b.calls == [True]        # (b held once, at its end)
+        assert svc.metrics(engines=False)["learners_held"] == 2
+        assert ", learners held 2, subscribers" in svc.status_line()
+        svc._housekeeping(t0 + 120.0)
+        assert a.calls == [True]
+        feed(_s(b"a", 3))                                     # a goes on
+        assert a.calls == [True, False] and svc.metrics(engines=False)["learners_held"] == 1
+        svc._housekeeping(time.monotonic() + 30.0)
+        assert a.calls == [True, False]
+    finally:
+        close()
+    svc, feed, close = _direct_service(tmp_path / "never", engine=CountingPauseEngine,
+                                       learn_idle=None)
+    try:
+        feed(*[_s(b"a", q) for q in range(3)])
+        svc._housekeeping(time.monotonic() + 1e6)
+        assert svc.streams[b"a"].engine.calls == []
+        assert svc.metrics(engines=False)["learners_held"] == 0
+    finally:
+        close()
+    ctx = zmq.Context()
+    src, sink = ZmqSource(ANY, 3, bind=True, context=ctx), ZmqSink(ANY, context=ctx)
+    try:
+        for bad in (0, 0.0, -1.0, "60", True, float("nan")):
+            with pytest.raises(ValueError, match="learn_idle must be a number of seconds"):
+                StreamService(src, sink, lambda t: FakeEngine(), learn_idle=bad)
+    finally:
+        src.close(0)
+        sink.close(0)
+        ctx.term()
+
+
+def test_an_idle_engine_takes_no_learner_step_until_its_next_sample(tmp_path):
+    """The same with a real StreamEngine learning: held, it takes no step (its
+    ``learning`` still True); its next sample lets it go on."""
+    from streamfhmm import FHMM
+    from streamfhmm.model import FHMMParams
+    from streamfhmm.stream.engine import StreamEngine
+    seed = 78
+    print(f"seed={seed}")
+    params = FHMMParams.random(2, 3, random_state=seed)
+    model = FHMM.from_params(W=params.W, covariance=params.covariance, transmat=params.transmat,
+                             window=3, n_hidden=4)
+    X, _ = model.sample(400, random_state=seed)
+
+    class Engine(StreamEngine):
+        def __init__(self):
+            super().__init__(model, mode="filter", posterior="exact", learn=True,
+                             warmup_steps=0, reservoir_size=50,
+                             snapshot_interval=5, learner_duty=1.0, random_state=seed)
+
+    svc, feed, close = _direct_service(tmp_path, engine=Engine, learn_idle=5.0)
+    try:
+        feed(*[encode_sample(b"a", q, 0.0, X[q]) for q in range(300)])
+        eng = svc.streams[b"a"].engine
+        deadline = time.monotonic() + 60
+        while eng.metrics()["learner_steps"] < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert eng.metrics()["learner_steps"] >= 20
+        svc._housekeeping(time.monotonic() + 6.0)
+        time.sleep(0.3)                                       # (a round in flight ends)
+        n = eng.metrics()["learner_steps"]
+        time.sleep(0.5)
+        assert eng.metrics()["learner_steps"] == n and eng.learning
+        feed(*[encode_sample(b"a", q, 0.0, X[q]) for q in range(300, 310)])
+        deadline = time.monotonic() + 60
+        while eng.metrics()["learner_steps"] == n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert eng.metrics()["learner_steps"] > n
     finally:
         close()
 
@@ -1765,6 +1877,9 @@ def test_metrics_server(harness):
     h.send([b"s", b"{"])
     h.send(encode_heartbeat(b"s", 4, 0.0, end=True))
     h.recv(5)
+    deadline = time.monotonic() + 30
+    while h.service.counters["ends"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     server = start_metrics_server(h.service, 0)
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -1773,6 +1888,7 @@ def test_metrics_server(harness):
     assert "streamfhmm_samples_total 5.0" in text
     assert 'streamfhmm_malformed_total{kind="frames"} 1.0' in text
     assert 'streamfhmm_engine_samples{topic="s"} 5.0' in text
+    assert "streamfhmm_learners_held 1.0" in text      # (s ended)
     for bad in (-1, 65536, "9100", 1.5):
         with pytest.raises(ValueError, match=r"port must be an integer in \[0, 65535\]"):
             start_metrics_server(h.service, bad)
