@@ -307,7 +307,7 @@ class _Stream:
     __slots__ = ("topic", "name", "engine", "pending", "t_next", "last_seq", "last_out",
                  "since_checkpoint", "generation", "resumed_seq", "samples", "posteriors",
                  "lost_on_resume", "ended", "lane", "last_in", "retire_failed", "returned",
-                 "record_ended", "held")
+                 "record_ended", "held", "end_key")
 
     def __init__(self, topic: bytes, engine):
         self.topic = topic
@@ -330,6 +330,7 @@ class _Stream:
         self.returned = False       # resumed when its topic came back (not at the start)
         self.record_ended = False   # its record on disk says "ended"
         self.held = False           # its learner held (ended, or idle: learn_idle) till a sample
+        self.end_key = None         # _engine_key before its end checkpoint (None: none written)
 
 
 def _pause_learner(engine, paused: bool):
@@ -343,6 +344,23 @@ def _pause_learner(engine, paused: bool):
             pause(paused)
         except Exception as exc:  # noqa: BLE001 - a host engine's must not stop the service
             logger.warning("holding or releasing the learner of an engine failed: %s", exc)
+
+
+#: the engine metrics that change with everything an engine's checkpoint holds but the
+#: segments pending for its learner (a checkpoint writes them, and draining them into the
+#: reservoir later gives what the resumed engine's drain gives); see _engine_key
+_KEY_METRICS = ("samples", "emitted", "rejected", "learner_steps", "discarded_steps",
+                "dropped_segments", "snapshot_version", "learning", "learner_duty")
+
+
+def _engine_key(engine):
+    """What changes when ``engine``'s checkpoint would (see ``_KEY_METRICS``), or None
+    when it cannot say (an engine whose ``metrics()`` lacks one of them, or fails)."""
+    try:
+        m = engine.metrics()
+        return tuple(m[k] for k in _KEY_METRICS)
+    except Exception:  # noqa: BLE001 - a host engine's: then checkpoint as always
+        return None
 
 
 def _engine_steps(engine) -> int:
@@ -588,7 +606,8 @@ class StreamService:
         heartbeat), the longest without a sample first, else, with ``retire_idle``, one
         without a sample for at least ``retire_idle`` seconds (its smoothing lag is
         published first, as at an end). A retired stream is checkpointed (with a
-        checkpoint directory) and its engine closed; when its topic comes back it
+        checkpoint directory; an ended one whose engine has not changed since its end
+        checkpoint keeps that one, as at the shutdown) and its engine closed; when its topic comes back it
         resumes from that checkpoint (without a directory: a new engine from
         ``engine_factory``). If that checkpoint fails the stream stays (not tried again
         for 10 s) and the new topic's samples are skipped; so are they when no stream can
@@ -1295,6 +1314,7 @@ class StreamService:
         if st.record_ended:
             self._record_goes_on(st)
         st.ended = False
+        st.end_key = None
         if st.held:
             st.held = False
             _pause_learner(st.engine, False)
@@ -1478,8 +1498,11 @@ class StreamService:
             self._flush(st)
             st.ended = True
             self._hold(st)   # (it stays if the checkpoint fails)
-        # (ended in the record: resumed when its topic comes back, not at a start)
-        if self.checkpoint_dir is not None and not self._checkpoint(st, ended=True):
+        # (ended in the record: resumed when its topic comes back, not at a start); the
+        # end checkpoint stands if nothing changed since (its learner is held): under
+        # churn the second write doubled the checkpoint traffic
+        if (self.checkpoint_dir is not None and not self._unchanged_since_end(st)
+                and not self._checkpoint(st, ended=True)):
             st.retire_failed = time.monotonic()
             return False
         self._steps_retired += _engine_steps(st.engine)
@@ -1497,6 +1520,11 @@ class StreamService:
                     "checkpointed: it resumes if its topic comes back" if self.checkpoint_dir
                     else "no checkpoint directory: its topic coming back starts a new engine")
         return True
+
+    def _unchanged_since_end(self, st: _Stream) -> bool:
+        """Whether ``st``'s end checkpoint (record ended) holds its engine as it is."""
+        return (st.end_key is not None and st.ended and st.record_ended
+                and _engine_key(st.engine) == st.end_key)
 
     def _release(self, topic: bytes):
         """The source may give up the bookkeeping of a topic not served (when it can)."""
@@ -1574,7 +1602,9 @@ class StreamService:
         if self.checkpoint_dir is not None:
             # (a crash then leaves it ended: it resumes when its topic comes back, and
             # does not hold a place in the table after the restart)
-            self._checkpoint(st)
+            key = _engine_key(st.engine)   # (taken first: a change after it is seen)
+            if self._checkpoint(st):
+                st.end_key = key
 
     def _flush(self, st: _Stream):
         try:
@@ -1680,7 +1710,7 @@ class StreamService:
             if not st.ended and not keep:
                 self._flush(st)
             if self.checkpoint_dir is not None:
-                written = self._checkpoint(st, final=True)
+                written = self._unchanged_since_end(st) or self._checkpoint(st, final=True)
                 if keep and not written and not st.ended:
                     self._flush(st)
             try:

@@ -1327,22 +1327,8 @@ def test_the_learner_of_an_idle_stream_is_held_until_its_next_sample(tmp_path):
 def test_an_idle_engine_takes_no_learner_step_until_its_next_sample(tmp_path):
     """The same with a real StreamEngine learning: held, it takes no step (its
     ``learning`` still True); its next sample lets it go on."""
-    from streamfhmm import FHMM
-    from streamfhmm.model import FHMMParams
-    from streamfhmm.stream.engine import StreamEngine
-    seed = 78
-    print(f"seed={seed}")
-    params = FHMMParams.random(2, 3, random_state=seed)
-    model = FHMM.from_params(W=params.W, covariance=params.covariance, transmat=params.transmat,
-                             window=3, n_hidden=4)
-    X, _ = model.sample(400, random_state=seed)
-
-    class Engine(StreamEngine):
-        def __init__(self):
-            super().__init__(model, mode="filter", posterior="exact", learn=True,
-                             warmup_steps=0, reservoir_size=50,
-                             snapshot_interval=5, learner_duty=1.0, random_state=seed)
-
+    Engine, X = _real_engine_class(78, learn=True, warmup_steps=0, reservoir_size=50,
+                                   snapshot_interval=5, learner_duty=1.0)
     svc, feed, close = _direct_service(tmp_path, engine=Engine, learn_idle=5.0)
     try:
         feed(*[encode_sample(b"a", q, 0.0, X[q]) for q in range(300)])
@@ -1361,6 +1347,79 @@ def test_an_idle_engine_takes_no_learner_step_until_its_next_sample(tmp_path):
         while eng.metrics()["learner_steps"] == n and time.monotonic() < deadline:
             time.sleep(0.01)
         assert eng.metrics()["learner_steps"] > n
+    finally:
+        close()
+
+
+def _real_engine_class(seed, **kw):
+    """A StreamEngine class over a small fitted model (3 features, as the sources of
+    these tests), and samples of it."""
+    from streamfhmm import FHMM
+    from streamfhmm.model import FHMMParams
+    from streamfhmm.stream.engine import StreamEngine
+    print(f"seed={seed}")
+    params = FHMMParams.random(2, 3, random_state=seed)
+    model = FHMM.from_params(W=params.W, covariance=params.covariance, transmat=params.transmat,
+                             window=3, n_hidden=4)
+    X, _ = model.sample(400, random_state=seed)
+
+    class Engine(StreamEngine):
+        def __init__(self):
+            super().__init__(model, mode="filter", posterior="exact", random_state=seed, **kw)
+    return Engine, X
+
+
+def test_a_retired_stream_unchanged_since_its_end_is_not_checkpointed_again(tmp_path):
+    """An ended stream was checkpointed at its end and again at its retirement (and at
+    the shutdown), though nothing had changed: under churn that doubled the checkpoint
+    traffic (2.9 MB per topic for bench/soak.py's model). The end checkpoint stands
+    when the engine is as it was; a change since (here its learner_duty) is written."""
+    Engine, X = _real_engine_class(79, learn=False)
+    d = tmp_path / "ckpt"
+    svc, feed, close = _direct_service(tmp_path, engine=Engine, max_streams=1)
+    try:
+        feed(*[encode_sample(b"a", q, 0.0, X[q]) for q in range(50)], _end(b"a", 49))
+        assert svc.counters["checkpoints"] == 1
+        end_file = read_stream_record(str(d / "stream-61.json"))["file"]
+        feed(encode_sample(b"b", 0, 0.0, X[0]))             # a retired for b: not written again
+        assert svc.counters["retired"] == 1 and svc.counters["checkpoints"] == 1
+        rec = read_stream_record(str(d / "stream-61.json"))
+        assert rec["ended"] and rec["file"] == end_file and (rec["seq"], rec["t_next"]) == (49, 50)
+        feed(_end(b"b", 0))
+        svc.streams[b"b"].engine.learner_duty = 0.5         # b changes after its end
+        feed(encode_sample(b"a", 50, 0.0, X[50]))           # b retired (written), a resumes
+        assert svc.counters["checkpoints"] == 3 and svc.streams[b"a"].t_next == 51
+        feed(_end(b"a", 50))
+        n = svc.counters["checkpoints"]
+    finally:
+        close()
+    assert svc.counters["checkpoints"] == n                 # (a, unchanged, not at shutdown)
+    rec = read_stream_record(str(d / "stream-61.json"))
+    assert rec["ended"] and (rec["seq"], rec["t_next"]) == (50, 51)
+
+
+def test_a_learner_step_after_the_end_checkpoint_is_written_at_retirement(tmp_path):
+    """A learner round that completes after the end checkpoint changes the engine: its
+    retirement writes it, and the topic coming back resumes with those steps."""
+    Engine, X = _real_engine_class(80, learn=True, warmup_steps=0, reservoir_size=50,
+                                   snapshot_interval=5, learner_duty=1.0)
+    svc, feed, close = _direct_service(tmp_path, engine=Engine, max_streams=1)
+    try:
+        feed(*[encode_sample(b"a", q, 0.0, X[q]) for q in range(300)], _end(b"a", 299))
+        eng = svc.streams[b"a"].engine
+        n = svc.counters["checkpoints"]
+        steps = eng.metrics()["learner_steps"]
+        eng._pause_learner(False)                           # (as a round still in flight)
+        deadline = time.monotonic() + 60
+        while eng.metrics()["learner_steps"] == steps and time.monotonic() < deadline:
+            time.sleep(0.01)
+        eng._pause_learner(True)
+        time.sleep(0.3)
+        steps = eng.metrics()["learner_steps"]
+        feed(encode_sample(b"b", 0, 0.0, X[0]))             # a retired: written again
+        assert svc.counters["checkpoints"] == n + 1
+        feed(_end(b"b", 0), encode_sample(b"a", 300, 0.0, X[300]))
+        assert svc.streams[b"a"].engine.metrics()["learner_steps"] >= steps > 0
     finally:
         close()
 
