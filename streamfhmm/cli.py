@@ -14,10 +14,14 @@ half-written); every error is one line on stderr.
 from __future__ import annotations
 
 import argparse
+import codecs
+import collections
 import csv
+import io
 import logging
 import math
 import os
+import shlex
 import signal
 import sys
 import tempfile
@@ -58,12 +62,58 @@ def _plural(n: int, word: str) -> str:
 
 
 def _split_columns(spec):
+    """``--columns``: one CSV row of names (a name holding a comma in double quotes, as in
+    a CSV header; a space after a comma is not part of a name) or of .npy column
+    indices, each given once; None when the option is not given."""
     if spec is None:
         return None
-    cols = [c.strip() for c in spec.split(",")]
-    if not all(cols):
-        raise CliError(f"--columns must be a comma-separated list of column names, got {spec!r}")
+    expected = f"--columns must be a comma-separated list of column names, got {spec!r}"
+    try:
+        rows = list(csv.reader([spec], skipinitialspace=True, strict=True))
+    except csv.Error as exc:
+        raise CliError(f"{expected}: {exc}") from None
+    cols = [c.strip() for c in rows[0]] if rows else []
+    if not cols or not all(cols):
+        raise CliError(expected)
+    counts = collections.Counter(cols)
+    for c in cols:
+        if counts[c] > 1:
+            raise CliError(f"--columns names {c!r} {counts[c]} times, got {spec!r}; expected each "
+                           "column once")
     return cols
+
+
+def _check_unique_names(path, header, problem, among=None) -> None:
+    """Refuse a header that names a column more than once where the names pick columns
+    (of ``among``, by default any name): ``problem`` says what the repeated name would
+    make go wrong."""
+    counts = collections.Counter(header)
+    for name in header if among is None else among:
+        if counts[name] > 1:
+            at = [j + 1 for j, h in enumerate(header) if h == name]
+            raise CliError(f"{path}'s header names {len(at)} columns {name!r} (columns "
+                           f"{', '.join(map(str, at))}): {problem}; expected each column name once "
+                           "(rename the columns)")
+
+
+def _csv_line(fields) -> str:
+    """``fields`` as one CSV line, without its end: a field holding a comma, a double quote
+    or a line break is quoted (the csv module's minimal quoting)."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(fields)
+    return buf.getvalue()[:-1]
+
+
+def _names_text(names) -> str:
+    """Column names for a message, ``", "``-separated, each written as in a CSV header (a
+    name holding a comma is quoted), so that the list reads one way only."""
+    return ", ".join(_csv_line([n]) for n in names)
+
+
+def _columns_option(names) -> str:
+    """The ``--columns`` option choosing ``names``, ready for a POSIX shell (``--columns
+    a,b,c``; quoted when a name holds a space, a comma or a quote)."""
+    return "--columns " + shlex.quote(_csv_line(names))
 
 
 def load_data(path: str, columns=None):
@@ -154,10 +204,13 @@ def _load_csv(path, columns):
     except OSError as exc:
         raise CliError(f"{path}: {exc.strerror or exc}") from None
     with fh:
-        reader = csv.reader(fh)
+        # (skipinitialspace: '"a", "b"' names a and b, as '"1", "2"' holds 1 and 2)
+        reader = csv.reader(fh, skipinitialspace=True)
         try:
             header = next(reader, None)
-        except (csv.Error, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(path, exc) from None
+        except csv.Error as exc:
             raise CliError(f"{path}, line 1: not a CSV header row: {exc}") from None
         if not header or not any(h.strip() for h in header):
             raise CliError(f"{path} is empty: a header row naming the columns is expected")
@@ -169,9 +222,11 @@ def _load_csv(path, columns):
         if columns:
             missing = [c for c in columns if c not in header]
             if missing:
-                raise CliError(f"{path} has no column {missing[0]!r}; its columns are {', '.join(header)}")
+                raise CliError(f"{path} has no column {missing[0]!r}; its columns are {_names_text(header)}")
+            _check_unique_names(path, header, "--columns cannot tell them apart", among=columns)
             idx = [header.index(c) for c in columns]
         else:
+            _check_named(path, header)
             idx = list(range(len(header)))
         names = [header[j] for j in idx]
         # (numpy's parser opens the file again: only a regular file can be read twice; a
@@ -197,7 +252,7 @@ def _load_csv(path, columns):
                         vals.append(math.nan)
                         continue
                     try:
-                        v = float(field)
+                        v = _number(field)
                     except ValueError:
                         raise CliError(f"{path}, line {lineno}, column {j + 1} ({header[j]!r}): "
                                        f"cannot read {field[:40]!r} as a number") from None
@@ -206,7 +261,9 @@ def _load_csv(path, columns):
                                        "infinite value")
                     vals.append(v)
                 rows.append(vals)
-        except (csv.Error, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(path, exc) from None
+        except csv.Error as exc:
             raise CliError(f"{path}, line {lineno + 1}: malformed CSV: {exc}") from None
     X = np.array(rows, dtype=np.float64).reshape(len(rows), len(idx))
     return X, names
@@ -229,12 +286,72 @@ def _loadtxt(path, idx, n_columns):
     return np.ascontiguousarray(X)
 
 
+def _check_named(path, header) -> None:
+    """Every column is read (no --columns): each must have a name (an empty header field,
+    often a trailing comma on every line, made a column of missing values)."""
+    if all(header):
+        return
+    j = header.index("")
+    named = [h for h in header if h]
+    trailing = " (the header row ends with a comma)" if j == len(header) - 1 else ""
+    raise CliError(f"{path}, line 1, column {j + 1}: the column has no name{trailing}; expected a name for "
+                   "every column in the header row, or the columns to read chosen with "
+                   + (_columns_option(named) if named else "--columns"))
+
+
+def _number(s: str) -> float:
+    """``float(s)``, refusing what it reads but a CSV number is not: ``1_5`` (Python's
+    digit grouping, read as 15) is a ValueError."""
+    if "_" in s:
+        raise ValueError(f"not a number: {s!r}")
+    return float(s)
+
+
 def _is_number(s: str) -> bool:
     try:
-        float(s)
+        _number(s)
     except ValueError:
         return False
     return s.strip() not in _MISSING
+
+
+def _not_utf8(path, exc: UnicodeDecodeError) -> CliError:
+    """The error for a data file that is not UTF-8 text, at the line and byte offset of
+    its first byte that is not (the decoder reads ahead in blocks: where it failed gives
+    neither); a file that cannot be read again (a pipe) is named with the byte only."""
+    expected = "expected a UTF-8 text file (save it as UTF-8)"
+    where = _first_non_utf8(path) if os.path.isfile(path) else None
+    if where is None:
+        byte = exc.object[exc.start:exc.start + 1].hex() or "??"
+        return CliError(f"{path} is not UTF-8 text (byte 0x{byte}: {exc.reason}); {expected}")
+    line, offset, byte = where
+    return CliError(f"{path}, line {line}: not UTF-8 text (byte 0x{byte:02x} at offset {offset:,} of the "
+                    f"file); {expected}")
+
+
+def _first_non_utf8(path, block_size: int = 1 << 20):
+    """``(line, offset, byte)`` of the first byte of the file ``path`` that is not UTF-8
+    text (line from 1, offset in bytes from 0), or None (all of it is, or it cannot be
+    read)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, line = 0, 1      # (of the block's first byte)
+    try:
+        with open(path, "rb") as fh:
+            while True:
+                block = fh.read(block_size)
+                pending = decoder.getstate()[0]   # (a character cut by the last block's end)
+                try:
+                    decoder.decode(block, final=not block)
+                except UnicodeDecodeError as exc:   # (its positions count from the pending bytes)
+                    data = pending + block
+                    return (line + data[:exc.start].count(b"\n"), offset - len(pending) + exc.start,
+                            data[exc.start])
+                if not block:
+                    return None
+                line += block.count(b"\n")
+                offset += len(block)
+    except OSError:
+        return None
 
 
 def _load_model(path):
@@ -264,17 +381,21 @@ def _check_features(model, X, data, names, command):
     D = model.n_features_in_
     known = getattr(model, "feature_names_in_", None)
     known = None if known is None else [str(n) for n in known]
-    choose = "choose them with --columns" + (f" {','.join(known)}" if known else "")
+    choose = "choose them with " + (_columns_option(known) if known else "--columns")
     if X.shape[1] != D:
+        if not _named(data):   # (a .npy file's columns are chosen by index)
+            choose = f"choose {D} of them by index with --columns, e.g. --columns {','.join(map(str, range(D)))}"
         raise CliError(f"{data} has {X.shape[1]} columns; the model expects {D} features ({choose})")
     if known is None or not _named(data) or names == known:
         return
     if set(names).isdisjoint(known):
-        print(f"streamfhmm {command}: warning: {data}'s columns ({', '.join(names)}) are none of the model's features "
-              f"({', '.join(known)}): read in order, as {', '.join(known)}", file=sys.stderr)
+        print(f"streamfhmm {command}: warning: {data}'s columns ({_names_text(names)}) are none of the model's "
+              f"features ({_names_text(known)}): read in order, as {_names_text(known)}", file=sys.stderr)
         return
-    raise CliError(f"{data}'s columns ({', '.join(names)}) are not the model's features "
-                   f"({', '.join(known)}, in this order); {choose}")
+    _check_unique_names(data, names, f"its columns cannot be matched to the model's features "
+                                     f"({_names_text(known)}) by name")
+    raise CliError(f"{data}'s columns ({_names_text(names)}) are not the model's features "
+                   f"({_names_text(known)}, in this order); {choose}")
 
 
 def _progress(args) -> bool:
@@ -498,6 +619,9 @@ def _check_out_file(path, option, directory_hint="") -> None:
     if os.path.isdir(path):
         raise CliError(f"{option} {path} is a directory{directory_hint}")
     _check_writable_dir(os.path.dirname(path), f"{option} {path}")
+    if os.path.islink(path):   # (written through the link: its target's directory too)
+        target = os.path.realpath(path)
+        _check_writable_dir(os.path.dirname(target), f"{option} {path} (a link to {target})")
 
 
 def _check_restarts_option(n_restarts, steps_option, steps, time_budget=None) -> None:
@@ -542,6 +666,9 @@ def _cmd_fit(args) -> int:
                            f"(--max-iter{'' if args.max_iter else ', default 20,000'}): the model would "
                            "never be trained, only its networks")
     X, names = load_data(args.data, _split_columns(args.columns))
+    if _named(args.data):   # (kept with the model, to find a file's columns by name)
+        _check_unique_names(args.data, names, "fit keeps the names with the model, to match other "
+                                              "files' columns by them")
     if args.window > X.shape[0]:
         raise CliError(f"--window {args.window} is longer than the data ({_plural(X.shape[0], 'sample')})")
     model = FHMM(n_chains=args.chains, window=args.window, n_hidden=args.hidden,
@@ -560,8 +687,30 @@ def _cmd_fit(args) -> int:
         model.feature_names_in_ = np.array(names, dtype=str)
     model.save(args.out)
     print(f"fitted {model!r} ({args.method}) on {_plural(X.shape[0], 'sample')} x {_plural(X.shape[1], 'feature')} "
-          f"({', '.join(names)}) in {dt:.1f} s; saved to {out}")
+          f"({_names_text(names)}) in {dt:.1f} s; saved to {out}")
     return 0
+
+
+def _require_stdout(what: str) -> None:
+    """Fail before the work when its results would go to a closed stdout (``>&-``: Python
+    then has no ``sys.stdout``, and ``print`` drops what it is given without a word)."""
+    if sys.stdout is None:
+        raise CliError(f"stdout is closed: nowhere to write {what}")
+
+
+def _score_text(x: float) -> str:
+    """A log-likelihood or ELBO for ``score``: to 6 decimals, or beyond 1e9 in magnitude
+    to 15 significant digits (about what a float holds; it printed every digit of a
+    1e101 float's binary value)."""
+    return f"{x:.6f}" if abs(x) < 1e9 else f"{x:.15g}"
+
+
+def _check_finite_score(value: float, what: str, args) -> None:
+    """A log-likelihood (or ELBO) of -inf or NaN is an error, not a result."""
+    if not math.isfinite(value):
+        raise CliError(f"the {what} of {args.data} under {args.model} is {value} (not finite): the data is "
+                       "too far from the model, beyond what its densities can represent; expected data "
+                       "in the units and columns the model was fitted on")
 
 
 def _check_exact(model, path, what) -> None:
@@ -573,6 +722,7 @@ def _check_exact(model, path, what) -> None:
 
 
 def _cmd_score(args) -> int:
+    _require_stdout("the log-likelihood")
     model = _load_model(args.model)
     if args.elbo and getattr(model, "net_", None) is None:
         raise CliError(f"--elbo needs a model fitted with --method svi (the ELBO is its recognition "
@@ -582,11 +732,16 @@ def _cmd_score(args) -> int:
     _check_features(model, X, args.data, names, args.command)
     if np.isnan(X).any():
         raise CliError(f"{args.data} has missing values; the exact log-likelihood needs complete rows")
+    T = X.shape[0]
     ll = model.score(X)
-    print(f"log-likelihood: {ll:.6f} ({ll / X.shape[0]:.6f} per sample, {_plural(X.shape[0], 'sample')})")
-    if args.elbo:
-        e = model.elbo(X)
-        print(f"ELBO: {e:.6f} ({e / X.shape[0]:.6f} per sample; gap {(ll - e) / X.shape[0]:.6f} per sample)")
+    _check_finite_score(ll, "log-likelihood", args)
+    e = model.elbo(X) if args.elbo else None
+    if e is not None:
+        _check_finite_score(e, "ELBO", args)
+    print(f"log-likelihood: {_score_text(ll)} ({_score_text(ll / T)} per sample, {_plural(T, 'sample')})")
+    if e is not None:
+        print(f"ELBO: {_score_text(e)} ({_score_text(e / T)} per sample; gap {_score_text((ll - e) / T)} "
+              "per sample)")
     return 0
 
 
@@ -595,7 +750,7 @@ def _write_table(path, A, names):
         if path.endswith(".npy"):
             np.save(fh, A)
             return
-        fh.write((",".join(names) + "\n").encode())
+        fh.write((_csv_line(names) + "\n").encode())   # (a name holding a comma quoted)
         np.savetxt(fh, A, delimiter=",", fmt="%.10g")
     if path == "-":
         sys.stdout.flush()
@@ -616,6 +771,8 @@ def _write_table(path, A, names):
 
 
 def _cmd_predict(args) -> int:
+    if args.out == "-":
+        _require_stdout("the table; give --out FILE")
     model = _load_model(args.model)
     has_net = getattr(model, "net_", None) is not None
     # in the options' terms (the library's errors name method='...')
@@ -685,6 +842,7 @@ def _check_exact_chains(n_chains, source) -> None:
 
 
 def _cmd_bench(args) -> int:
+    _require_stdout("the measurements")
     StreamEngine = _engine_class()
     model = _load_model(args.model)
     _check_posterior(model, args.model, args.mode, args.posterior, args.learn)
@@ -1217,6 +1375,7 @@ def _fit_kwargs(args) -> dict:
 def _cmd_disaggregate(args) -> int:
     from .power import PAPER_MODEL, disaggregate_report, period_minutes
     # the checks that need no data and no fit come first: a bad value must not cost the fit
+    _require_stdout("the report")
     if args.net_warmup is not None and args.net_warmup >= args.iters:
         raise CliError(f"--net-warmup {args.net_warmup:,} must be less than --iters {args.iters:,}: the "
                        "model would never be trained, only its networks")
@@ -1250,6 +1409,13 @@ def _cmd_disaggregate(args) -> int:
     # before the fit, in the options' names: the test period holds the calibration and
     # evaluation days (disaggregate_report's rule, which would refuse it after the fit)
     need = period_minutes(args.calibration_days) + period_minutes(args.evaluation_days)
+    if len(data) - need < 2:   # (no --n-train fits: the periods are too long)
+        room = len(data) - 2
+        raise CliError(f"--calibration-days {args.calibration_days:g} + --evaluation-days "
+                       f"{args.evaluation_days:g} need {need:,} minutes after the training minutes, and "
+                       f"the data has {len(data):,} minutes: expected the two periods together to be at "
+                       f"most {room:,} minutes ({math.floor(room / 14.4) / 100:,.2f} days), leaving "
+                       "--n-train at least 2")
     if not 2 <= args.n_train <= len(data) - need:
         raise CliError(f"--n-train must be between 2 and {max(len(data) - need, 2):,}: the data has "
                        f"{len(data):,} minutes and the test period after them needs {need:,} "
@@ -1289,7 +1455,9 @@ def _data_args(p, model=True):
     p.add_argument("data", metavar="DATA", help="CSV file with a header row, or .npy array")
     if model:
         p.add_argument("--model", required=True, metavar="MODEL.npz", help="a model written by 'streamfhmm fit'")
-    p.add_argument("--columns", metavar="A,B,...", help="columns to use, by name (CSV) or index (.npy)")
+    p.add_argument("--columns", metavar="A,B,...",
+                   help="columns to use, by name (CSV; a name holding a comma in double quotes, as in the "
+                        "header) or index (.npy)")
 
 
 def _progress_args(p):
@@ -1318,7 +1486,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", help="learn a model from a data file",
                        description="Learn an FHMM (and its recognition networks) from a data file.")
     _data_args(f, model=False)
-    f.add_argument("--out", required=True, metavar="MODEL.npz", help="where to write the model")
+    f.add_argument("--out", required=True, metavar="MODEL.npz",
+                   help="where to write the model (a symbolic link: its target)")
     f.add_argument("--chains", type=_positive_int, default=4, help="hidden binary chains M (default 4)")
     f.add_argument("--window", type=_window, default=5,
                    help=f"odd recognition window, at most {_MAX_WINDOW:,} (default 5)")
@@ -1364,7 +1533,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("predict", help="posterior marginals of every chain",
                         description="Posterior marginals q(s_t^m = 1) (or the reconstructed data) for a data file.")
     _data_args(pr)
-    pr.add_argument("--out", default="-", metavar="OUT.csv|OUT.npy", help="output file (default: CSV on stdout)")
+    pr.add_argument("--out", default="-", metavar="OUT.csv|OUT.npy",
+                    help="output file (default: CSV on stdout; a symbolic link: its target)")
     pr.add_argument("--method", choices=("recognition", "exact", "smf"),
                     help="inference method (default: recognition if the model has networks, else exact up to 12 chains, else smf)")
     pr.add_argument("--reconstruct", action="store_true", help="write the reconstructed data W^T E[s_t] instead")
@@ -1486,8 +1656,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "ZeroMQ's slow joiner) and ends with an end-of-stream heartbeat.")
     r.add_argument("data", metavar="DATA", help="CSV file with a header row, .npy array, or 'household'")
     r.add_argument("--columns", metavar="A,B,...",
-                   help="columns to use, by name (CSV, household) or index (.npy); default all (household: "
-                        "its 7 columns, while a model fitted on some of them needs just those)")
+                   help="columns to use, by name (CSV, household; a name holding a comma in double quotes, "
+                        "as in the header) or index (.npy); default all (household: its 7 columns, while a "
+                        "model fitted on some of them needs just those)")
     r.add_argument("--pub", type=_endpoint, default="tcp://127.0.0.1:5555", metavar="ENDPOINT",
                    help="endpoint to bind (default tcp://127.0.0.1:5555)")
     r.add_argument("--connect", action="store_true", help="connect to --pub instead of binding it")
@@ -1673,6 +1844,9 @@ def _run(args, prog) -> int:
         return 1
     except BrokenPipeError:
         # the reader of stdout went away (``streamfhmm predict ... | head``): stop quietly
+        if sys.stdout is None:   # (not stdout's: it has none)
+            print(f"{prog}: error: broken pipe: the reader of the output went away", file=sys.stderr)
+            return 1
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0

@@ -879,7 +879,8 @@ class FHMM:
         the features: ``streamfhmm fit`` sets it from its data file's header, and
         ``streamfhmm score``, ``predict`` and ``bench`` check a file's columns against
         it; a fit clears it). The file is written to a temporary name and moved into place, so a crash never
-        leaves a half-written model behind.
+        leaves a half-written model behind; when ``path`` is a symbolic link its target is the
+        file replaced (the link stays a link, as ``streamfhmm predict --out`` keeps it).
 
         Parameters
         ----------
@@ -926,7 +927,8 @@ class FHMM:
                 arrays[name[:-1]] = _check_scores(scores, name)
         if net is not None:
             arrays.update({f"net.{k}": v for k, v in net.to_arrays().items()})
-        path = npz_target(path)
+        # (through a link: os.replace of the temporary file replaced the link itself)
+        path = os.path.realpath(npz_target(path))
         write_atomically(path, lambda fh: np.savez(fh, **arrays))   # (a failed write leaves no file)
 
     @classmethod

@@ -1359,3 +1359,264 @@ def test_serve_checkpoint_every_default(tmp_path, capsys, monkeypatch, extra, ex
     err = capsys.readouterr().err
     assert code == 0, err
     assert seen["every"] == expected
+
+
+# -- data files and results a review of the command line found wrong (each test failed) --------
+def _named_model(tmp_path, names, name="named.npz") -> str:
+    """:func:`_two_chain_model` (3 features) with the features called ``names``."""
+    model = FHMM.load(_two_chain_model(tmp_path))
+    model.feature_names_in_ = np.array(names, dtype=str)
+    path = str(tmp_path / name)
+    model.save(path)
+    return path
+
+
+def test_a_header_naming_a_column_twice_is_refused_where_names_choose_columns(tmp_path, capsys):
+    """A header naming a column twice: fit refused it (it saved the names a, a, b),
+    --columns refused choosing that name (it took the first one, the second never read),
+    and so did matching a file's columns to a model's; --columns naming a column twice
+    is refused too. A name given once in such a header is chosen as before."""
+    seed = 31
+    print(f"seed={seed}")
+    X = np.random.default_rng(seed).normal(size=(20, 3))
+    dup = _csv(tmp_path / "dup.csv", "a,a,b", X)
+    out = tmp_path / "m.npz"
+    code, _, err = _run(["fit", dup, "--out", str(out), "--chains", "1", "--window", "3", "--max-iter", "3",
+                         "--no-progress"], capsys)
+    assert code == 1 and not out.exists()
+    assert err == (f"streamfhmm fit: error: {dup}'s header names 2 columns 'a' (columns 1, 2): fit keeps the "
+                   "names with the model, to match other files' columns by them; expected each column name "
+                   "once (rename the columns)\n")
+    from streamfhmm.cli import CliError
+    with pytest.raises(CliError, match=r"header names 2 columns 'a' \(columns 1, 2\): --columns cannot tell "
+                                       r"them apart; expected each column name once"):
+        load_data(dup, ["b", "a"])
+    Xb, names = load_data(dup, ["b"])
+    assert names == ["b"] and Xb[:, 0].tolist() == X[:, 2].tolist()
+    code, _, err = _run(["fit", dup, "--columns", "b,c,b", "--out", str(out)], capsys)
+    assert code == 1 and err == ("streamfhmm fit: error: --columns names 'b' 2 times, got 'b,c,b'; expected "
+                                 "each column once\n")
+    model = _named_model(tmp_path, ["a", "b", "c"])
+    mixed = _csv(tmp_path / "mixed.csv", "b,a,a", X)
+    code, out_text, err = _run(["predict", mixed, "--model", model], capsys)
+    assert code == 1 and out_text == ""
+    assert err == (f"streamfhmm predict: error: {mixed}'s header names 2 columns 'a' (columns 2, 3): its "
+                   "columns cannot be matched to the model's features (a, b, c) by name; expected each "
+                   "column name once (rename the columns)\n")
+
+
+def test_a_column_name_holding_a_comma(tmp_path, capsys):
+    """A quoted name holding a comma: predict's output header is CSV-quoted (it had more
+    fields than its rows), and --columns is read as a CSV row, so that the hint naming
+    it can be followed (it split the name in two)."""
+    seed = 37
+    print(f"seed={seed}")
+    import csv
+    X = np.random.default_rng(seed).normal(size=(30, 3))
+    model = _named_model(tmp_path, ["x, y", "b", "c"])
+    data = _csv(tmp_path / "comma.csv", '"x, y",b,c', X)
+    out = tmp_path / "rec.csv"
+    code, _, err = _run(["predict", data, "--model", model, "--reconstruct", "--out", str(out)], capsys)
+    assert code == 0, err
+    with open(out, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["mean_x, y", "mean_b", "mean_c"] and {len(r) for r in rows} == {3}
+    np.testing.assert_allclose(np.array(rows[1:], dtype=float), FHMM.load(model).reconstruct(X), rtol=1e-9)
+    rev = _csv(tmp_path / "rev.csv", 'c,b,"x, y"', X[:, ::-1])
+    code, _, err = _run(["score", rev, "--model", model], capsys)
+    assert code == 1
+    assert err == (f"streamfhmm score: error: {rev}'s columns (c, b, \"x, y\") are not the model's features "
+                   "(\"x, y\", b, c, in this order); choose them with --columns '\"x, y\",b,c'\n")
+    code, out_text, err = _run(["score", rev, "--model", model, "--columns", '"x, y",b,c'], capsys)
+    assert code == 0, err
+    assert float(out_text.split()[1]) == pytest.approx(FHMM.load(model).score(X), rel=1e-12, abs=1e-6)
+    code, _, err = _run(["score", rev, "--model", model, "--columns", '"x, y,b'], capsys)
+    assert code == 1 and "--columns must be a comma-separated list of column names, got '\"x, y,b'" in err
+
+
+def test_fit_out_through_a_symlink_keeps_the_link(files, tmp_path, capsys):
+    """fit --out naming a symbolic link writes its target, as predict --out does (the
+    model replaced the link with a regular file); a link into a missing directory is
+    refused before the fit."""
+    models = tmp_path / "models"
+    models.mkdir()
+    link = tmp_path / "model.npz"
+    link.symlink_to(models / "current.npz")     # (dangling until the first fit)
+    argv = ["fit", files["npy"], "--chains", "1", "--window", "3", "--hidden", "4", "--max-iter", "3",
+            "--no-progress", "--out"]
+    code, _, err = _run(argv + [str(link)], capsys)
+    assert code == 0, err
+    assert link.is_symlink() and os.listdir(models) == ["current.npz"]
+    assert FHMM.load(str(link)).n_features_in_ == 3
+    bad = tmp_path / "bad.npz"
+    bad.symlink_to(tmp_path / "nowhere" / "m.npz")
+    code, _, err = _run(argv + [str(bad)], capsys)
+    assert code == 1 and bad.is_symlink()
+    assert err == (f"streamfhmm fit: error: --out {bad} (a link to {tmp_path / 'nowhere' / 'm.npz'}): no "
+                   f"directory {tmp_path / 'nowhere'}\n")
+
+
+@pytest.mark.parametrize("command", ["predict", "score"])
+def test_closed_stdout_is_an_error(tmp_path, command):
+    """Run with stdout closed (``>&-``, Python's sys.stdout None): predict printed a
+    traceback, score exited 0 having printed nothing; both give one line, status 1."""
+    import streamfhmm
+    model = _two_chain_model(tmp_path)
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(41).normal(size=(30, 3)))
+    root = os.path.dirname(os.path.dirname(streamfhmm.__file__))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(["sh", "-c", 'exec "$0" "$@" >&-', sys.executable, "-m", "streamfhmm", command,
+                           str(data), "--model", model],
+                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, timeout=120)
+    what = "the table; give --out FILE" if command == "predict" else "the log-likelihood"
+    assert (proc.returncode, proc.stderr.decode()) == (
+        1, f"streamfhmm {command}: error: stdout is closed: nowhere to write {what}\n")
+
+
+def test_quoted_fields_after_a_comma_and_a_space(tmp_path):
+    """'"a", "b"': the space after the comma is skipped, so the quotes are the field's
+    (the name was '"b"' with its quotes, and '"2"' no number); --columns alike."""
+    path = _write(tmp_path / "q.csv", '"a", "b", "c"\n"1", "2", 3\n4, "5", "6"\n')
+    X, names = load_data(path)
+    assert names == ["a", "b", "c"] and X.tolist() == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    from streamfhmm.cli import _split_columns
+    assert _split_columns('c, "a"') == ["c", "a"]
+    X, names = load_data(path, _split_columns('c, "a"'))
+    assert names == ["c", "a"] and X.tolist() == [[3.0, 1.0], [6.0, 4.0]]
+
+
+def test_disaggregate_periods_longer_than_the_data_are_named(capsys, monkeypatch):
+    """Calibration and evaluation periods longer than the data: the error said
+    '--n-train must be between 2 and 2 ..., got 2', refusing the value it allowed; it
+    names the periods, their minutes and the most they can take."""
+    import streamfhmm.datasets as ds
+    from streamfhmm.datasets import HouseholdPower
+    T = 5000
+    ts = np.datetime64("2007-01-01T00:00", "s") + np.arange(T).astype("timedelta64[m]")
+    data = HouseholdPower(timestamps=ts, columns=list(ds.HOUSEHOLD_POWER_COLUMNS),
+                          values=np.random.default_rng(0).uniform(0.5, 2.0, size=(T, 7)),
+                          imputed=np.zeros(T, dtype=bool))
+    monkeypatch.setattr(ds, "load_household_power", lambda *a, **k: data)
+    monkeypatch.setattr(FHMM, "fit", lambda self, *a, **k: pytest.fail("fitted"))
+    for n_train in ("2", "1000"):
+        code, out, err = _run(["disaggregate", "--n-train", n_train, "--calibration-days", "1",
+                               "--evaluation-days", "3", "--no-plot"], capsys)
+        assert code == 1 and "fitting" not in out
+        assert err == ("streamfhmm disaggregate: error: --calibration-days 1 + --evaluation-days 3 need 5,760 "
+                       "minutes after the training minutes, and the data has 5,000 minutes: expected the two "
+                       "periods together to be at most 4,998 minutes (3.47 days), leaving --n-train at "
+                       "least 2\n")
+
+
+@pytest.mark.parametrize("lines, line, offset", [
+    ([b"a,b", b"1,2", b"3,4\xb0"], 3, 11),                    # the whole file in the decoder's first block
+    ([b"a,b"] + [b"%d,%d" % (i, i) for i in range(3000)] + [b"3,4\xb0"], 3002, 27_787),
+    ([b"a,\xe9", b"1,2"], 1, 2),                               # in the header
+    ([b"\xef\xbb\xbfa,b", b"\xc3,2"], 2, 7),                   # a BOM, then a cut character
+])
+def test_a_byte_that_is_not_utf8_is_reported_at_its_line(tmp_path, lines, line, offset):
+    """A byte that is not UTF-8 is reported at its line and offset (it was 'line 1: not
+    a CSV header row' for one on line 3, line 2,681 for one on line 3,002)."""
+    from streamfhmm.cli import CliError
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    raw = path.read_bytes()
+    assert raw[:offset].count(b"\n") + 1 == line
+    with pytest.raises(CliError) as info:
+        load_data(str(path))
+    assert str(info.value) == (f"{path}, line {line}: not UTF-8 text (byte 0x{raw[offset]:02x} at offset "
+                               f"{offset:,} of the file); expected a UTF-8 text file (save it as UTF-8)")
+
+
+def test_first_non_utf8_byte_across_blocks(tmp_path):
+    """The scan finds the byte where a block ends inside a character, and one left at the
+    end of the file by a character cut short there."""
+    from streamfhmm.cli import _first_non_utf8
+    path = tmp_path / "x.csv"
+    path.write_bytes("é\n".encode() * 5 + b"\xff")
+    for size in (1, 2, 4, 1 << 20):
+        assert _first_non_utf8(str(path), size) == (6, 15, 0xff)
+    path.write_bytes("é\n".encode() + b"\xc3")
+    assert _first_non_utf8(str(path), 2) == (2, 3, 0xc3)
+    path.write_bytes("é\n".encode() * 3)
+    assert _first_non_utf8(str(path), 1) is None
+
+
+def test_a_number_with_an_underscore_is_refused(tmp_path):
+    """'1_5' is not a CSV number (Python's float() reads it as 15), as the household
+    loader rules."""
+    from streamfhmm.cli import CliError
+    path = _write(tmp_path / "u.csv", "a,b\n1_5,2\n3,4\n")
+    with pytest.raises(CliError, match=r"line 2, column 1 \('a'\): cannot read '1_5' as a number"):
+        load_data(path)
+
+
+def test_npy_width_mismatch_hints_indices(files, tmp_path, capsys):
+    """A .npy file of another width than the model's: the hint gives --columns by index
+    (it gave the model's names, which a .npy file refuses)."""
+    data = tmp_path / "two.npy"
+    np.save(data, files["X"][:50, :2])
+    code, _, err = _run(["predict", str(data), "--model", files["model"]], capsys)
+    assert code == 1
+    assert err == (f"streamfhmm predict: error: {data} has 2 columns; the model expects 3 features (choose 3 "
+                   "of them by index with --columns, e.g. --columns 0,1,2)\n")
+
+
+def test_score_far_from_the_model(files, tmp_path, capsys):
+    """Data far from the model: a huge log-likelihood is printed with an exponent (it
+    printed every one of its 200 digits); one that is not finite is an error, status 1
+    (it printed -inf and 'gap nan' with status 0)."""
+    seed = 43
+    print(f"seed={seed}")
+    model = FHMM.load(files["model"])
+    X = np.random.default_rng(seed).normal(size=(20, 3))
+    huge = _csv(tmp_path / "huge.csv", "a,b,c", X * 1e100)
+    code, out, err = _run(["score", huge, "--model", files["model"], "--elbo"], capsys)
+    assert code == 0, err
+    ll_line, elbo_line = out.splitlines()[-2:]   # (after the seed)
+    assert len(ll_line) < 120 and len(elbo_line) < 120 and "e+20" in ll_line, out
+    assert float(ll_line.split()[1]) == pytest.approx(model.score(X * 1e100), rel=1e-13)
+    beyond = _csv(tmp_path / "beyond.csv", "a,b,c", X * 1e160)
+    for extra in ([], ["--elbo"]):
+        code, out, err = _run(["score", beyond, "--model", files["model"]] + extra, capsys)
+        assert code == 1 and out == ""
+        assert err == (f"streamfhmm score: error: the log-likelihood of {beyond} under {files['model']} is -inf "
+                       "(not finite): the data is too far from the model, beyond what its densities can "
+                       "represent; expected data in the units and columns the model was fitted on\n")
+
+
+def test_a_column_without_a_name(tmp_path, capsys):
+    """A comma at the end of every line made an unnamed column of missing values (fit then
+    failed on 'too few complete rows'): refused, naming the column, unless --columns
+    leaves it out."""
+    from streamfhmm.cli import CliError
+    path = _write(tmp_path / "t.csv", "a,b,\n1,2,\n3,4,\n5,6,\n")
+    with pytest.raises(CliError) as info:
+        load_data(path)
+    assert str(info.value) == (f"{path}, line 1, column 3: the column has no name (the header row ends with a "
+                               "comma); expected a name for every column in the header row, or the columns "
+                               "to read chosen with --columns a,b")
+    X, names = load_data(path, ["a", "b"])
+    assert names == ["a", "b"] and X.tolist() == [[1, 2], [3, 4], [5, 6]]
+    inner = _write(tmp_path / "i.csv", "a,,b\n1,2,3\n")
+    code, _, err = _run(["fit", inner, "--out", str(tmp_path / "m.npz")], capsys)
+    assert code == 1 and err == (f"streamfhmm fit: error: {inner}, line 1, column 2: the column has no name; "
+                                 "expected a name for every column in the header row, or the columns to read "
+                                 "chosen with --columns a,b\n")
+
+
+def test_a_broken_pipe_without_stdout_is_an_error(monkeypatch, capsys):
+    """A broken pipe when there is no stdout (``>&-``; an --out FIFO whose reader left)
+    is one error line, status 1 (the quiet exit for stdout's reader gone made stdout, None,
+    a devnull: a traceback)."""
+    import argparse
+    import streamfhmm.cli as cli
+
+    def func(args):
+        raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(sys, "stdout", None)
+    code = cli._run(argparse.Namespace(func=func), "streamfhmm predict")
+    monkeypatch.undo()
+    assert code == 1
+    assert capsys.readouterr().err == "streamfhmm predict: error: broken pipe: the reader of the output went away\n"
