@@ -1034,3 +1034,93 @@ def test_a_refused_dask_fit_keeps_the_earlier_fits_scores(problem, client):
     with pytest.raises(ValueError, match="too few complete rows"):
         m.fit(bad, init="smf", n_init=2, max_iter=20, progress=False, client=client)
     np.testing.assert_array_equal(m.init_scores_, scores)
+
+
+def test_a_refused_or_unstarted_fit_leaves_the_state_as_it_was(problem, client, tmp_path,
+                                                               monkeypatch):
+    """fit_svi_distributed(state=...) set the state's covariance_type before checking its
+    input: a refused call left it changed (the next fit continued on the refused call's
+    family), and a fit failing before its first step (a chunk a worker refuses, a first
+    round of gradients that fails) stored the model projected onto the new family. A
+    call refused, or failing before its first step, leaves the state as it was, as the
+    local fit_svi does."""
+    print(f"seed={SEED}")
+    X, chunks, params, net = problem
+    state = fit_svi_distributed(chunks, params, net, client, max_iter=5, random_state=SEED,
+                                progress=False)
+    assert state.covariance_type == "full" and state.params.L[1, 0] != 0.0
+
+    def snapshot():
+        return (state.covariance_type, state.state_vector().copy(), state.opt.sq.copy(),
+                state.opt.steps, state.iteration, state.seconds, len(state.history))
+
+    def check_unchanged(what):
+        now = snapshot()
+        assert now[0] == start[0], what
+        for a, b in zip(now[1:], start[1:]):
+            np.testing.assert_array_equal(a, b, err_msg=what)
+
+    start = snapshot()
+    bad = X[:100].copy()
+    bad[7, 0] = np.inf
+    np.save(tmp_path / "inf.npy", bad)
+    refused = [("the chunks have 3 features", [np.zeros((50, 3))], {}),
+               ("workers must be addresses", chunks, {"workers": ["tcp://nowhere:1"]}),
+               # (refused by a worker while the shards start)
+               ("infinity at row 7", [str(tmp_path / "inf.npy")], {})]
+    for cov in ("diag", "spherical"):
+        for message, data, kw in refused:
+            with pytest.raises(ValueError, match=message):
+                fit_svi_distributed(data, None, None, client, state=state, covariance_type=cov,
+                                    max_iter=5, random_state=SEED, progress=False, **kw)
+            check_unchanged(f"{cov}: {message}")
+
+    def failing(pool, x, counts):
+        raise RuntimeError("shard lost (simulated)")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(dl._ShardPool, "gradients", failing)
+        with pytest.raises(RuntimeError, match="simulated"):
+            fit_svi_distributed(chunks, None, None, client, state=state, covariance_type="diag",
+                                max_iter=5, random_state=SEED, progress=False)
+    check_unchanged("a first step that fails")
+    # continued without a family: the state's own, full
+    state = fit_svi_distributed(chunks, None, None, client, state=state, max_iter=5,
+                                random_state=SEED, progress=False)
+    assert state.covariance_type == "full" and state.params.L[1, 0] != 0.0
+    assert state.iteration == state.opt.steps == 10
+
+
+def test_npy_chunks_of_every_format_version(problem, client, tmp_path):
+    """A valid format-3.0 .npy chunk (numpy writes one for a header latin-1 cannot encode,
+    or when asked) raised AttributeError: its header was read with numpy's private
+    reader, which numpy 2 no longer has. Versions 1.0 to 3.0 are read with the public
+    readers (3.0 is 2.0 with a UTF-8 header); another version, or a file that is not a
+    .npy one, is a ValueError naming the chunk."""
+    print(f"seed={SEED}")
+    X, _, params, net = problem
+    paths = []
+    for version in ((1, 0), (2, 0), (3, 0)):
+        path = str(tmp_path / f"v{version[0]}.npy")
+        with open(path, "wb") as fh:
+            np.lib.format.write_array(fh, X[:300], version=version)
+        assert chunk_lengths([path]).tolist() == [300]
+        shape, _, dtype, offset = dl._npy_header(path)
+        mapped = np.load(path, mmap_mode="r")
+        assert (shape, dtype, offset) == (mapped.shape, mapped.dtype, mapped.offset)
+        np.testing.assert_array_equal(head_rows([path], 5), X[:5])
+        paths.append(path)
+    state = fit_svi_distributed(paths, params, net, client, max_iter=3, random_state=SEED,
+                                progress=False)
+    assert state.iteration == 3
+    with open(paths[2], "rb") as fh:
+        raw = fh.read()
+    with open(tmp_path / "v9.npy", "wb") as fh:
+        fh.write(raw[:6] + b"\x09\x00" + raw[8:])
+    with pytest.raises(ValueError, match=r"^chunk '.*v9.npy' is a .npy file of an unsupported "
+                                         r"format version 9.0 \(expected 1.0, 2.0 or 3.0\)$"):
+        chunk_lengths([str(tmp_path / "v9.npy")])
+    with open(tmp_path / "text.npy", "wb") as fh:
+        fh.write(b"1.0,2.0\n3.0,4.0\n")
+    with pytest.raises(ValueError, match=r"^chunk '.*text.npy' is not a .npy file"):
+        chunk_lengths([str(tmp_path / "text.npy")])

@@ -1723,3 +1723,45 @@ view of the ring / the batch scratch buffer, overwritten by later samples."""
     assert len(got) >= 10
     for t, seg in got:
         np.testing.assert_array_equal(seg, X[t - S + 1:t + 1])
+
+
+def test_a_missing_checkpoint_directory(tmp_path):
+    """checkpoint(path) compared path with the configured checkpoint_path through
+    npz_target, which checks that a file can be written there: once the configured
+    path's directory was gone, every checkpoint to any other file (a river adapter's
+    pickling, clone and close write to a temporary directory) raised FileNotFoundError
+    about that unrelated path. Only the path being written is checked now. A
+    checkpoint_path whose directory does not exist (or a directory) is refused when
+    given (the engine failed every periodic checkpoint and the last one at close); the
+    path a resumed checkpoint recorded is taken as it is."""
+    import shutil
+    seed = 24
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=seed, noise=0.3)
+    m = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat, window=3, n_hidden=4)
+    X, _ = p.sample(40, random_state=seed)
+    missing = tmp_path / "missing" / "ck"
+    kw = dict(mode="filter", learn=False, posterior="exact")
+    with pytest.raises(ValueError, match=r"checkpoint_path '.*missing/ck' cannot be written: its "
+                                         r"directory '.*missing' does not exist"):
+        StreamEngine(m, checkpoint_path=missing, **kw)
+    with pytest.raises(ValueError, match="checkpoint_path must name a file"):
+        StreamEngine(m, checkpoint_path=tmp_path, **kw)
+    own_dir = tmp_path / "own"
+    own_dir.mkdir()
+    eng = StreamEngine(m, checkpoint_path=own_dir / "ck", checkpoint_every=10, **kw)
+    eng.push_many(X[:20])
+    assert (own_dir / "ck.npz").exists()
+    shutil.rmtree(own_dir)
+    copy = eng.checkpoint(tmp_path / "copy")   # another file: written
+    assert copy == str(tmp_path / "copy.npz")
+    with pytest.raises(FileNotFoundError, match="its directory .*own' does not exist"):
+        eng.checkpoint(own_dir / "ck")         # the file being written is still checked
+    eng.push_many(X[20:30])                    # a periodic checkpoint fails: reported
+    assert "does not exist" in eng.metrics()["checkpoint_error"]
+    eng.close()                                # the last one too, without raising
+    # a resumed checkpoint keeps the path it recorded (gone here); a path given is checked
+    with StreamEngine.resume(copy) as back:
+        assert back.checkpoint(tmp_path / "again") == str(tmp_path / "again.npz")
+    with pytest.raises(ValueError, match=r"checkpoint_path '.*missing/ck' cannot be written"):
+        StreamEngine.resume(copy, checkpoint_path=missing)

@@ -1162,3 +1162,250 @@ def test_predictive_densities_check_their_arguments():
         assert gaussian_logpdf(y, s, p) == pytest.approx(want, rel=1e-10)
         y[0] = np.nan
         assert mixture_logpdf(y, s, p) == pytest.approx(naive_mixture(y, s, p), rel=1e-10)
+
+
+# --------------------------------------------------------------------------------------
+# close, clone and the public densities on the edges of their input
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("learn", [False, True])
+def test_a_close_that_cannot_save_the_state_still_closes(monkeypatch, learn):
+    """close() checkpoints the engine to keep the final state; when that raised, the
+    adapter was left neither open nor closed (its engine gone, not closed): later calls
+    failed with raw AttributeError, IndexError or TypeError, and learn_one started a new
+    engine. It now ends closed, says the state could not be saved (RuntimeError, the
+    error as its cause), keeps the engine's final metrics, and refuses to be copied (a
+    copy would be ready without an engine)."""
+    X, _ = _model(seed=53).params_.sample(60, random_state=54)
+    print("data seed=54; adapter seed=0")
+    xs = _dicts(X)
+    tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=20, warmup_steps=5,
+                         learn=learn, seed=0)
+    for x in xs[:40]:
+        tr.learn_one(x)
+
+    def no_space(path=None):
+        raise OSError(28, "No space left on device (simulated)")
+
+    monkeypatch.setattr(tr.engine, "checkpoint", no_space)
+    with pytest.raises(RuntimeError, match=r"^FHMMTransformer closed, but its final state could "
+                                           r"not be saved \(OSError: .*No space left") as err:
+        tr.close()
+    assert isinstance(err.value.__cause__, OSError)
+    assert tr.engine is None and tr.ready
+    met = tr.metrics()
+    assert met["samples"] == met["learned"] == 40
+    for call in (lambda: tr.learn_one(xs[41]), lambda: tr.transform_one(xs[41])):
+        with pytest.raises(RuntimeError, match="^this FHMMTransformer is closed$"):
+            call()
+    for copy in (lambda: pickle.dumps(tr), lambda: tr.clone(include_attributes=True)):
+        with pytest.raises(RuntimeError, match="cannot be copied: its final state could not be "
+                                               "saved when it was closed"):
+            copy()
+    tr.close()   # idempotent
+    assert tr.metrics()["samples"] == 40
+
+
+def test_an_adapter_whose_checkpoint_directory_is_gone(tmp_path):
+    """Pickling, clone(include_attributes=True) and close() checkpoint the engine to a
+    temporary directory; the engine compared that path with its configured
+    checkpoint_path through a check that the directory of the latter exists, so all
+    three raised FileNotFoundError once it was removed (and close() left the adapter
+    half open). They work; the engine's own last checkpoint, which cannot be written,
+    is reported in metrics()["checkpoint_error"]. A checkpoint_path in a directory that
+    does not exist is refused at the first learn_one (the engine is built then)."""
+    import shutil
+    m = _model(M=2, D=3, seed=59)
+    X, _ = m.params_.sample(60, random_state=60)
+    print("data seed=60")
+    xs = _dicts(X)
+    with pytest.raises(ValueError, match=r"checkpoint_path '.*nowhere.*' cannot be written: its "
+                                         r"directory .* does not exist"):
+        FHMMTransformer(model=m, posterior="exact", learn=False, engine_params={
+            "checkpoint_path": str(tmp_path / "nowhere" / "e.npz")}).learn_one(xs[0])
+    d = tmp_path / "ck"
+    d.mkdir()
+    tr = FHMMTransformer(model=m, posterior="exact", learn=False,
+                         engine_params={"checkpoint_path": str(d / "engine.npz")})
+    for x in xs[:40]:
+        tr.learn_one(x)
+    want = tr.transform_one(xs[40])
+    shutil.rmtree(d)
+    copy = pickle.loads(pickle.dumps(tr))
+    clone = tr.clone(include_attributes=True)
+    assert copy.transform_one(xs[40]) == clone.transform_one(xs[40]) == want
+    tr.close()
+    assert tr.metrics()["samples"] == 40
+    assert "does not exist" in tr.metrics()["checkpoint_error"]
+    copy.close()
+    clone.close()
+
+
+@pytest.mark.parametrize("cls", [FHMMTransformer, FHMMAnomalyScorer])
+def test_clone_with_attributes_refuses_parameters_its_state_contradicts(cls):
+    """clone(new_params, include_attributes=True) kept the copied engine and state while
+    reporting the new parameters: a new n_chains, features or model was silently
+    ignored, a new posterior failed at the first transform_one (AttributeError). What
+    contradicts the copied engine is refused, naming it, and nothing is copied or
+    started; what the copy can take (its learner's step size and seed, the scorer's
+    predictive density, the engine's run-time settings) is applied, values equal to the
+    current ones are no change, and before the first sample any parameters go."""
+    import re
+    m = _model(M=2, D=3, seed=55)
+    X, _ = m.params_.sample(80, random_state=56)
+    print("data seed=56; adapter seed=0")
+    xs = _dicts(X)
+    out = "transform_one" if cls is FHMMTransformer else "score_one"
+    kw = dict(n_chains=2, window=3, n_hidden=4, posterior="exact", learn=False, warmup=20,
+              warmup_steps=5, seed=0)
+    a = cls(**kw)
+    # nothing learnt yet: the clone's parameters are its own
+    b = a.clone({"n_chains": 3}, include_attributes=True)
+    for x in xs[:30]:
+        b.learn_one(x)
+    assert b.engine.params.n_chains == 3
+    if cls is FHMMTransformer:
+        assert sorted(b.transform_one(xs[30])) == ["chain_0", "chain_1", "chain_2"]
+    b.close()
+    for x in xs[:40]:
+        a.learn_one(x)
+    threads = len(_learner_threads())
+    before = getattr(a, out)(xs[40])
+    refused = [({"n_chains": 3}, "n_chains"), ({"posterior": "recognition"}, "posterior"),
+               ({"features": ("x1", "x0", "x2")}, "features"), ({"model": m}, "model"),
+               ({"learn": True}, "learn"), ({"warmup": 30, "batch_size": 4}, "warmup, batch_size"),
+               ({"engine_params": {"decay": 0.5}}, "engine_params['decay']")]
+    for new, names in refused:
+        with pytest.raises(ValueError, match=rf"^{cls.__name__}\.clone\(new_params, include_"
+                                             rf"attributes=True\) cannot change "
+                                             rf"{re.escape(names)}: the copied state"):
+            a.clone(new, include_attributes=True)
+    with pytest.raises(ValueError, match="`learning` property"):
+        a.clone({"learn": True}, include_attributes=True)
+    with pytest.raises(ValueError, match=r"new_params has unknown parameters \['n_chain'\]"):
+        a.clone({"n_chain": 3}, include_attributes=True)
+    assert len(_learner_threads()) == threads   # nothing started
+    assert getattr(a, out)(xs[40]) == before
+    # the same values, however given, are no change: the copy continues as the original
+    same = a.clone({"features": ["x0", "x1", "x2"], "n_chains": 2, "posterior": "exact",
+                    "warmup": 20, "warmup_time": 30}, include_attributes=True)
+    # run-time settings the copied engine takes
+    tuned = a.clone({"learning_rate": 0.05, "seed": 3,
+                     "engine_params": {"snapshot_interval": 7, "learner_duty": 0.5}},
+                    include_attributes=True)
+    assert tuned.learning_rate == 0.05 and tuned.engine_params["snapshot_interval"] == 7
+    cfg = tuned.engine._cfg
+    assert (cfg["learning_rate"], cfg["snapshot_interval"], cfg["learner_duty"]) == (0.05, 7, 0.5)
+    assert a.engine._cfg["learning_rate"] == 1e-3 and same.engine._cfg["learning_rate"] == 1e-3
+    for x in xs[40:60]:
+        for c in (a, same, tuned):
+            c.learn_one(x)
+        assert getattr(same, out)(x) == getattr(a, out)(x)
+        assert getattr(tuned, out)(x) == getattr(a, out)(x)   # (learn=False: fixed parameters)
+    for c in (a, same, tuned):
+        c.close()
+
+
+def test_clone_with_attributes_may_change_the_predictive_density():
+    """The scorer's predictive density is read at each score: a copy may change it."""
+    m = _model(M=2, D=3, seed=61)
+    X, _ = m.params_.sample(60, random_state=62)
+    print("data seed=62")
+    xs = _dicts(X)
+    a = FHMMAnomalyScorer(model=m, posterior="recognition", predictive="mixture", learn=False,
+                          warmup=30, warmup_steps=10, seed=0)
+    for x in xs[:40]:
+        a.learn_one(x)
+    c = a.clone({"predictive": "gaussian"}, include_attributes=True)
+    assert c.predictive == "gaussian"
+    v = np.array([xs[40][k] for k in ("x0", "x1", "x2")])
+    params = a.engine.snapshot.params
+    pi = predicted_on_probability(a._last_theta, params)
+    assert a.score_one(xs[40]) == pytest.approx(-mixture_logpdf(v, pi, params), rel=1e-12)
+    assert c.score_one(xs[40]) == pytest.approx(-gaussian_logpdf(v, pi, params), rel=1e-12)
+    a.close()
+    c.close()
+
+
+def test_densities_and_scores_near_the_float_range():
+    """mixture_logpdf was NaN for finite values near the float range (1.7e308: y - μ
+    overflows, then inf - inf), so the recognition scorer scored such a sample NaN
+    (never flagged) where the exact scorer gives inf. A density below the float range
+    is -inf (a score of +inf) for both densities and every scorer, with values missing
+    too; large values within range keep their finite density."""
+    p = _model(M=2, D=2, seed=57).params_
+    on = np.array([0.3, 0.6])
+    huge = np.finfo(np.float64).max
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for big in (1e200, 1.7e308, -1.7e308, huge, -huge):
+            for y in ([big, 0.0], [big, big], [0.0, big], [big, np.nan]):
+                y = np.array(y)
+                assert mixture_logpdf(y, on, p) == -np.inf, y
+                assert gaussian_logpdf(y, on, p) == -np.inf, y
+    from scipy.special import logsumexp
+    st = _states(2)
+    lw = np.log(np.where(st == 1, on, 1 - on)).sum(axis=1)
+    for y in (np.array([1e100, 0.0]), np.array([1e100, np.nan])):   # within range: finite
+        want = logsumexp([lw[k] + _logpdf_obs(y, st[k] @ p.W[:-1] + p.W[-1], p.covariance)
+                          for k in range(4)])
+        assert np.isfinite(want)
+        assert mixture_logpdf(y, on, p) == pytest.approx(want, rel=1e-10)
+        assert np.isfinite(gaussian_logpdf(y, on, p))
+    m = FHMM.from_params(W=p.W, covariance=p.covariance, transmat=p.transmat,
+                         startprob=p.startprob, window=3, n_hidden=4)
+    X, _ = p.sample(40, random_state=58)
+    print("data seed=58")
+    xs = _dicts(X)
+    for posterior, predictive in (("exact", "auto"), ("recognition", "mixture"),
+                                  ("recognition", "gaussian")):
+        sc = FHMMAnomalyScorer(model=m, posterior=posterior, predictive=predictive, learn=False,
+                               warmup=20, warmup_steps=5, seed=0)
+        for x in xs[:30]:
+            sc.learn_one(x)
+        for big in (1e200, 1.7e308, -huge):
+            for x in ({"x0": big, "x1": 0.0}, {"x0": big}):
+                assert sc.score_one(x) == np.inf, (posterior, predictive, x)
+        assert np.isfinite(sc.score_one(xs[30]))
+        sc.close()
+
+
+def test_predictive_densities_name_a_wrong_params_or_tables():
+    """The public densities took anything as params and tables: an FHMM estimator (not
+    its params_) raised AttributeError from inside, a tables of the wrong kind 'too many
+    values to unpack', of the wrong shapes read past the arrays in the compiled kernel;
+    a y of strings named nothing."""
+    from streamfhmm.kernels.exact import prepare_emission
+    m = _model(M=2, D=3, seed=63)
+    p = m.params_
+    y = np.array([0.1, 0.2, 0.3])
+    on = np.array([0.5, 0.5])
+    for f, args in ((mixture_logpdf, (y, on)), (gaussian_logpdf, (y, on)),
+                    (predicted_on_probability, (on,)), (predicted_on_probability, (None,))):
+        with pytest.raises(ValueError, match=r"^params must be FHMMParams: pass model.params_ "
+                                             r"of a fitted FHMM, not the estimator, got FHMM$"):
+            f(*args, m)
+        with pytest.raises(ValueError, match=r"^params must be FHMMParams \(e.g. model.params_\), "
+                                             r"got NoneType$"):
+            f(*args, None)
+    tables = prepare_emission(p.W, p.L)
+    assert mixture_logpdf(y, on, p, tables) == mixture_logpdf(y, on, p)
+    Linv, Ut, half_c, const = tables
+    bad_tables = [
+        ("tables", "got str 'tables'"), ((1, 2), r"got tuple \(1, 2\)"),
+        (list(tables), "got list"),
+        ((Linv[:2, :2], Ut, half_c, const), r"its Linv must be a float64 array of shape \(3, 3\) "
+                                            r"for this model, got float64 array of shape \(2, 2\)"),
+        ((Linv, Ut.astype(np.float32), half_c, const), r"its Ut must be a float64 array of shape "
+                                                       r"\(2, 3\) for this model, got float32"),
+        ((Linv, Ut, half_c[:2], const), r"its half_c must be a float64 array of shape \(4,\)"),
+        ((Linv, Ut, half_c, "c"), "its const must be a real number, got str")]
+    for bad, what in bad_tables:
+        with pytest.raises(ValueError, match=r"^tables must be kernels.exact.prepare_emission\("
+                                             rf"params.W, params.L\): .*{what}"):
+            mixture_logpdf(y, on, p, bad)
+    for f, args, name in ((mixture_logpdf, (["a", "b", "c"], on, p), "y"),
+                          (gaussian_logpdf, (y, ["a", "b"], p), "on_prob"),
+                          (predicted_on_probability, (["a", 0.5], p), "theta"),
+                          (mixture_logpdf, ({"x0": 1.0}, on, p), "y")):
+        with pytest.raises(ValueError, match=f"^{name} must be an array of real numbers, got"):
+            f(*args)

@@ -78,6 +78,7 @@ import inspect
 import math
 import numbers
 import os
+import pickle
 import tempfile
 import warnings
 
@@ -98,7 +99,7 @@ from ..kernels import exact as _kx
 from ..kernels import online as _ko
 from ..kernels import recognition as _rk
 from ..model import FHMMParams, sigmoid
-from ..stream.engine import StreamEngine
+from ..stream.engine import _RUNTIME_OVERRIDES, StreamEngine
 from ..stream.learner import ExactTables
 
 __all__ = ["FHMMTransformer", "FHMMAnomalyScorer", "UnknownFeatureWarning",
@@ -124,6 +125,42 @@ def _engine_arguments() -> frozenset:
     return frozenset(names) - {"self", *_RESERVED}
 
 
+#: adapter parameters a copy with the state (``clone(new_params, include_attributes=True)``)
+#: may change: the scorer's predictive density (read at each score), and what
+#: StreamEngine.resume applies to the copied engine (the learner's step size, a new seed)
+_CLONE_FREE = ("predictive", "learning_rate", "seed")
+#: engine_params' settings a copy's engine never writes checkpoints with
+_CHECKPOINT_SETTINGS = ("checkpoint_path", "checkpoint_every", "checkpoint_seconds")
+#: engine_params keys such a copy may change: resume's run-time overrides but the
+#: checkpoint settings (never applied to a copy) and learn_samples (a limit counted over
+#: the stream, which a resumed engine without a learner ignored)
+_CLONE_FREE_ENGINE = tuple(k for k in _RUNTIME_OVERRIDES
+                           if k not in _RESERVED and k != "learn_samples"
+                           and k not in _CHECKPOINT_SETTINGS)
+
+
+def _same_param(a, b) -> bool:
+    """Whether two parameter values are the same: equal numbers and strings, sequences
+    and dicts of the same values, other objects (a model, a network) identical or
+    pickled to the same bytes (river's clone deep-copies every parameter)."""
+    if a is b:
+        return True
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_param(u, v) for u, v in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_param(a[k], b[k]) for k in a)
+    plain = (numbers.Number, str, bytes, type(None))
+    if isinstance(a, plain) or isinstance(b, plain):
+        try:
+            return bool(a == b)
+        except Exception:   # (an array against a number)
+            return False
+    try:
+        return pickle.dumps(a) == pickle.dumps(b)
+    except Exception:
+        return False
+
+
 class UnknownFeatureWarning(UserWarning):
     """A sample holds keys outside the feature set fixed at the first ``learn_one``."""
 
@@ -131,8 +168,46 @@ class UnknownFeatureWarning(UserWarning):
 # --------------------------------------------------------------------------------------
 # the predictive density from per-chain marginals
 # --------------------------------------------------------------------------------------
+def _check_params_arg(params) -> FHMMParams:
+    """``params`` must be the model's parameters (an estimator has no n_features, alpha,
+    ...: AttributeError from deep inside)."""
+    if not isinstance(params, FHMMParams):
+        hint = " (e.g. model.params_)" if not isinstance(params, FHMM) else (
+            ": pass model.params_ of a fitted FHMM, not the estimator")
+        raise ValueError(f"params must be FHMMParams{hint}, got {type(params).__name__}")
+    return params
+
+
+def _as_floats(v, name) -> np.ndarray:
+    try:
+        return np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError):   # strings, dicts, ragged lists: numpy's message
+        raise ValueError(f"{name} must be an array of real numbers, got "   # named nothing
+                         f"{type(v).__name__} {v!r:.60}") from None
+
+
+def _check_tables(tables, params: FHMMParams):
+    """``tables`` must be :func:`kernels.exact.prepare_emission`'s ``(Linv, Ut, half_c,
+    const)`` for ``params``' shapes (the compiled kernel indexes them unchecked)."""
+    M, D = params.n_chains, params.n_features
+    want = "kernels.exact.prepare_emission(params.W, params.L): (Linv, Ut, half_c, const)"
+    if not isinstance(tables, tuple) or len(tables) != 4:
+        raise ValueError(f"tables must be {want}, got {type(tables).__name__} {tables!r:.60}")
+    Linv, Ut, half_c, const = tables
+    for name, a, shape in (("Linv", Linv, (D, D)), ("Ut", Ut, (M, D)),
+                           ("half_c", half_c, (1 << M,))):
+        if not (isinstance(a, np.ndarray) and a.dtype == np.float64 and a.shape == shape):
+            got = (f"{a.dtype} array of shape {a.shape}" if isinstance(a, np.ndarray)
+                   else type(a).__name__)
+            raise ValueError(f"tables must be {want}; its {name} must be a float64 array of "
+                             f"shape {shape} for this model, got {got}")
+    if isinstance(const, (bool, np.bool_)) or not isinstance(const, numbers.Real):
+        raise ValueError(f"tables must be {want}; its const must be a real number, got "
+                         f"{type(const).__name__}")
+
+
 def _check_probabilities(p, name, M) -> np.ndarray:
-    p = np.asarray(p, dtype=np.float64)
+    p = _as_floats(p, name)
     if p.shape != (M,):
         raise ValueError(f"{name} must have shape ({M},): one probability per chain, got shape "
                          f"{p.shape}")
@@ -144,7 +219,7 @@ def _check_probabilities(p, name, M) -> np.ndarray:
 def _check_density_args(y, on_prob, params: FHMMParams):
     """``y`` (D,) finite or NaN and ``on_prob`` (M,) in [0, 1], as float64 arrays. (The
     emission kernels index y by the model's D without bounds checks.)"""
-    y = np.ascontiguousarray(y, dtype=np.float64)
+    y = np.ascontiguousarray(_as_floats(y, "y"))
     D = params.n_features
     if y.shape != (D,):
         raise ValueError(f"y must have shape ({D},): one value per feature of the model, got "
@@ -162,6 +237,7 @@ def predicted_on_probability(theta, params: FHMMParams) -> np.ndarray:
     theta : array_like, shape (M,) or None
         Filtered ``q(s_{t-1}^m = 1)``; ``None`` at the start of a sequence.
     params : FHMMParams
+        The model's parameters (``model.params_``).
 
     Returns
     -------
@@ -173,6 +249,7 @@ def predicted_on_probability(theta, params: FHMMParams) -> np.ndarray:
     -----
     MATH.md §1 (the chain transitions). Strictly inside (0, 1) since a, b are.
     """
+    _check_params_arg(params)
     if theta is None:
         return np.array(params.startprob, dtype=np.float64)
     theta = _check_probabilities(theta, "theta", params.n_chains)
@@ -208,39 +285,51 @@ def mixture_logpdf(y, on_prob, params: FHMMParams, tables=None) -> float:
         Independent on-probabilities ``π_m`` of the chains (the mixture weights are
         ``Π_m π_m^{s_m} (1-π_m)^{1-s_m}``).
     params : FHMMParams
+        The model's parameters (``model.params_``).
     tables : tuple, optional
         ``kernels.exact.prepare_emission(params.W, params.L)``, when cached.
 
     Returns
     -------
     float
-        ``log Σ_s w(s) N(y; Wᵀŝ, Σ)``.
+        ``log Σ_s w(s) N(y; Wᵀŝ, Σ)``; ``-inf`` when it is below the float range (a
+        sample so far from the model that ``½‖L⁻¹(y - μ)‖²`` overflows, as the exact
+        filter has it: :func:`~streamfhmm.kernels.exact.leave_out_overflow`).
 
     Raises
     ------
     ValueError
         ``y`` is not of shape (D,) or holds an infinity; ``on_prob`` is not of shape (M,)
-        or leaves [0, 1].
+        or leaves [0, 1]; ``params`` is not an :class:`~streamfhmm.model.FHMMParams`;
+        ``tables`` is not the 4-tuple of ``prepare_emission`` for this model's shapes.
 
     Notes
     -----
     MATH.md §7 (the whitened emission, state by state); O(2^M (M + D)).
     """
-    M = params.n_chains
+    M = _check_params_arg(params).n_chains
     if M > MAX_EXACT_CHAINS:
         raise ValueError(f"the mixture has 2^M components; M={M} > {MAX_EXACT_CHAINS}")
     y, on_prob = _check_density_args(y, on_prob, params)
+    if tables is not None:
+        _check_tables(tables, params)
     missing = np.isnan(y)
     if missing.all():
         return 0.0
     le = np.empty(1 << M)
     if missing.any():
-        _ko.log_emission_missing(y, params.W, params.L, le)
+        mx = _ko.log_emission_missing(y, params.W, params.L, le)
     else:
         if tables is None:
             tables = _kx.prepare_emission(params.W, params.L)
         Linv, Ut, half_c, const = tables
-        _kx.log_emission(y, params.W[-1], Linv, Ut, half_c, const, np.empty(y.shape[0]), le)
+        mx = _kx.log_emission(y, params.W[-1], Linv, Ut, half_c, const, np.empty(y.shape[0]),
+                              le)
+    # a finite y whose log densities overflow (-inf, or NaN from inf - inf): below the
+    # float range, -inf as the exact filter's log p(y_t | y_<t) (it was NaN: the
+    # recognition scorer's score of the most anomalous samples, never flagged)
+    if not _kx.leave_out_overflow(le, mx)[1]:
+        return -math.inf
     return _logsumexp(_log_weights(on_prob) + le)
 
 
@@ -254,12 +343,14 @@ def gaussian_logpdf(y, on_prob, params: FHMMParams) -> float:
     on_prob : ndarray, shape (M,)
         Independent on-probabilities ``π_m``.
     params : FHMMParams
+        The model's parameters (``model.params_``).
 
     Returns
     -------
     float
         ``log N(y; μ, C)`` with ``μ = w_0 + Σ_m π_m w_m`` and
-        ``C = Σ + Σ_m π_m (1-π_m) w_m w_mᵀ`` (moment matching of :func:`mixture_logpdf`).
+        ``C = Σ + Σ_m π_m (1-π_m) w_m w_mᵀ`` (moment matching of :func:`mixture_logpdf`);
+        ``-inf`` when it is below the float range (``½‖C^{-½}(y - μ)‖²`` overflows).
 
     Raises
     ------
@@ -274,7 +365,7 @@ def gaussian_logpdf(y, on_prob, params: FHMMParams) -> float:
     whenever L is a valid factor. (The Cholesky of a formed C failed for a valid L with
     ``cond(Σ) ~ 1e16``: ``1 + ε²`` rounds to 1.)
     """
-    y, p = _check_density_args(y, on_prob, params)
+    y, p = _check_density_args(y, on_prob, _check_params_arg(params))
     Wc = params.W[:-1]
     mu = params.W[-1] + p @ Wc
     obs = ~np.isnan(y)
@@ -283,8 +374,12 @@ def gaussian_logpdf(y, on_prob, params: FHMMParams) -> float:
         return 0.0
     B = np.hstack([params.L, Wc.T * np.sqrt(p * (1.0 - p))])
     R = np.linalg.qr(B[obs].T, mode="r")   # B_oᵀ = Q R: C_oo = Rᵀ R (R's diagonal of any sign)
-    z = solve_triangular(R, y[obs] - mu[obs], trans="T", lower=False, check_finite=False)
-    return float(-0.5 * (n * LOG_2PI + z @ z) - np.log(np.abs(np.diag(R))).sum())
+    with np.errstate(over="ignore", invalid="ignore"):   # (a y far beyond the model's scale)
+        z = solve_triangular(R, y[obs] - mu[obs], trans="T", lower=False, check_finite=False)
+        zz = float(z @ z)
+    if not math.isfinite(zz):   # overflowed (inf, or NaN from inf - inf): below the range
+        return -math.inf
+    return float(-0.5 * (n * LOG_2PI + zz) - np.log(np.abs(np.diag(R))).sum())
 
 
 def _chain_marginals(alpha, M) -> np.ndarray:
@@ -431,9 +526,10 @@ class _StreamAdapter:
         self._init_transient()
 
     #: the state pickling drops and rebuilds: the engine, the dict last learnt (not its
-    #: id: ids are reused), scratch and caches, the engine's metrics once closed
+    #: id: ids are reused), scratch and caches, the engine's metrics once closed, the
+    #: error that kept close() from saving the final state
     _TRANSIENT = ("_engine", "_last_obj", "_net_cache", "_table_cache", "_state_cache",
-                  "_exact_work", "_final_metrics")
+                  "_exact_work", "_final_metrics", "_save_error")
 
     def _init_transient(self):
         """Set :attr:`_TRANSIENT` to None."""
@@ -501,19 +597,39 @@ class _StreamAdapter:
         is open again), and reports what the engine last had (:attr:`learning`,
         :meth:`metrics`); ``learn_one``, ``transform_one``, ``score_one`` and setting
         :attr:`learning` raise afterwards.
+
+        Raises
+        ------
+        RuntimeError
+            The final state could not be saved (the engine's checkpoint failed, e.g. no
+            space left for its temporary file). The adapter is closed all the same (the
+            learner thread stopped, :meth:`metrics` the engine's last), but it cannot be
+            pickled or cloned with its attributes: that raises RuntimeError too. The
+            error that stopped the save is the cause (``__cause__``).
         """
         if self._closed:
             return
         engine = self._engine
+        error = None
         if engine is not None:
             try:
                 self._learning = engine.learning
                 self._saved = self._engine_state()
-            finally:
-                engine.close()
-                self._final_metrics = engine.metrics()
-                self._engine = None
+            except BaseException as exc:   # closed all the same (it was left half open:
+                error = exc                # no engine, not closed, raw errors from every call)
+            self._save_error = error
+            self._engine = None
+            self._state_cache = None
+            self._closed = True
+            engine.close()   # (does not raise: a failed last checkpoint goes to its metrics)
+            self._final_metrics = engine.metrics()
         self._closed = True
+        if error is not None:
+            if not isinstance(error, Exception):   # (KeyboardInterrupt, ...)
+                raise error
+            raise RuntimeError(f"{type(self).__name__} closed, but its final state could not be "
+                               f"saved ({type(error).__name__}: {error}): it cannot be pickled "
+                               f"or cloned with its attributes") from error
 
     def __enter__(self):
         return self
@@ -742,7 +858,20 @@ class _StreamAdapter:
         Parameters
         ----------
         new_params : dict, optional
-            Parameters to change.
+            Parameters to change. With ``include_attributes`` and a state that has an
+            engine (the adapter has learnt a sample), only those the copied engine can
+            take: ``predictive``, ``learning_rate`` (the copy's learner steps with it),
+            ``seed`` (the copy's reservoir and minibatches are drawn from it, afresh) and,
+            in ``engine_params``, StreamEngine's run-time settings (``learner_duty``,
+            ``lr_decay_steps``, ``min_learning_rate``, ``snapshot_interval``,
+            ``latency_window``, ``blas_threads``; the checkpoint settings, which a copy
+            never applies, see below). Any other change (the model or its structure, the
+            posterior, the features, ``learn``, the warm-up, reservoir and batch settings,
+            the engine's other settings) contradicts the copied state and raises
+            ValueError naming it; switch the copy's learner with :attr:`learning`, or
+            clone without the attributes for a fresh estimator. Values equal to the
+            current ones are no change. A copy of an adapter yet to learn its first
+            sample takes any parameters (it starts its engine from them).
         include_attributes : bool
             Also copy the state (the feature order, the counters, the engine), as a pickle
             round trip does: the copy has its own engine (and learner thread, if learning)
@@ -758,18 +887,88 @@ class _StreamAdapter:
         Returns
         -------
         FHMMTransformer or FHMMAnomalyScorer
+
+        Raises
+        ------
+        ValueError
+            A new parameter is invalid, or (``include_attributes``) contradicts the
+            copied engine (see ``new_params``); nothing is copied or started.
+        RuntimeError
+            (``include_attributes``) The adapter's final state could not be saved when
+            it was closed.
         """
+        unknown = sorted(set(new_params or {}) - set(self._get_params()), key=str)
+        if unknown:   # (a TypeError from the constructor)
+            raise ValueError(f"new_params has unknown parameters {unknown}; expected some of "
+                             f"{sorted(self._get_params())}")
         fresh = super().clone(new_params)
         if include_attributes:
+            overrides = dict.fromkeys(_CHECKPOINT_SETTINGS)
+            if self._engine is not None or self._saved is not None:   # (checked first)
+                overrides.update(self._clone_overrides(fresh, new_params or {}))
             state = self.__getstate__()
             for name in fresh._get_params():  # the clone's own parameters stay
                 state.pop(name, None)
             engine_state = state.pop("_engine_state")  # (restored into a new engine)
+            if engine_state is None:   # nothing learnt: what the parameters decide is its own
+                state.pop("_keys_out", None)
+                if not _same_param(self.learn, fresh.learn):
+                    state.pop("_learning", None)
             state = copy.deepcopy(state)  # the window, forward message, ... are the copy's own
             state["_engine_state"] = engine_state
-            fresh._restore(state, checkpoint_path=None, checkpoint_every=None,
-                           checkpoint_seconds=None)
+            fresh._restore(state, **overrides)
         return fresh
+
+    def _clone_overrides(self, fresh, new_params) -> dict:
+        """The :meth:`StreamEngine.resume` overrides that give the copy of this adapter's
+        engine ``fresh``'s parameters (``new_params`` changed); ValueError naming those
+        the copied engine cannot take (they were silently ignored, or failed later: a new
+        ``n_chains`` or ``features`` kept the old engine while reporting the new values,
+        a new ``posterior`` raised AttributeError at the first transform)."""
+        overrides, refused = {}, []
+        for name, value in new_params.items():
+            if _same_param(getattr(self, name, None), value):
+                continue
+            if name == "learning_rate":
+                overrides["learning_rate"] = float(fresh.learning_rate)
+            elif name == "seed":   # (None: fresh entropy; resume's None keeps the state's)
+                overrides["random_state"] = (fresh.seed if fresh.seed is not None
+                                             else np.random.default_rng())
+            elif name in _CLONE_FREE:
+                pass
+            elif name == "engine_params":
+                old, new = self.engine_params or {}, fresh.engine_params or {}
+                defaults = inspect.signature(StreamEngine.__init__).parameters
+                for k in sorted(set(old) | set(new), key=str):
+                    if k in old and k in new and _same_param(old[k], new[k]):
+                        continue
+                    if k in _CLONE_FREE_ENGINE:
+                        overrides[k] = new[k] if k in new else (
+                            None if k == "blas_threads" else defaults[k].default)
+                    elif k not in _CHECKPOINT_SETTINGS:
+                        refused.append(f"engine_params[{k!r}]")
+            elif name in ("n_chains", "window", "n_hidden", "share_hidden"):
+                # (ignored when a model is given: a change of the model's structure only)
+                if fresh._structure() != self._structure():
+                    refused.append(name)
+            elif name == "posterior":   # ("auto" and what it resolves to are the same)
+                if fresh._resolved_posterior() != self._resolved_posterior():
+                    refused.append(name)
+            elif name == "features":   # (the order fixed from the first dict is no change)
+                if value is None or not _same_param(tuple(value), self._features):
+                    refused.append(name)
+            else:   # model, learn, warmup*, reservoir_size, batch_size
+                refused.append(name)
+        if refused:
+            hint = (" (switch the copy's learner with its `learning` property instead)"
+                    if "learn" in refused else "")
+            raise ValueError(
+                f"{type(self).__name__}.clone(new_params, include_attributes=True) cannot "
+                f"change {', '.join(refused)}: the copied state (its engine) was built with "
+                f"the current value{hint}; clone without include_attributes for a fresh "
+                f"estimator with them. It may change {', '.join(_CLONE_FREE)} and "
+                f"engine_params' {', '.join(_CLONE_FREE_ENGINE)}")
+        return overrides
 
     def _state_key(self):
         m = self._engine.metrics()
@@ -799,6 +998,11 @@ class _StreamAdapter:
         return state
 
     def __getstate__(self):
+        error = getattr(self, "_save_error", None)
+        if error is not None:   # (its copy would be ready, without parameters or engine)
+            raise RuntimeError(f"this {type(self).__name__} cannot be copied: its final state "
+                               f"could not be saved when it was closed "
+                               f"({type(error).__name__}: {error})")
         state = self.__dict__.copy()
         for k in (*self._TRANSIENT, "_saved"):
             state.pop(k, None)

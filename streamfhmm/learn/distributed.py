@@ -126,19 +126,33 @@ def _is_path(source) -> bool:
     return isinstance(source, (str, os.PathLike))
 
 
+#: the ``.npy`` format versions read, and numpy's public reader of each header. 3.0 is
+#: 2.0 with a UTF-8 header instead of latin-1 (numpy writes it only for field names
+#: latin-1 cannot encode, i.e. structured dtypes, which a chunk cannot hold): the
+#: header's length field and every descr, shape and order a chunk can have are the same
+#: bytes. (numpy's private reader of any version, used before, is gone in numpy 2:
+#: AttributeError for a valid 3.0 file.)
+_NPY_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0,
+                (3, 0): np.lib.format.read_array_header_2_0}
+
+
 def _npy_header(path: str):
     """Shape, Fortran order, dtype and data offset (bytes) of a ``.npy`` file, from its
-    header only."""
+    header only; ValueError for a file that is not one, or of a format version other
+    than 1.0, 2.0 and 3.0."""
     with open(path, "rb") as fh:
         try:
             version = np.lib.format.read_magic(fh)
-            if version == (1, 0):
-                header = np.lib.format.read_array_header_1_0(fh)
-            elif version == (2, 0):
-                header = np.lib.format.read_array_header_2_0(fh)
-            else:  # later format versions: numpy's private reader handles them
-                header = np.lib.format._read_array_header(fh, version)
         except ValueError as exc:
+            raise ValueError(f"chunk {path!r} is not a .npy file: {exc}") from None
+        read = _NPY_READERS.get(version)
+        if read is None:
+            raise ValueError(f"chunk {path!r} is a .npy file of an unsupported format version "
+                             f"{version[0]}.{version[1]} (expected 1.0, 2.0 or 3.0)")
+        try:
+            header = read(fh)
+        except (ValueError, TypeError) as exc:   # (TypeError: a header numpy cannot parse)
             raise ValueError(f"chunk {path!r} is not a .npy file: {exc}") from None
         return (*header, fh.tell())
 
@@ -934,7 +948,9 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         Append to ``history`` every so many steps, at least 1 (default: 100 entries
         per run).
     state : SVIState, optional
-        Continue this state.
+        Continue this state (updated in place, also by the steps of a fit that fails
+        part-way; a call refused, or failing before its first step, e.g. a chunk a
+        worker cannot open, leaves it as it was, its ``covariance_type`` included).
     callback : callable, optional
         ``callback(state)`` after each logged step.
     workers : list of str, optional
@@ -997,10 +1013,13 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     state = start_state(state, params, net, decay, covariance_type)
     desc = _describe_chunks(chunks)
     D = desc[0].n_features
-    if continued and covariance_type is not None:
-        state.covariance_type = check_covariance_type(covariance_type)
+    # a continued state's new family is set once every check has passed (before, a
+    # refused call left it changed, and a fit failing before its first step stored the
+    # model projected onto it)
+    ctype = (check_covariance_type(covariance_type) if continued and covariance_type is not None
+             else state.covariance_type)
     packer, net = state.packer, state.net
-    cov_mode = covariance_mode(state.covariance_type)
+    cov_mode = covariance_mode(ctype)
     if packer.n_features != D or net.n_features != D:
         raise ValueError(f"the chunks have {D} features but the model has {packer.n_features} "
                          f"and the networks {net.n_features}")
@@ -1039,28 +1058,33 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
             "n_hidden_total": net.n_groups * net.n_hidden, "subchain_length": L,
             "max_blocks": batch_size}
 
-    previous_direct = client.direct_to_workers
-    if direct_to_workers is not None:
-        client.direct_to_workers = bool(direct_to_workers)
     pool = _ShardPool(client, desc, shards, spec, addresses, workers is not None,
                       setup_timeout, step_timeout,
                       max_recoveries)
-    _ks.constrain_model(state.model_vec, state.opt.sq, packer.n_chains, D, cov_mode)
 
     def project(g):  # the workers' full gradients onto the covariance family
         _ks.constrain_model_grad(g, packer.n_chains, D, cov_mode)
 
-    x = state.state_vector()
     nm = packer.size
     units = np.empty(nm)   # the model's steps in the data's units, as the local kernel's
     _ks.model_units(packer.n_chains, D, net.scale, units)
-    grad = np.empty_like(x)
     opt = state.opt
     log_every = log_every or max(1, min(max_iter // 100, 500))
+    # what a fit failing before its first step restores: the caller's state as it was
+    # (the workers' start is where a bad .npy chunk or a lost cluster shows)
+    before = (state.covariance_type, state.model_vec.copy(), opt.sq.copy(), state.seconds)
     bar = None
     limiter = None
+    steps = 0
+    previous_direct = client.direct_to_workers
     t0 = time.perf_counter()
     try:
+        state.covariance_type = ctype
+        _ks.constrain_model(state.model_vec, opt.sq, packer.n_chains, D, cov_mode)
+        x = state.state_vector()
+        grad = np.empty_like(x)
+        if direct_to_workers is not None:
+            client.direct_to_workers = bool(direct_to_workers)
         pool.start()  # counts against time_budget, as the whole fit does
         if progress:
             from tqdm.auto import tqdm
@@ -1092,6 +1116,7 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
                                          f"{state.iteration + 1}; parameters left at the "
                                          f"previous step")
             opt.steps += 1
+            steps += 1
             count_step(state, value)
             acc_compute += compute
             acc_wall += time.perf_counter() - ts
@@ -1111,10 +1136,17 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
         # the steps taken so far, also when a step fails (iteration and the RMSprop
         # statistics already count them: the state stays consistent and can continue);
         # not a vector a diverging step overflowed (the error says so; writing it would
-        # raise here and hide that error)
-        state.seconds += time.perf_counter() - t0
-        if np.isfinite(x).all():
-            store(state, x)
+        # raise here and hide that error). A fit that failed before its first step
+        # leaves the state as it was.
+        if steps:
+            state.seconds += time.perf_counter() - t0
+            if np.isfinite(x).all():
+                store(state, x)
+        else:
+            state.covariance_type = before[0]
+            state.model_vec[:] = before[1]   # (constrain_model projected them in place)
+            opt.sq[:] = before[2]
+            state.seconds = before[3]
         if limiter is not None:
             limiter.release()
         if bar is not None:

@@ -276,10 +276,45 @@ def _check_path(path, name: str = "checkpoint_path"):
     return None if path is None else path_str(path, name)
 
 
-def _same_file(a, b) -> bool:
-    """Whether checkpoints to paths ``a`` and ``b`` write the same file."""
+def _check_new_path(path, name: str = "checkpoint_path"):
+    """:func:`_check_path`, and ValueError unless a checkpoint can go there: ``path``
+    names a directory, or the directory it would go in does not exist (an engine built
+    so failed every periodic checkpoint and its last one at close, which only
+    ``metrics()["checkpoint_error"]`` reported). For a path given now (to the
+    constructor, or to :meth:`StreamEngine.resume`), not for the one a resumed
+    checkpoint recorded: that may name a directory of another machine, or one removed
+    since."""
     from ..io.checkpoint import npz_target
-    return os.path.abspath(npz_target(a)) == os.path.abspath(npz_target(b))
+    path = _check_path(path, name)
+    if path is None:
+        return None
+    try:
+        npz_target(path, name)
+    except FileNotFoundError:
+        target = path if path.endswith(".npz") else path + ".npz"
+        raise ValueError(f"{name} {path!r} cannot be written: its directory "
+                         f"{os.path.dirname(os.path.abspath(target))!r} does not exist "
+                         f"(create it first)") from None
+    return path
+
+
+def _npz_file(path: str) -> str:
+    """The absolute name of the file a checkpoint to ``path`` writes (``.npz`` appended
+    unless it ends so), from the name alone: nothing is checked."""
+    return os.path.abspath(path if path.endswith(".npz") else path + ".npz")
+
+
+def _same_file(path, own: str) -> bool:
+    """Whether a checkpoint to ``path`` writes the engine's own ``checkpoint_path``
+    file ``own``.
+
+    Only ``path``, the file about to be written, is checked
+    (:func:`~streamfhmm.io.checkpoint.npz_target`); ``own`` is compared by name. (Both
+    were checked: once the directory of the configured path was gone, every checkpoint
+    to any other file failed with FileNotFoundError, e.g. the temporary copies through
+    which a river adapter pickles, clones and closes.)"""
+    from ..io.checkpoint import npz_target
+    return os.path.abspath(npz_target(path)) == _npz_file(own)
 
 
 def _save_newest(guard, path, position: int, arrays: dict, meta: dict):
@@ -379,7 +414,9 @@ class StreamEngine:
         unless those cannot start the model (too few with a value): then the whole
         warm-up.
     checkpoint_path : str or path-like, optional
-        Where periodic checkpoints (and a final one at :meth:`close`) go.
+        Where periodic checkpoints (and a final one at :meth:`close`) go; ``.npz`` is
+        appended when missing. It must name a file in an existing directory
+        (ValueError otherwise).
     checkpoint_every : int, optional
         Write a checkpoint every so many samples (warm-up included; checked after
         each push, and once per ``push_many`` block during the warm-up).
@@ -443,7 +480,8 @@ class StreamEngine:
                    learning_rate=learning_rate, lr_decay_steps=lr_decay_steps,
                    min_learning_rate=min_learning_rate, decay=decay,
                    snapshot_interval=snapshot_interval, learner_duty=learner_duty,
-                   net_burnin=net_burnin, learn_samples=learn_samples, checkpoint_path=_check_path(checkpoint_path),
+                   net_burnin=net_burnin, learn_samples=learn_samples,
+                   checkpoint_path=_check_new_path(checkpoint_path),
                    checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds,
                    latency_window=latency_window, blas_threads=blas_threads,
                    n_chains=model.n_chains, window=model.window, n_hidden=model.n_hidden,
@@ -1875,7 +1913,10 @@ class StreamEngine:
         Raises
         ------
         ValueError
-            The file is not a valid checkpoint, or an override is unknown.
+            The file is not a valid checkpoint, an override is unknown, or an explicit
+            ``checkpoint_path`` names a directory or a file in a directory that does not
+            exist (the path the checkpoint recorded is taken as it is: a failed periodic
+            checkpoint is reported in ``metrics()["checkpoint_error"]``).
         FileNotFoundError
             ``path`` does not exist.
         """
@@ -1956,7 +1997,7 @@ class StreamEngine:
         cfg = dict(meta["config"])
         cfg.setdefault("learner_duty", DEFAULT_LEARNER_DUTY)  # checkpoints from before it existed
         random_state = overrides.pop("random_state", None)
-        cfg.update({k: (_check_path(v) if k == "checkpoint_path" else v)
+        cfg.update({k: (_check_new_path(v) if k == "checkpoint_path" else v)
                     for k, v in overrides.items()})
         self = cls.__new__(cls)
         self._closed = True
