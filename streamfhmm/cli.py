@@ -1050,7 +1050,8 @@ def _serve(args, state) -> int:
                                     max_streams=args.max_streams, wait_subscribers=args.wait_subscribers,
                                     batch_size=_SERVE_BATCH, retire_idle=args.retire_idle,
                                     checkpoint_retain=args.checkpoint_retain,
-                                    learn_idle=(60.0 if args.learn_idle is None
+                                    learn_idle=(None if not (args.learn or args.cold)
+                                                else 60.0 if args.learn_idle is None
                                                 else args.learn_idle or None),
                                     batch_wait=min(args.batch_wait * 1e-6, 1.0), lane=not args.no_lane)
         except CheckpointError as exc:

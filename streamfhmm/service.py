@@ -363,6 +363,14 @@ def _engine_key(engine):
         return None
 
 
+def _learning(engine) -> bool:
+    """Whether ``engine`` has a learner that learns (False if it cannot say)."""
+    try:
+        return bool(getattr(engine, "learning", False))
+    except Exception:  # noqa: BLE001 - a host engine's must not stop the service
+        return False
+
+
 def _engine_steps(engine) -> int:
     """The learner steps ``engine`` has taken (0 if it cannot say)."""
     try:
@@ -986,22 +994,28 @@ class StreamService:
         for st in ([stream] if stream is not None else list(self.streams.values())):
             self._checkpoint(st)
 
-    def _checkpoint(self, st: _Stream, final: bool = False, ended: bool | None = None) -> bool:
+    def _checkpoint(self, st: _Stream, final: bool = False, ended: bool | None = None,
+                    engine_file: bool = True) -> bool:
         """Checkpoint one stream (engine file, then its record); whether it was written.
+        Without ``engine_file`` only the record is written again, naming the engine file
+        there (an ended stream unchanged since its end checkpoint: :meth:`_end_stands`),
+        dated now as a full checkpoint would be (``checkpoint_retain`` counts from it at
+        a start); not counted in ``checkpoints``.
 
         A failure is counted and logged (rate-limited); one at shutdown (``final``) is
         always logged and its stream named in :attr:`final_checkpoint_failures`. The
         record of an ended stream says so (``"ended"``; ``ended`` overrides ``st.ended``):
         it resumes when its topic comes back, not at the next start."""
         stem = os.path.join(self.checkpoint_dir, _stream_stem(st.topic))
-        gen = st.generation + 1
+        gen = st.generation + 1 if engine_file else st.generation
         path = _engine_file(stem, gen)
         try:
             if not os.path.isdir(self.checkpoint_dir):   # deleted while the service runs
                 os.makedirs(self.checkpoint_dir, exist_ok=True)
                 logger.warning("the checkpoint directory %s was missing: made it again",
                                self.checkpoint_dir)
-            st.engine.checkpoint(path)
+            if engine_file:
+                st.engine.checkpoint(path)
             rec = {"format": _RECORD_TAG, "version": _RECORD_VERSION, "topic": st.topic.hex(),
                    "seq": st.last_seq, "t_next": st.t_next, "generation": gen,
                    "file": os.path.basename(path), "time": time.time(),
@@ -1021,10 +1035,12 @@ class StreamService:
             else:
                 self._log("checkpoint", "checkpoint of stream %r failed: %s", st.name, exc)
             return False
-        old = _engine_file(stem, st.generation)
-        st.generation = gen
         st.since_checkpoint = 0
         st.record_ended = rec["ended"]
+        if not engine_file:
+            return True
+        old = _engine_file(stem, st.generation)
+        st.generation = gen
         self.counters["checkpoints"] += 1
         if os.path.exists(old):
             try:
@@ -1501,8 +1517,8 @@ class StreamService:
         # (ended in the record: resumed when its topic comes back, not at a start); the
         # end checkpoint stands if nothing changed since (its learner is held): under
         # churn the second write doubled the checkpoint traffic
-        if (self.checkpoint_dir is not None and not self._unchanged_since_end(st)
-                and not self._checkpoint(st, ended=True)):
+        if (self.checkpoint_dir is not None
+                and not self._checkpoint(st, ended=True, engine_file=not self._end_stands(st))):
             st.retire_failed = time.monotonic()
             return False
         self._steps_retired += _engine_steps(st.engine)
@@ -1521,10 +1537,14 @@ class StreamService:
                     else "no checkpoint directory: its topic coming back starts a new engine")
         return True
 
-    def _unchanged_since_end(self, st: _Stream) -> bool:
-        """Whether ``st``'s end checkpoint (record ended) holds its engine as it is."""
-        return (st.end_key is not None and st.ended and st.record_ended
-                and _engine_key(st.engine) == st.end_key)
+    def _end_stands(self, st: _Stream) -> bool:
+        """Whether ``st``'s end checkpoint (record ended) holds its engine as it is, and
+        its files are still there (a directory removed meanwhile is written afresh)."""
+        if not (st.end_key is not None and st.ended and st.record_ended
+                and _engine_key(st.engine) == st.end_key):
+            return False
+        stem = os.path.join(self.checkpoint_dir, _stream_stem(st.topic))
+        return os.path.isfile(_engine_file(stem, st.generation)) and os.path.isfile(f"{stem}.json")
 
     def _release(self, topic: bytes):
         """The source may give up the bookkeeping of a topic not served (when it can)."""
@@ -1710,7 +1730,7 @@ class StreamService:
             if not st.ended and not keep:
                 self._flush(st)
             if self.checkpoint_dir is not None:
-                written = self._unchanged_since_end(st) or self._checkpoint(st, final=True)
+                written = self._checkpoint(st, final=True, engine_file=not self._end_stands(st))
                 if keep and not written and not st.ended:
                     self._flush(st)
             try:
@@ -1724,7 +1744,7 @@ class StreamService:
         """Counters of the service (and, with ``engines``, each engine's ``metrics()``).
 
         Keys: ``samples``, ``posteriors``, ``streams``, ``learners_held`` (streams whose
-        learner is held: ended, or idle for ``learn_idle``), ``malformed`` (by kind),
+        learner, learning, is held: ended, or idle for ``learn_idle``), ``malformed`` (by kind),
         ``malformed_total``, ``gaps``, ``gap_samples``, ``stale``, ``restarts``,
         ``input_disconnects`` (input connections that ended: a publisher leaving, or
         libzmq dropping one for a frame past the size bound), ``input_reconnects`` (the
@@ -1745,7 +1765,8 @@ class StreamService:
         out = dict(self.counters)
         out["streams_full"] += getattr(self.source, "untracked", 0)
         out.update(streams=len(self.streams),
-                   learners_held=sum(st.held for st in list(self.streams.values())),
+                   learners_held=sum(st.held and _learning(st.engine)
+                                     for st in list(self.streams.values())),
                    malformed=dict(self.source.errors),
                    malformed_total=self.source.n_malformed,
                    gaps=sum(s.gaps for s in seqs), gap_samples=sum(s.gap_samples for s in seqs),

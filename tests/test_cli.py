@@ -570,10 +570,11 @@ def test_serve_exits_1_when_a_shutdown_checkpoint_failed(files, tmp_path, capsys
                                             f"written in {ckpt}")
 
 
-@pytest.mark.parametrize("extra, expected", [([], 60.0), (["--learn-idle", "2.5"], 2.5),
-                                             (["--learn-idle", "0"], None)])
+@pytest.mark.parametrize("extra, expected", [(["--learn"], 60.0), (["--learn", "--learn-idle", "2.5"], 2.5),
+                                             (["--learn", "--learn-idle", "0"], None), ([], None)])
 def test_serve_passes_learn_idle_to_the_service(files, capsys, monkeypatch, extra, expected):
-    """--learn-idle SECONDS (default 60; 0: never) holds an idle stream's learner."""
+    """--learn-idle SECONDS (default 60; 0: never) holds an idle stream's learner
+    (without --learn there is none to hold)."""
     import streamfhmm.cli as cli
     import streamfhmm.service as service
     seen = []
@@ -583,7 +584,7 @@ def test_serve_passes_learn_idle_to_the_service(files, capsys, monkeypatch, extr
         return self.metrics()
     monkeypatch.setattr(cli, "_warm_engine", lambda *a, **k: None)
     monkeypatch.setattr(service.StreamService, "run", run)
-    code, _, err = _run(["serve", "--model", files["model"], "--learn", "--sub", "tcp://127.0.0.1:*",
+    code, _, err = _run(["serve", "--model", files["model"], "--sub", "tcp://127.0.0.1:*",
                          "--bind", "--pub", "tcp://127.0.0.1:*"] + extra, capsys)
     assert code == 0, err
     assert seen == [expected]

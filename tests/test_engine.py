@@ -1055,16 +1055,18 @@ def test_a_stream_that_starts_with_dead_sensors_warms_up_on_warmup_samples_with_
 
 
 def test_the_learner_gets_no_subchain_without_a_value():
-    """A subchain with no value tells nothing of the model (its ELBO is at most 0,
-    the prior's): neither the warm-up's reservoir nor the running stream hands one to
-    the learner, whose running ELBO an outage raised towards 0. Subchains with some
-    values go in, missing ones and all."""
+    """A subchain with no value where its ELBO counts (the L positions after the first)
+    tells nothing of the model (no emission term: its ELBO is at most the prior's 0):
+    neither the warm-up's reservoir nor the running stream hands one to the learner,
+    whose running ELBO an outage raised towards 0. Subchains with some values there go
+    in, missing ones and all; outages at every phase of the subchains' stride."""
     seed = 76
     model = _model(M=2, D=2, window=3, n_hidden=4, seed=seed)
     X = _data(model, 3000, seed=seed + 1)
     X[:400:2] = np.nan                 # the warm-up: every other sample empty ...
     X[200:300] = np.nan                # ... and an outage of 100 samples
-    X[1500:1800] = np.nan              # one of 300 while running
+    for a in range(1000, 2900, 50):    # outages of 20 samples while running, at 3 phases
+        X[a + (a // 50) % 3:a + 20 + (a // 50) % 3] = np.nan
     fed = []
     with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter", learn=True,
                       warmup=300, warmup_steps=20, reservoir_size=5000,
@@ -1076,16 +1078,19 @@ def test_the_learner_gets_no_subchain_without_a_value():
             seeded = lr.reservoir.data[:lr.reservoir.size].copy()
         feed = lr.feed
         lr.feed = lambda seg, t: (fed.append(seg), feed(seg, t))
-        for x in X[700:1000]:
+        for x in X[700:1200]:
             eng.push(x)
-        eng.push_many(X[1000:])
+        eng.push_many(X[1200:])
+        off, L = lr.net.offset, lr.subchain_length
     S = seeded.shape[1]
-    print(f"subchains of {S}: {len(seeded)} from the warm-up, {len(fed)} fed while running")
-    assert len(seeded) > 50 and len(fed) > 100
+    print(f"subchains of {S} (counted rows {off + 1}..{off + L}): {len(seeded)} from the "
+          f"warm-up, {len(fed)} fed while running")
+    assert S == off + L + 1 and len(seeded) > 50 and len(fed) > 100
     for segs in (seeded, np.array(fed)):
-        empty = np.isnan(segs).all(axis=(1, 2))
-        assert not empty.any()
-        assert np.isnan(segs).all(axis=2).any(axis=1).any()   # (partly empty ones go in)
+        empty = np.isnan(segs).all(axis=2)                    # (n, S): rows without a value
+        assert not empty[:, off + 1:].all(axis=1).any()
+        assert empty[:, off + 1:].any(axis=1).any()           # (partly empty ones go in)
+        assert empty[:, :off + 1].all(axis=1).any()           # (empty context, counted values)
 
 
 def test_a_warmup_keeps_only_its_samples_with_a_value(tmp_path, monkeypatch):

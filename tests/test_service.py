@@ -1269,6 +1269,8 @@ def test_the_learner_of_an_ended_stream_is_held_until_it_goes_on(tmp_path):
 
 
 class CountingPauseEngine(PausingFakeEngine):
+    learning = True
+
     def __init__(self):
         super().__init__()
         self.calls = []
@@ -1380,6 +1382,7 @@ def test_a_retired_stream_unchanged_since_its_end_is_not_checkpointed_again(tmp_
     try:
         feed(*[encode_sample(b"a", q, 0.0, X[q]) for q in range(50)], _end(b"a", 49))
         assert svc.counters["checkpoints"] == 1
+        assert svc.metrics(engines=False)["learners_held"] == 0   # (no learner to hold)
         end_file = read_stream_record(str(d / "stream-61.json"))["file"]
         feed(encode_sample(b"b", 0, 0.0, X[0]))             # a retired for b: not written again
         assert svc.counters["retired"] == 1 and svc.counters["checkpoints"] == 1
@@ -1396,6 +1399,39 @@ def test_a_retired_stream_unchanged_since_its_end_is_not_checkpointed_again(tmp_
     assert svc.counters["checkpoints"] == n                 # (a, unchanged, not at shutdown)
     rec = read_stream_record(str(d / "stream-61.json"))
     assert rec["ended"] and (rec["seq"], rec["t_next"]) == (50, 51)
+
+
+def test_an_end_checkpoint_kept_is_dated_again_and_needs_its_files(tmp_path):
+    """Keeping an ended stream's end checkpoint at its retirement skipped what the
+    write did besides: a checkpoint directory removed since was not made again (the
+    stream's state lost), and the record kept its end time, so that a start with
+    checkpoint_retain removed the checkpoint of a stream served until the stop. The
+    engine file is written afresh when the files are gone, the record always."""
+    import shutil
+    Engine, X = _real_engine_class(82, learn=False)
+    d = tmp_path / "ckpt"
+    svc, feed, close = _direct_service(tmp_path, engine=Engine, max_streams=1)
+    try:
+        feed(*[encode_sample(b"a", q, 0.0, X[q]) for q in range(50)], _end(b"a", 49))
+        shutil.rmtree(d)
+        feed(encode_sample(b"b", 0, 0.0, X[0]))             # a retired: written afresh
+        assert svc.counters["checkpoints"] == 2 and _stream_files(d, "stream-61")
+        feed(_end(b"b", 0), encode_sample(b"a", 50, 0.0, X[50]))
+        assert svc.streams[b"a"].t_next == 51               # (resumed)
+    finally:
+        close()
+    d = tmp_path / "stop" / "ckpt"
+    svc, feed, close = _direct_service(tmp_path / "stop", engine=Engine)
+    feed(*[encode_sample(b"a", q, 0.0, X[q]) for q in range(50)], _end(b"a", 49))
+    _age_records(d, 7200)                                   # ended two hours ago ...
+    close()                                                 # ... and served until now
+    svc, feed, close = _direct_service(tmp_path / "stop", engine=Engine, checkpoint_retain=3600.0)
+    try:
+        assert svc.counters["checkpoints_removed"] == 0
+        feed(encode_sample(b"a", 50, 0.0, X[50]))
+        assert svc.streams[b"a"].t_next == 51
+    finally:
+        close()
 
 
 def test_a_learner_step_after_the_end_checkpoint_is_written_at_retirement(tmp_path):
@@ -1947,7 +1983,7 @@ def test_metrics_server(harness):
     assert "streamfhmm_samples_total 5.0" in text
     assert 'streamfhmm_malformed_total{kind="frames"} 1.0' in text
     assert 'streamfhmm_engine_samples{topic="s"} 5.0' in text
-    assert "streamfhmm_learners_held 1.0" in text      # (s ended)
+    assert "streamfhmm_learners_held 0.0" in text      # (s ended, but has no learner)
     for bad in (-1, 65536, "9100", 1.5):
         with pytest.raises(ValueError, match=r"port must be an integer in \[0, 65535\]"):
             start_metrics_server(h.service, bad)

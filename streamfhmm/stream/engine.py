@@ -246,12 +246,14 @@ def _n_valued(Y) -> int:
     return int((~np.isnan(Y).all(axis=1)).sum())
 
 
-def _informative(seg) -> bool:
-    """Whether subchain ``seg`` (S, D) holds a value. One without tells nothing of
-    the model: its ELBO is at most 0, reached by the prior, so in the reservoir it
-    would only spend steps teaching the networks the prior and raise the running
-    ELBO (a sensor's outage would look like a good fit)."""
-    return not np.isnan(seg).all()
+def _informative(seg, counted: slice) -> bool:
+    """Whether subchain ``seg`` (S, D) holds a value at a position its ELBO counts
+    (rows ``counted``; the others are the first position's context and the networks'
+    window). One without tells nothing of the model: its ELBO has no emission term
+    and is at most 0, reached by the prior, so in the reservoir it would only spend
+    steps teaching the networks to answer the prior whatever the values around, and
+    raise the running ELBO (a sensor's outage would look like a good fit)."""
+    return not np.isnan(seg[counted]).all()
 
 
 def _moment_scaler(params: FHMMParams):
@@ -856,8 +858,9 @@ class StreamEngine:
             learner = self._make_learner(params, self._learner_net,
                                          self._cfg["net_burnin"] if fresh else 0)
             S, L = self._S, self._L
+            counted = self._counted(learner)
             for end in range(S - 1, n_fit, L):
-                if _informative(Y[end - S + 1:end + 1]):
+                if _informative(Y[end - S + 1:end + 1], counted):
                     learner.reservoir.offer(Y[end - S + 1:end + 1].copy(), self._seq_start + end)
             t0 = time.perf_counter()
             chunk = self._cfg["snapshot_interval"]
@@ -1371,9 +1374,17 @@ class StreamEngine:
         """Hand the learner a copy of subchain ``seg`` (S samples) ending at ``t``, unless
         it holds a value beyond 1e150 in magnitude (its gradient overflows, and in the
         reservoir it would spoil every minibatch that drew it for a long time) or no
-        value at all (see :func:`_informative`)."""
-        if _informative(seg) and not (np.abs(seg) > MAX_ABS_VALUE).any():
-            self._learner.feed(seg.copy(), t)
+        value where its ELBO counts (see :func:`_informative`)."""
+        learner = self._learner
+        if _informative(seg, self._counted(learner)) and not (np.abs(seg) > MAX_ABS_VALUE).any():
+            learner.feed(seg.copy(), t)
+
+    def _counted(self, learner) -> slice:
+        """The rows of a segment whose positions the learner's ELBO counts: the L after
+        the first, which its network's window centres (or ends) at row ``offset``
+        (``kernels.online.svi_run``)."""
+        off = learner.net.offset
+        return slice(off + 1, off + 1 + self._L)
 
     def _exact_chunk(self, Xc, out, extra_flags):
         m = Xc.shape[0]
