@@ -106,21 +106,35 @@ def _as_float_array(x, name: str, keep_scalar: bool = False) -> np.ndarray:
 #: start and its learner's subchains): it squares them (1e150² = 1e300; 1e160 made every
 #: start fail with "W must be finite")
 MAX_ABS_VALUE = 1e150
+#: the least magnitude of a feature's largest value a fit takes: below, its squares (1e-300)
+#: and its variance underflow (1e-155 made SVI's first gradient non-finite; 1e-170 gave
+#: every method a "fit" with loadings of 1e169 and a log-likelihood of -764 per step)
+MIN_ABS_SCALE = 1e-150
 
 
 def check_fit_magnitude(X: np.ndarray, name: str = "X", row0: int = 0) -> np.ndarray:
     """``X`` (checked by :func:`check_observations`) if every value is within
-    ±:data:`MAX_ABS_VALUE`, else a ValueError that names the first one beyond (its row
+    ±:data:`MAX_ABS_VALUE` and no column's largest magnitude is below
+    :data:`MIN_ABS_SCALE` but above 0, else a ValueError that names the first one beyond (its row
     counted from ``row0``: ``X`` a block of a larger array): a fit's sufficient
     statistics square the observations, and overflowed to an error about non-finite
     parameters. (Inference with fitted parameters takes such values.)"""
     with np.errstate(invalid="ignore"):
-        big = np.abs(X) > MAX_ABS_VALUE
+        a = np.abs(X)
+        big = a > MAX_ABS_VALUE
     if big.any():
         r, c = np.argwhere(big)[0]
         raise ValueError(f"{name} must hold values within ±{MAX_ABS_VALUE:g} to fit a model (its "
                          f"statistics square them); found {X[r, c]:g} at row {row0 + r}, column {c}: "
                          "rescale the data")
+    if X.size:
+        peak = np.where(np.isnan(a), 0.0, a).max(axis=0)
+        tiny = (peak > 0.0) & (peak < MIN_ABS_SCALE)
+        if tiny.any():
+            c = int(np.flatnonzero(tiny)[0])
+            raise ValueError(f"{name}'s column {c} holds no value larger than {peak[c]:g} in magnitude: "
+                             f"a fit needs a feature's largest value at least {MIN_ABS_SCALE:g} (its "
+                             "statistics square them, and they underflow); rescale the data")
     return X
 
 

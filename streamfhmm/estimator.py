@@ -186,6 +186,20 @@ def _best(scores) -> int:
     return int(np.nanargmax(scores)) if np.isfinite(scores).any() else 0
 
 
+class NotFittedError(ValueError, AttributeError):
+    """An :class:`FHMM` used before it has what the call needs (parameters, or
+    recognition networks). A ValueError, and an AttributeError as scikit-learn's is, so
+    that ``hasattr(FHMM(), "W_")`` is False (it raised) and ``getattr(m, "W_", None)``
+    gives None."""
+
+
+#: the floor of the default start's Σ (SMF-EM on the last rows), relative to each
+#: feature's variance over all rows: a start less noisy than that (a still stretch at the
+#: end of the series) is one SVI cannot leave within its steps. The household power
+#: protocol's start has 3.4e-3 at least, so it does not bind there.
+START_FLOOR = 1e-4
+
+
 class FHMM:
     """Factorial hidden Markov model with binary chains and Gaussian noise.
 
@@ -345,8 +359,9 @@ class FHMM:
             RMSprop: cosine schedule from ``learning_rate`` to
             ``learning_rate * final_lr_ratio``; ``decay`` is RMSprop's γ.
         tol : float
-            SMF-EM (exact EM) stops when the bound (the log-likelihood) improves by
-            less than this, relatively.
+            SMF-EM (exact EM) stops when an iteration raises the bound (the
+            log-likelihood) by less than this many nats per sample: the same iterations
+            in any units of the data.
         init : {"auto", "smf", "kmeans", "params"} or sequence of {"smf", "kmeans"}
             Starting parameters: ``"params"`` continues from the current ones, and SVI
             from the current recognition networks too if the model has networks of its
@@ -588,12 +603,16 @@ class FHMM:
     def _earlier_scores_on_failure(self):
         """Put the earlier fit's ``init_scores_`` and ``restart_scores_`` back if the block
         raises (a fit refused inside its start, or failed, after :meth:`_clear_scores`)."""
-        saved = (getattr(self, "init_scores_", np.empty(0)),
-                 getattr(self, "restart_scores_", np.empty(0)))
+        names = ("init_scores_", "restart_scores_")
+        saved = {n: self.__dict__[n] for n in names if n in self.__dict__}
         try:
             yield
         except BaseException:
-            self.init_scores_, self.restart_scores_ = saved
+            for n in names:   # (an unfitted model gets none: it looked fitted after)
+                if n in saved:
+                    setattr(self, n, saved[n])
+                else:
+                    self.__dict__.pop(n, None)
             raise
 
     def _clear_scores(self):
@@ -660,7 +679,7 @@ class FHMM:
     def _initial_params(self, X, init, init_samples, n_init, rng,
                         time_budget=None, bounds=None) -> FHMMParams:
         """The parameters a fit starts from (``bounds``: X's sequences, default one)."""
-        from .learn.smf import fit_smf, init_params
+        from .learn.smf import _default_floor, fit_smf, init_params
         self.init_scores_ = np.empty(0)
         have = getattr(self, "params_", None)
         if init == "auto":
@@ -695,9 +714,14 @@ class FHMM:
         for _ in range(n_init):
             start = init_params(Xc, self.n_chains, random_state=rng,
                                 covariance_type=self.covariance_type)
+            # (Σ's floor from all the rows, START_FLOOR of each feature's variance: the last
+            # rows may hold still, every variance there rounding noise; a floor from them
+            # let the start's Σ collapse, and SVI's steps on log Σ, about the learning rate
+            # each, never came back from 1e-36)
             params, _ = fit_smf(sl, sl_lengths, params=start, max_iter=30, tol=1e-5,
                                 time_budget=budget, random_state=rng, progress=False,
-                                covariance_type=self.covariance_type)
+                                covariance_type=self.covariance_type,
+                                floor=_default_floor(Xc, START_FLOOR))
             if n_init == 1:
                 return params
             scores.append(_start_score(params, rows, row_lengths, rng))
@@ -709,8 +733,8 @@ class FHMM:
     def _require_params(self) -> FHMMParams:
         params = getattr(self, "params_", None)
         if params is None:
-            raise ValueError("this FHMM has no parameters yet: call fit(X) or build it with "
-                             "FHMM.from_params(...)")
+            raise NotFittedError("this FHMM has no parameters yet: call fit(X) or build it with "
+                                 "FHMM.from_params(...)")
         return params
 
     @property
@@ -865,8 +889,8 @@ class FHMM:
     def _require_net(self):
         net = getattr(self, "net_", None)
         if net is None:
-            raise ValueError("this FHMM has no recognition networks: fit it with method='svi' "
-                             "(or use method='exact' / 'smf')")
+            raise NotFittedError("this FHMM has no recognition networks: fit it with method='svi' "
+                                 "(or use method='exact' / 'smf')")
         return net
 
     # -- persistence -----------------------------------------------------------------
@@ -973,7 +997,7 @@ class FHMM:
         try:
             raw = data["version"]
             version = int(raw)
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:
             raise ValueError(f"{damaged}: no readable format version ({exc})") from None
         if version != raw or version < 1:   # (int() took 1.9 as 1, and 0 or -7 loaded)
             raise ValueError(f"{damaged}: format version {np.asarray(raw).tolist()!r} (expected an integer from 1)")
@@ -993,7 +1017,7 @@ class FHMM:
                       for name in _SCORE_ATTRIBUTES if name[:-1] in data}
             names = (_check_feature_names(data["feature_names"], params.n_features)
                      if "feature_names" in data else None)
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:
             raise ValueError(f"{damaged}: {exc}") from None
         if net is not None and (net.n_chains, net.n_features) != (params.n_chains, params.n_features):
             raise ValueError(f"{damaged}: its recognition networks have {net.n_chains} chains and "

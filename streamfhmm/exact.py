@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import check_lengths, check_observations
+from ._validation import check_bool, check_lengths, check_observations
 from .kernels import exact as _k
 from .model import FHMMParams, check_params
 
@@ -44,8 +44,10 @@ def _prepare(params: FHMMParams, X, lengths):
     M = params.n_chains
     if M > MAX_EXACT_CHAINS:
         raise ValueError(f"exact inference is limited to n_chains <= {MAX_EXACT_CHAINS} "
-                         f"(2^M joint states per step); this model has {M} chains. "
-                         f"Use method='recognition' or method='smf'")
+                         f"(2^M joint states per step); this model has {M} chains: its "
+                         f"posteriors come from FHMM.predict_proba(method='recognition' or "
+                         f"'smf'), and its log-likelihood is bounded by FHMM.elbo or the "
+                         f"structured mean-field bound (learn.smf.smf_posterior)")
     X = check_observations(X, n_features=params.n_features)
     lengths = check_lengths(lengths, X.shape[0])
     return X, bounds_from_lengths(lengths)
@@ -97,6 +99,7 @@ def smoothed_marginals(params: FHMMParams, X, lengths=None, pairwise: bool = Fal
     xi : ndarray, shape (T, M, 2, 2), only if ``pairwise``
         ``p(s_{t-1}^m = i, s_t^m = j | y)``; zero at the first step of each sequence.
     """
+    pairwise = check_bool(pairwise, "pairwise")
     X, bounds = _prepare(params, X, lengths)
     T, M = X.shape[0], params.n_chains
     theta = np.zeros((T, M))

@@ -42,6 +42,10 @@ def _check_choice(value, name, choices):
     return value
 
 
+#: the most weights a network may hold (8 TB of float64): larger sizes are mistakes
+_MAX_WEIGHTS = 2 ** 40
+
+
 class RecognitionNet:
     """One-hidden-layer recognition network for every chain's θ and ρ.
 
@@ -99,6 +103,12 @@ class RecognitionNet:
         self._mode = _check_choice(mode, "mode", WINDOW_MODES)
         self._n_chains, self._n_features, self._window, self._n_hidden = M, D, W, Hg
         G = 1 if share == "all" else M
+        # (in Python's integers: sizes past the compiled layout's int64 raised OverflowError)
+        n = G * Hg * (W * D + 1) + 2 * M * (Hg + 1)
+        if n > _MAX_WEIGHTS:
+            raise ValueError(f"the networks would hold about {n:.3g} weights (n_chains={M}, "
+                             f"n_features={D}, window={W}, n_hidden={Hg}, share={share!r}); "
+                             f"expected at most {_MAX_WEIGHTS:.3g}")
         self._layout = _rk.weight_layout(M, D, W, G, Hg)
         self._weights = np.zeros(int(self._layout[_rk.LAYOUT_N_WEIGHTS]), dtype=np.float64)
         self._mean = np.zeros(D, dtype=np.float64)

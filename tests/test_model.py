@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from streamfhmm import FHMM, FHMMParams
+from streamfhmm import FHMM, FHMMParams, exact
 from streamfhmm.model import PROB_FLOOR, logit, sigmoid
 from streamfhmm._validation import check_bool, check_bounds, check_observations, check_random_state, check_transmat
 import streamfhmm.estimator as estimator_module
@@ -201,6 +201,21 @@ def test_input_errors():
     m = FHMM.from_params(W=W2, covariance=S2, transmat=A2)
     with pytest.raises(ValueError, match="no parameters yet"):
         FHMM(n_chains=2).score(np.zeros((3, 2)))
+    # unfitted: an AttributeError too (it was a ValueError only: hasattr raised)
+    assert not hasattr(FHMM(n_chains=2), "W_") and getattr(FHMM(n_chains=2), "covariance_", None) is None
+    with pytest.raises(AttributeError, match="no recognition networks"):
+        m.elbo(np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="pairwise must be True or False, got 'no'"):
+        exact.smoothed_marginals(m.params_, np.zeros((3, 2)), pairwise="no")
+    # a refused fit of an unfitted model leaves it without fitted-looking attributes
+    fresh = FHMM(n_chains=2)
+    attrs = set(vars(fresh))
+    with pytest.raises(ValueError, match="too few complete rows"):
+        fresh.fit(np.arange(6.0).reshape(3, 2), progress=False)
+    assert set(vars(fresh)) == attrs
+    # sizes past the compiled layout's integers: OverflowError from deep inside
+    with pytest.raises(ValueError, match="the networks would hold about .* weights"):
+        FHMM(n_chains=2, window=2**62 + 1).fit(np.zeros((5, 2)), max_iter=2, progress=False)
     with pytest.raises(ValueError, match="X must be a 2-D array"):
         m.score(np.zeros((2, 3, 4)))
     with pytest.raises(ValueError, match="X must not contain infinities; found inf at row 1, column 0"):
@@ -212,6 +227,14 @@ def test_input_errors():
                                                    "column 1")):
         FHMM(n_chains=2).fit(np.array([[0.0, 1e150], [0.0, -2e160], [np.nan, 1.0]]), progress=False)
     FHMM(n_chains=1).fit(np.array([[1e150], [-1e150], [0.0]]), max_iter=2, progress=False)   # (the bound)
+    # and below 1e-150 its squares underflow: SVI's first gradient was non-finite at
+    # 1e-155, and at 1e-170 every method "fitted" loadings of 1e169
+    tiny = np.array([[0.0, 1.0], [3e-155, 2.0], [-1e-160, 0.5], [np.nan, 1.0]])
+    for method in ("svi", "smf", "em"):
+        with pytest.raises(ValueError, match=re.escape("X's column 0 holds no value larger than 3e-155 "
+                                                       "in magnitude")):
+            FHMM(n_chains=1).fit(tiny if method == "svi" else tiny[:3], method=method, progress=False)
+    FHMM(n_chains=1).fit(np.array([[1e-150], [0.0], [2e-150]]), max_iter=2, progress=False)   # (the bound)
     assert np.isfinite(m.predict_proba(np.array([[0.0, 1e151]]), method="exact")).all()
     with pytest.raises(ValueError, match="lengths must all be positive"):
         m.score(np.zeros((4, 2)), lengths=[4, 0])

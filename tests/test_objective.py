@@ -113,6 +113,11 @@ def test_objective_checks_its_inputs():
         ((vec[:-1], w, X, np.array([0, 40])),
          r"model_vec must be a real array of shape \(19,\) for 2 chains and 3 features, got shape \(18,\)"),
         ((vec, w[1:], X, np.array([0, 40])), r"weights must be a real array of shape"),
+        # (a NaN gave a NaN ELBO without a word)
+        ((np.where(np.arange(19) == 4, np.nan, vec), w, X, np.array([0, 40])),
+         r"model_vec must be finite, got nan at index 4"),
+        ((vec, np.where(np.arange(w.size) == 0, np.inf, w), X, np.array([0, 40])),
+         r"weights must be finite, got inf at index 0"),
         ((vec, w, np.where(np.arange(40)[:, None] == 2, np.inf, X), np.array([0, 40])),
          "Y must not contain infinities"),
     ]:

@@ -288,12 +288,15 @@ def test_save_refuses_hyperparameters_changed_after_the_fit(tmp_path, fitted):
     assert rs.get_state()[2] == before[1]
 
 
+@pytest.mark.parametrize("init", ["kmeans", "smf"])
 @pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
-def test_svi_fit_does_not_depend_on_the_data_units(two_chain_data, covariance_type):
+def test_svi_fit_does_not_depend_on_the_data_units(two_chain_data, covariance_type, init):
     """The SVI fit of affinely rescaled data is the rescaled fit (RMSprop's steps had a
     fixed size in the data's units: W could not move at 1e8 and diverged at 1e-6,
     log-likelihood -1e21). Per-feature units for full and diag Σ, one unit for
-    spherical Σ (the family is not closed under per-feature scaling)."""
+    spherical Σ (the family is not closed under per-feature scaling). Also from the
+    default start, SMF-EM on the last rows (its stopping rule, relative to the bound's
+    magnitude, stopped it after another number of iterations in other units)."""
     _, X = two_chain_data
     seed = 5
     print(f"seed={seed}")
@@ -302,7 +305,7 @@ def test_svi_fit_does_not_depend_on_the_data_units(two_chain_data, covariance_ty
     def fit(Y):
         m = FHMM(n_chains=2, window=5, n_hidden=8, random_state=seed,
                  covariance_type=covariance_type)
-        return m.fit(Y, init="kmeans", max_iter=300, progress=False)
+        return m.fit(Y, init=init, max_iter=300, progress=False)
 
     ref = fit(X)
     # (1e-14: below the scaler's old absolute floor of 1e-12, which took such features
@@ -323,6 +326,23 @@ def test_svi_fit_does_not_depend_on_the_data_units(two_chain_data, covariance_ty
         np.testing.assert_allclose(m.predict_proba(X * unit + shift), ref.predict_proba(X),
                                    rtol=0, atol=1e-7)
         assert m.history_[-1]["elbo"] + log_jac == pytest.approx(ref.history_[-1]["elbo"], rel=1e-8)
+
+
+def test_a_series_ending_in_a_still_stretch_does_not_collapse_the_default_start():
+    """The default start fits SMF-EM on the last init_samples rows, with Σ's floor from
+    their variances: where every feature holds still there (a sensor held, a forward-
+    filled gap) those are rounding noise (7e-28 for a column of 0.3), the start's Σ
+    collapsed and SVI ended at an ELBO of -4e43 per step. The floor comes from all rows."""
+    seed = 2
+    print(f"seed={seed}")
+    p = FHMMParams.random(2, 2, random_state=1, noise=0.4)
+    Xa, _ = p.sample(3000, random_state=seed)
+    for tail in (np.array([0.3, -0.7]), Xa.mean(axis=0)):
+        X = np.vstack([Xa, np.tile(tail, (5000, 1))])
+        m = FHMM(n_chains=2, n_hidden=4, random_state=0).fit(X, max_iter=2000, progress=False)
+        per_step = m.elbo(X) / len(X)
+        print(f"tail {tail}: ELBO per step {per_step:.4g}, Σ diag {np.diag(m.covariance_)}")
+        assert per_step > -2.0 and np.diag(m.covariance_).min() > 1e-3
 
 
 @pytest.mark.parametrize("method", ["svi", "smf", "em"])

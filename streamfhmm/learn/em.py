@@ -126,8 +126,9 @@ def fit_exact_em(X, lengths=None, params: FHMMParams | None = None, n_chains: in
     max_iter : int
         At most this many M-steps.
     tol : float
-        Stop when the log-likelihood increases by less than ``tol`` relative to its
-        magnitude.
+        Stop when an M-step raises the log-likelihood by less than ``tol`` nats per
+        sample (not relative to its magnitude, as before: a change of the data's units
+        shifts it by a constant, which changed when that rule stopped).
     time_budget : float, optional
         Stop once this many seconds have passed (checked between iterations).
     random_state : None, int or numpy Generator
@@ -154,6 +155,7 @@ def fit_exact_em(X, lengths=None, params: FHMMParams | None = None, n_chains: in
     X = check_fit_magnitude(check_observations(X))
     lengths = check_lengths(lengths, X.shape[0])
     starts = _bounds(lengths)[:-1]
+    T = X.shape[0]
     max_iter = check_positive_int(max_iter, "max_iter", minimum=0)
     tol = _check_nonneg_float(tol, "tol")
     if time_budget is not None:
@@ -186,6 +188,6 @@ def fit_exact_em(X, lengths=None, params: FHMMParams | None = None, n_chains: in
                             "time": time.perf_counter() - t0})
             bar.update(1)
             bar.set_postfix(loglik=f"{est.loglik:.6g}")
-            if est.loglik - previous.loglik < tol * abs(previous.loglik):
+            if est.loglik - previous.loglik < tol * T:
                 break
     return params, history

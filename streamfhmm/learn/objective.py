@@ -109,15 +109,20 @@ def constrain_params(params: FHMMParams, covariance_type) -> FHMMParams:
 
 
 def _check_real_vector(vec, size: int, name: str, what: str) -> np.ndarray:
-    """``vec`` as a float64 array if it is a real (integer or float) array of shape
-    ``(size,)``, else ValueError saying ``what`` the size is."""
+    """``vec`` as a float64 array if it is a finite real (integer or float) array of
+    shape ``(size,)``, else ValueError saying ``what`` the size is (a NaN made the
+    ELBO NaN without a word)."""
     a = np.asarray(vec)
     # (bool is neither: np.issubdtype(np.bool_, np.integer) is False)
     if a.shape != (size,) or not (np.issubdtype(a.dtype, np.floating)
                                   or np.issubdtype(a.dtype, np.integer)):
         raise ValueError(f"{name} must be a real array of shape ({size},) {what}, got shape "
                          f"{a.shape} and dtype {a.dtype}")
-    return a.astype(np.float64, copy=False)
+    a = a.astype(np.float64, copy=False)
+    if not np.isfinite(a).all():
+        i = int(np.flatnonzero(~np.isfinite(a))[0])
+        raise ValueError(f"{name} must be finite, got {float(a[i])!r} at index {i}")
+    return a
 
 
 class ModelPacker:

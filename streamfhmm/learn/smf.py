@@ -161,15 +161,24 @@ def _prior_terms(params: FHMMParams, xi: np.ndarray, theta_start: np.ndarray) ->
     return start + trans
 
 
-def _default_floor(X: np.ndarray) -> np.ndarray:
-    """Per-feature floor, shape (D,): ``COVARIANCE_FLOOR`` times each feature's variance
+def _default_floor(X: np.ndarray, relative: float = COVARIANCE_FLOOR) -> np.ndarray:
+    """Per-feature floor, shape (D,): ``relative`` times each feature's variance
     (a constant feature's: the mean variance, or 1), so that Σ's floor is in each
     feature's own units: a feature whose variance is 1e-12 of another's is not
     floored far above its own variance (the fit would then ignore it)."""
     var = X.var(axis=0) if X.shape[0] > 1 else np.zeros(X.shape[1])
     mean = float(var.mean())
     base = mean if mean > 0.0 else 1.0
-    return COVARIANCE_FLOOR * np.where(var > 1e-24 * base, var, base)
+    return relative * np.where(var > 1e-24 * base, var, base)
+
+
+def _check_floor(floor, D: int) -> np.ndarray:
+    """``floor`` as a float64 array of D positive finite variances, else ValueError."""
+    f = np.asarray(floor, dtype=np.float64)
+    if f.shape != (D,) or not (np.isfinite(f).all() and (f > 0).all()):
+        raise ValueError(f"floor must be {D} positive finite variances (one per feature), "
+                         f"got {np.asarray(floor)!r:.80}")
+    return f
 
 
 # ----------------------------------------------------------------------------------------
@@ -592,7 +601,7 @@ def init_params(X, n_chains: int, lengths=None, random_state=None,
 def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | None = None,
             max_iter: int = 100, tol: float = 1e-6, time_budget: float | None = None,
             random_state=None, progress: bool = True, e_tol: float = 1e-6, max_sweeps: int = 20,
-            covariance_type: str = "full"):
+            covariance_type: str = "full", floor=None):
     """Fit a factorial HMM by structured mean-field EM.
 
     Parameters
@@ -607,7 +616,9 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
     max_iter : int
         At most this many EM iterations (M-step followed by E-step).
     tol : float
-        Stop when the bound increases by less than ``tol`` relative to its magnitude.
+        Stop when an iteration raises the bound by less than ``tol`` nats per sample.
+        (Not relative to the bound's magnitude, as before: a change of the data's units
+        shifts the bound by a constant, which changed when that rule stopped.)
     time_budget : float, optional
         Stop once this many seconds have passed (checked between iterations).
     random_state : None, int or numpy Generator
@@ -623,6 +634,11 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
         (:func:`~streamfhmm.learn.objective.constrain_params`: its variances, or their
         mean); every M-step is the family's exact constrained maximiser
         (:func:`smf_m_step`), so the bound still never decreases.
+    floor : array_like, shape (D,), optional
+        Per-feature floor on Σ's variances (default ``COVARIANCE_FLOOR`` times each
+        feature's variance in X). A fit on part of a series (a start) passes the whole
+        series' floor: a part where every feature holds still has variances of rounding
+        noise, and a floor from them let Σ collapse.
 
     Returns
     -------
@@ -675,7 +691,7 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
                              f"({params.n_chains})")
         params = constrain_params(params, covariance_type)
     M = params.n_chains
-    floor = _default_floor(X)
+    floor = _default_floor(X) if floor is None else _check_floor(floor, D)
 
     theta = rng.uniform(size=(T, M))
     # deterministic annealing of the first E-step: from a random θ, plain coordinate
@@ -700,6 +716,6 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
                             "time": time.perf_counter() - t0, "n_sweeps": est.n_sweeps})
             bar.update(1)
             bar.set_postfix(bound=f"{est.bound:.6g}")
-            if est.bound - previous.bound < tol * abs(previous.bound):
+            if est.bound - previous.bound < tol * T:
                 break
     return params, history
