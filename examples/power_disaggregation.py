@@ -16,11 +16,21 @@ estimated vs true sub-meters.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
 from streamfhmm.datasets import load_household_power
-from streamfhmm.power import disaggregate_report
+from streamfhmm.power import N_TRAIN, disaggregate_report, period_minutes
+
+
+def _minutes(days: float) -> int:
+    """A period of ``days`` in one-minute rows, as the library rounds it (0 for a period
+    that is no finite number)."""
+    try:
+        return period_minutes(days)
+    except ValueError:   # inf, nan
+        return 0
 
 
 def main(argv=None):
@@ -46,12 +56,18 @@ def main(argv=None):
             ("--net-warmup", args.net_warmup, args.net_warmup is None or 0 <= args.net_warmup < args.iters,
              "an integer from 0 to --iters - 1"),
             ("--n-jobs", args.n_jobs, args.n_jobs >= 1 or args.n_jobs == -1, "a positive integer or -1"),
-            ("--train-rows", args.train_rows, args.train_rows is None or args.train_rows >= 1,
-             "a positive integer"),
-            ("--calibration-days", args.calibration_days, args.calibration_days > 0, "a positive number"),
-            ("--evaluation-days", args.evaluation_days, args.evaluation_days > 0, "a positive number"),
-            ("--on-threshold", args.on_threshold, args.on_threshold >= 0, "a number >= 0"),
-            ("--learning-rate", args.learning_rate, args.learning_rate > 0, "a positive number"),
+            # (the library's rules: a fit needs 2 rows; the periods are whole minutes, at
+            # least one each; the threshold and the learning rate finite and > 0)
+            ("--train-rows", args.train_rows, args.train_rows is None or 2 <= args.train_rows <= N_TRAIN,
+             f"an integer from 2 to {N_TRAIN:,} (the training minutes)"),
+            ("--calibration-days", args.calibration_days, _minutes(args.calibration_days) >= 1,
+             "a finite number of days of at least one minute (1/1440)"),
+            ("--evaluation-days", args.evaluation_days, _minutes(args.evaluation_days) >= 1,
+             "a finite number of days of at least one minute (1/1440)"),
+            ("--on-threshold", args.on_threshold, math.isfinite(args.on_threshold) and args.on_threshold > 0,
+             "a finite number > 0"),
+            ("--learning-rate", args.learning_rate,
+             math.isfinite(args.learning_rate) and args.learning_rate > 0, "a finite number > 0"),
             ("--seed", args.seed, args.seed >= 0, "an integer >= 0")):
         if not ok:
             ap.error(f"{option} must be {expected}, got {value}")
@@ -60,6 +76,12 @@ def main(argv=None):
     data = load_household_power()
     print(f"loaded {len(data):,} minutes ({data.timestamps[0]} .. {data.timestamps[-1]}) "
           f"in {time.perf_counter() - t0:.1f} s")
+    # the periods against the data (the library refuses them too, in its own terms)
+    n_test = len(data) - N_TRAIN
+    if _minutes(args.calibration_days) + _minutes(args.evaluation_days) > n_test:
+        ap.error(f"--calibration-days and --evaluation-days must fit in the {n_test:,} test minutes "
+                 f"({math.floor(100 * n_test / 1440) / 100:g} days) after the {N_TRAIN:,} training ones, "
+                 f"got {args.calibration_days:g} and {args.evaluation_days:g} days")
     print(f"fitting the FHMM by SVI ({args.iters:,} steps) ...", flush=True)
     report = disaggregate_report(
         data, train_rows=args.train_rows, calibration_days=args.calibration_days,

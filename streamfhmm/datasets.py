@@ -155,7 +155,8 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
         (so installs of the same data in several environments share one cache); it is
         written atomically, and other cache files of the data in that directory are
         removed. A cache file that cannot be read (truncated, corrupt) is parsed again
-        and rewritten.
+        and rewritten. A location that cannot hold the cache (not writable, not
+        traversable, a path too long) only costs a parse of the CSV on every load.
 
     Returns
     -------
@@ -184,7 +185,7 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
     src = household_power_path()
     key = _source_key(src)
     cached = directory / f"householdpower-v{_CACHE_VERSION}-{key}.npz"
-    if not refresh and cached.is_file():
+    if not refresh and _is_file(cached):
         try:
             return _read_cache(cached, str(src))
         except Exception:  # noqa: BLE001
@@ -197,6 +198,16 @@ def load_household_power(refresh: bool = False, cache_dir=None) -> HouseholdPowe
     _write_cache(cached, timestamps, columns, values, imputed)
     return HouseholdPower(timestamps=timestamps, columns=columns, values=values, imputed=imputed,
                           source=str(src))
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False when it cannot be looked up (a directory the user
+    may not traverse: PermissionError; a name too long: ENAMETOOLONG): an unusable cache
+    location, whose write :func:`_write_cache` then skips, not an error."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _source_key(src: Path) -> str:

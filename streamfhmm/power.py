@@ -42,6 +42,7 @@ import numbers
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -193,7 +194,11 @@ def power_split(data=None, columns=PAPER_COLUMNS, n_train: int = N_TRAIN,
     n_train = int(n_train)
     if isinstance(columns, str):
         raise ValueError(f"columns must be a sequence of column names, got the string {columns!r}")
-    columns = tuple(columns)
+    try:
+        columns = tuple(columns)
+    except TypeError:
+        raise ValueError(f"columns must be a sequence of column names of {list(data.columns)}, "
+                         f"got {columns!r}") from None
     unknown = [c for c in columns if c not in list(data.columns)]
     if not columns or unknown:
         raise ValueError(f"columns must be one or more of {list(data.columns)}, got {list(columns)}")
@@ -204,6 +209,13 @@ def power_split(data=None, columns=PAPER_COLUMNS, n_train: int = N_TRAIN,
         X[filled] = 0.0
     elif imputed == "drop":
         X, timestamps, filled = X[~filled], timestamps[~filled], np.zeros(T, dtype=bool)
+    # (before the statistics: a column without any training value would warn "Mean of
+    # empty slice" and then be called constant)
+    unobserved = [c for c, seen in zip(columns, (~np.isnan(X[:n_train])).any(axis=0)) if not seen]
+    if unobserved:
+        raise ValueError(f"column(s) {unobserved} have no observed value in the {n_train:,} training "
+                         f"rows (every one missing{' or filled' if imputed == 'nan' else ''}): "
+                         f"nothing to standardise them by; expected at least one value per column")
     mean = np.nanmean(X[:n_train], axis=0)
     std = np.nanstd(X[:n_train], axis=0)
     if not (std > 0).all():
@@ -422,19 +434,74 @@ def svi_settings(**overrides) -> dict:
     return _with_net_warmup(kw)
 
 
-def check_svi_kwargs(fit_kwargs: dict) -> int | None:
+#: what the callers of :func:`check_svi_kwargs` set themselves (an SVI fit, their own
+#: ``progress`` argument): not SVI settings
+_SET_BY_SVI_CALLER = {"method": "the fit's method is 'svi'",
+                      "progress": "the caller's own progress argument sets it"}
+
+
+def _keywords(function, kinds=("KEYWORD_ONLY",)) -> tuple | None:
+    """The names of ``function``'s parameters of those kinds (for :meth:`FHMM.fit`, its
+    settings); None when it takes any keyword (``**kwargs``: a wrapper that does not
+    say what it passes on), which then cannot be checked here."""
+    import inspect
+    params = inspect.signature(function).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params if p.kind.name in kinds)
+
+
+def _fit_keywords() -> tuple | None:
+    """The keyword-only parameters of :meth:`FHMM.fit` (its settings), or None."""
+    from . import FHMM
+    return _keywords(FHMM.fit)
+
+
+def _check_keywords(kwargs, name: str, accepted, set_here: dict) -> dict:
+    """``kwargs`` (None: empty) as a dict, if it is a mapping of strings, all in
+    ``accepted`` (None: any) and none in ``set_here`` (key: why the caller sets it
+    itself); else ValueError naming the key and the accepted ones. Before any fit: a typo,
+    or a key the function also passes, was a TypeError from the fit's call, after the
+    other fits."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise ValueError(f"{name} must be a dict of keyword arguments, got {type(kwargs).__name__}")
+    allowed = None if accepted is None else sorted(k for k in accepted if k not in set_here)
+    expected = "" if allowed is None else f"; the keys accepted are {allowed}"
+    for key in kwargs:
+        if isinstance(key, str) and key in set_here:
+            raise ValueError(f"{name} must not set {key!r}: {set_here[key]}{expected}")
+        if not isinstance(key, str) or (allowed is not None and key not in allowed):
+            raise ValueError(f"{name} has an unknown key {key!r}"
+                             f"{expected or '; expected names of keyword arguments'}")
+    return dict(kwargs)
+
+
+def check_svi_kwargs(fit_kwargs: dict, name: str = "fit_kwargs") -> int | None:
     """Check the SVI settings ``fit_kwargs`` (e.g. :func:`svi_settings`' result) as
     :meth:`FHMM.fit` would, with its defaults for what they leave out, before any data is
     loaded or another model fitted; returns the resolved ``restart_steps``.
 
+    Parameters
+    ----------
+    fit_kwargs : dict
+        Keyword arguments of :meth:`FHMM.fit`, its settings only: not ``method`` (the
+        fit is an SVI fit) nor ``progress`` (the caller passes both itself).
+    name : str
+        What the messages call ``fit_kwargs``.
+
     Raises
     ------
     ValueError
-        The fit's own message for the first bad setting.
+        For a key that is not a setting of :meth:`FHMM.fit` (a typo) or that the caller
+        sets itself (``method``, ``progress``), naming the accepted keys; else the fit's
+        own message for the first bad setting.
     """
     import inspect
     from . import FHMM
     from .learn.svi import check_init, check_n_jobs, check_restarts, check_svi_settings
+    _check_keywords(fit_kwargs, name, _fit_keywords(), _SET_BY_SVI_CALLER)
     kw = {k: v.default for k, v in inspect.signature(FHMM.fit).parameters.items()}
     kw.update(fit_kwargs)
     check_svi_settings(kw["max_iter"] or 1, kw["batch_size"], kw["subchain_length"],
@@ -470,6 +537,11 @@ def format_mse_rows(rows, extra=("fit s",), width: int | None = None) -> list:
     width : int, optional
         Width of the name column (default: the longest name + 1, at least 30).
     """
+    rows = list(rows)
+    for name, mse, *_ in rows:
+        if np.shape(mse) != (len(PAPER_COLUMNS),):
+            raise ValueError(f"row {name!r}: mse must hold {len(PAPER_COLUMNS)} values, one per column "
+                             f"of PAPER_COLUMNS {PAPER_COLUMNS} in that order, got shape {np.shape(mse)}")
     if width is None:
         width = max([30] + [len(r[0]) + 1 for r in rows])
     out = [f"{'':<{width}}" + "".join(f"{c:>9}" for c in (*PAPER_SHORT_NAMES, *extra))]
@@ -571,7 +643,10 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
     Parameters
     ----------
     split : PowerSplit, optional
-        Default :func:`power_split()` of the installed data.
+        Default :func:`power_split()` of the installed data. Its columns must be the
+        paper's six in the order of its Table 2 (:data:`PAPER_COLUMNS`, the default of
+        :func:`power_split`): the table's headers, the paper's rows and the ratios to them
+        are those columns.
     n_scored : int
         Test rows scored (default 300,000, as the reference figures; at least 1, all test
         rows when there are fewer).
@@ -579,7 +654,8 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
         Train on only the last so many training rows (at least 2; default all 10^6).
     svi_kwargs : dict, optional
         Overrides of :data:`SVI_SETTINGS`, passed to :meth:`FHMM.fit` (e.g.
-        ``max_iter``, ``time_budget``, ``learning_rate``).
+        ``max_iter``, ``time_budget``, ``learning_rate``): its settings, not ``method``
+        nor ``progress``, which this function sets; checked before any fit.
     smf_budget : float or None
         Seconds for SMF-EM on the whole training set.
     smf_full : bool
@@ -614,6 +690,16 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
     from . import FHMM
     if split is not None and not isinstance(split, PowerSplit):
         raise ValueError(f"split must be a PowerSplit (power_split()), got {type(split).__name__}")
+    if split is not None and tuple(split.columns) != PAPER_COLUMNS:
+        # (the table's headers, the paper's rows and the ratios to them are the six columns
+        # in this order: another split fitted for minutes, then failed or was mislabelled)
+        raise ValueError(f"protocol_table scores the paper's six columns in the order of its Table 2, "
+                         f"{list(PAPER_COLUMNS)} (power_split(data), columns left at their default), "
+                         f"got a split of {list(split.columns)}")
+    # (svi_settings(**svi_kwargs) would take a key that is no string for a TypeError)
+    svi_kwargs = _check_keywords(svi_kwargs, "svi_kwargs", _fit_keywords(),
+                                 {"method": "protocol_table fits its proposed model by SVI",
+                                  "progress": "protocol_table's progress argument sets it"})
     n_scored = check_positive_int(n_scored, "n_scored")
     n_bound_rows = check_positive_int(n_bound_rows, "n_bound_rows", minimum=0)
     smf_full, score_all = check_bool(smf_full, "smf_full"), check_bool(score_all, "score_all")
@@ -657,8 +743,8 @@ def protocol_table(split: PowerSplit | None = None, *, n_scored: int = N_SCORED,
         return model, time.perf_counter() - t0, {"em_iterations": len(model.history_) - 1}
 
     # the SVI settings before the SMF-EM fits (which may take minutes)
-    kw = svi_settings(**(svi_kwargs or {}))
-    restart_steps = check_svi_kwargs(kw)
+    kw = svi_settings(**svi_kwargs)
+    restart_steps = check_svi_kwargs(kw, "svi_kwargs")
     last = train[-5000:]
     m, sec, info = smf(last, None)
     add(f"ours SMF-EM (last {len(last):,}{tag})", m, sec, "smf", info)
@@ -697,9 +783,10 @@ def likelihood_per_step(model, X) -> dict:
         KL divergences from the exact one, per step.
     """
     from .learn.smf import smf_posterior
+    params = _check_model(model)
     X = _check_2d(X, "X")
     T = X.shape[0]
-    _, bound = smf_posterior(model.params_, X, tol=1e-4, max_sweeps=50)
+    _, bound = smf_posterior(params, X, tol=1e-4, max_sweeps=50)
     elbo = model.elbo(X) / T if getattr(model, "net_", None) is not None else None
     return {"loglik": model.score(X) / T, "smf_bound": bound / T, "elbo": elbo}
 
@@ -1013,7 +1100,11 @@ class DisaggregationReport:
         """A plain-text report: one row per sub-meter and metric, FHMM beside the baseline."""
         kw = self.fit_settings
         lines = []
-        if kw:
+        if kw and kw.get("method", "svi") != "svi":
+            label = {"smf": "structured mean-field EM", "em": "exact EM"}.get(kw["method"], kw["method"])
+            its = f"at most {kw['max_iter']:,} iterations, " if kw.get("max_iter") else ""
+            lines.append(f"FHMM fit by {label} (method={kw['method']!r}): {its}{self.fit_seconds:,.0f} s")
+        elif kw:
             warm = kw.get("net_warmup", 0)
             warm = (f"the first {warm:,} train the recognition networks only" if warm
                     else "no networks-only warm-up")
@@ -1067,6 +1158,16 @@ def period_minutes(days: float) -> int:
     return int(round(minutes))
 
 
+def _format_number(v) -> str:
+    """``v`` for a message: as a float with ``:g``, else (an int beyond the float range)
+    its repr, shortened."""
+    try:
+        return f"{float(v):g}"
+    except (OverflowError, TypeError, ValueError):
+        r = repr(v)
+        return r if len(r) <= 24 else f"{r[:20]}... ({len(r)} characters)"
+
+
 def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
                         train_rows: int | None = None, calibration_days: float = 14,
                         evaluation_days: float = 28, fit_kwargs: dict | None = None,
@@ -1093,11 +1194,14 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         The calibration period is the first ``calibration_days`` of the test period,
         the evaluation period the ``evaluation_days`` after it.
     fit_kwargs : dict, optional
-        Passed to :meth:`FHMM.fit` (default ``max_iter=20_000``, the learning rate of
-        :data:`SVI_SETTINGS`, 3e-3, and ``net_warmup``, :data:`NET_WARMUP_FRACTION` of
-        ``max_iter``, unless given).
+        Passed to :meth:`FHMM.fit` (not ``progress``, this function's own argument). An
+        SVI fit (``method="svi"``, the default) has by default ``max_iter=20_000``, the
+        learning rate of :data:`SVI_SETTINGS`, 3e-3, and ``net_warmup``,
+        :data:`NET_WARMUP_FRACTION` of ``max_iter``, unless given; another ``method``
+        (``"smf"``, ``"em"``) only what is given, :meth:`FHMM.fit`'s defaults otherwise.
     model_kwargs : dict, optional
-        Override :data:`PAPER_MODEL` entries for the fitted model.
+        Override :data:`PAPER_MODEL` entries for the fitted model (not ``random_state``,
+        this function's own argument).
     on_threshold : float
         On/off threshold of :func:`disaggregation_metrics`, Wh per minute.
     both_states : bool
@@ -1129,23 +1233,40 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     at 0 (sub-meter readings are non-negative).
     """
     from . import FHMM
+    # the keyword arguments before the data (a typo, or a key this function passes itself,
+    # was a TypeError from FHMM() or its fit)
+    model_kwargs = _check_keywords(
+        model_kwargs, "model_kwargs", _keywords(FHMM, ("POSITIONAL_OR_KEYWORD", "KEYWORD_ONLY")),
+        {"random_state": "disaggregate_report's random_state argument sets it"})
+    fit_keywords = _fit_keywords()
+    fit_kwargs = _check_keywords(fit_kwargs, "fit_kwargs",
+                                 None if fit_keywords is None else ("method", *fit_keywords),
+                                 {"progress": "disaggregate_report's progress argument sets it"})
+    fit_method = fit_kwargs.get("method", "svi")
+    if not isinstance(fit_method, str) or fit_method not in ("svi", "smf", "em"):
+        raise ValueError(f"fit_kwargs['method'] must be 'svi', 'smf' or 'em', got {fit_method!r}")
+    if "net_warmup" in fit_kwargs:
+        check_positive_int(fit_kwargs["net_warmup"], "fit_kwargs['net_warmup']", minimum=0)
+    days = []
+    for name, v in (("calibration_days", calibration_days), ("evaluation_days", evaluation_days)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+            raise ValueError(f"{name} must be a number of days, got {v!r}")
+        try:
+            # (any real number: an int beyond the float range, a Fraction; not float(v) here)
+            days.append(period_minutes(v))
+        except ValueError:   # infinite or NaN (in minutes)
+            days.append(-1)
     if data is None:
         from .datasets import load_household_power
         data = load_household_power()
     agg = power_split(data, AGGREGATE_COLUMNS, n_train)
     n_test = agg.test.shape[0]
-    days = []
-    for name, v in (("calibration_days", calibration_days), ("evaluation_days", evaluation_days)):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-            raise ValueError(f"{name} must be a number of days, got {v!r}")
-        v = float(v)
-        # (compared as floats first: 1e308 days would overflow int())
-        days.append(period_minutes(v) if 0 < v * _MINUTES_PER_DAY <= n_test else -1)
     n_cal, n_eval = days
     if n_cal < 1 or n_eval < 1 or n_cal + n_eval > n_test:
         raise ValueError(f"calibration_days and evaluation_days must be positive and fit in the "
-                         f"{math.floor(100 * n_test / _MINUTES_PER_DAY) / 100:g} test days, got {calibration_days:g} and "
-                         f"{evaluation_days:g}")
+                         f"{math.floor(100 * n_test / _MINUTES_PER_DAY) / 100:g} test days, got "
+                         f"{_format_number(calibration_days)} and {_format_number(evaluation_days)} "
+                         f"(expected at least a minute each, {n_test:,} minutes in all)")
     if train_rows is not None and (isinstance(train_rows, (bool, np.bool_))
                                    or not isinstance(train_rows, numbers.Integral)):
         raise ValueError(f"train_rows must be an integer or None, got {train_rows!r}")
@@ -1158,18 +1279,23 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     # missing an aggregate value (the baseline cannot read them; the FHMM's estimate there
     # would come from the interpolated input)
     left_out = agg.test_imputed[:n] | np.isnan(agg.test[:n]).any(axis=1)
-    n_keep_cal = int((~left_out[:n_cal]).sum())
-    if left_out[n_cal:n].all():
+    # (a missing sub-meter reading leaves its row out of the calibration fits and of the
+    # scores too: counted now, not found after the fit)
+    Y = data.select(SUBMETER_COLUMNS)[n_train:n_train + n]
+    complete = ~left_out & np.isfinite(Y).all(axis=1)
+    n_keep_cal = int(complete[:n_cal].sum())
+    if not complete[n_cal:n].any():
         raise ValueError("every row of the evaluation period is one the data file filled from the "
-                         "previous day or misses an aggregate value: nothing to score")
+                         "previous day or misses an aggregate value or a sub-meter reading: nothing "
+                         "to score; expected an evaluation period with at least one complete row")
 
     def check_calibration_rows(n_chains: int):
         # before the fit: the two calibration fits need as many complete rows as weights
         n_map, n_base = calibration_weights(n_chains, both_states)
         if n_keep_cal < max(n_map, n_base):
             raise ValueError(f"the calibration period has {n_keep_cal:,} usable rows (calibration_days "
-                             f"= {calibration_days:g}, imputed rows and rows missing a value left "
-                             f"out); at least "
+                             f"= {_format_number(calibration_days)}, imputed rows and rows missing a "
+                             f"value left out); at least "
                              f"{max(n_map, n_base):,} are needed: the sub-meter map has {n_map:,} "
                              f"weights per sub-meter, the baseline {n_base}")
     ts = agg.test_timestamps[:n]
@@ -1184,16 +1310,20 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     fkw = {}
     if model is None:
         kw = dict(PAPER_MODEL)
-        kw.update(model_kwargs or {})
-        fkw = {"max_iter": 20_000, "learning_rate": SVI_SETTINGS["learning_rate"]}
-        fkw.update(fit_kwargs or {})
-        # a step count: the networks' warm-up default is a fraction of it (a fit limited by
-        # time only would give a TypeError here)
-        fkw["max_iter"] = check_positive_int(fkw["max_iter"], "fit_kwargs['max_iter']")
-        _with_net_warmup(fkw)
-        if fkw["net_warmup"] >= fkw["max_iter"]:
-            raise ValueError(f"net_warmup ({fkw['net_warmup']:,}) must be less than max_iter "
-                             f"({fkw['max_iter']:,}): the model would never be trained, only its networks")
+        kw.update(model_kwargs)
+        if fit_method == "svi":
+            fkw = {"max_iter": 20_000, "learning_rate": SVI_SETTINGS["learning_rate"]}
+            fkw.update(fit_kwargs)
+            # a step count: the networks' warm-up default is a fraction of it (a fit limited
+            # by time only would give a TypeError here)
+            fkw["max_iter"] = check_positive_int(fkw["max_iter"], "fit_kwargs['max_iter']")
+            _with_net_warmup(fkw)
+            if fkw["net_warmup"] >= fkw["max_iter"]:
+                raise ValueError(f"net_warmup ({fkw['net_warmup']:,}) must be less than max_iter "
+                                 f"({fkw['max_iter']:,}): the model would never be trained, only its "
+                                 f"networks")
+        else:   # (no networks: no warm-up, nor SVI's step count and learning rate)
+            fkw = dict(fit_kwargs)
         check_calibration_rows(check_positive_int(kw["n_chains"], "n_chains"))
         X = agg.train if train_rows is None else agg.train[-int(train_rows):]
         model = FHMM(**kw, random_state=random_state).fit(X, progress=progress, **fkw)
@@ -1208,7 +1338,6 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     theta = model.predict_proba(_inference_input(model, Z, method), method=method)
     W = model.W_
     R = theta @ W[:-1] + W[-1]
-    Y = data.select(SUBMETER_COLUMNS)[n_train:n_train + n]
     A = data.select(AGGREGATE_COLUMNS)[n_train:n_train + n]
     cal, ev = slice(0, n_cal), slice(n_cal, n)
     keep = ~left_out[cal]
@@ -1298,7 +1427,8 @@ def plot_reconstruction(timestamps, observed, reconstructed, columns, path) -> s
     str
         ``path``.
     """
-    observed, reconstructed = np.asarray(observed), np.asarray(reconstructed)
+    timestamps, (observed, reconstructed), columns = _check_plot_input(
+        timestamps, (("observed", observed), ("reconstructed", reconstructed)), columns)
     fig, axes = _figure(observed.shape[1])
     t = np.asarray(timestamps).astype("datetime64[s]").astype(object)
     for d, ax in enumerate(axes):
@@ -1308,6 +1438,41 @@ def plot_reconstruction(timestamps, observed, reconstructed, columns, path) -> s
     axes[0].legend(loc="upper right", fontsize=8)
     axes[0].set_title(f"aggregate channels, {_day(timestamps[0])[:10]}")
     return _save_png(fig, path)
+
+
+def _check_plot_input(timestamps, named_arrays, columns) -> tuple:
+    """The plots' input checked before a figure is drawn: ``timestamps`` (T,) with T ≥ 1,
+    arrays of one shape (T, D) with D ≥ 1 (NaN allowed: a gap in the line), ``columns``
+    D names; returns ``timestamps`` as datetime64, the arrays as float, the names as a list."""
+    arrays = []
+    for name, a in named_arrays:
+        try:
+            a = np.asarray(a, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name} must be a numeric array: {exc}") from None
+        if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+            raise ValueError(f"{name} must be a 2-D array with at least one row and one column, "
+                             f"got shape {a.shape}")
+        if arrays and a.shape != arrays[0].shape:
+            raise ValueError(f"{name} must have the shape of {named_arrays[0][0]}, {arrays[0].shape}, "
+                             f"got {a.shape}")
+        arrays.append(a)
+    T, D = arrays[0].shape
+    try:
+        timestamps = np.asarray(timestamps).astype("datetime64[s]")
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"timestamps must be datetime64 values: {exc}") from None
+    if timestamps.shape != (T,):
+        raise ValueError(f"timestamps must have shape ({T},), one per row, got {timestamps.shape}")
+    if isinstance(columns, str):
+        raise ValueError(f"columns must be a sequence of {D} names, got the string {columns!r}")
+    try:
+        columns = [str(c) for c in columns]
+    except TypeError:
+        raise ValueError(f"columns must be a sequence of {D} names, got {columns!r}") from None
+    if len(columns) != D:
+        raise ValueError(f"columns must hold {D} names, one per column, got {len(columns)}: {columns}")
+    return timestamps, arrays, columns
 
 
 def _save_png(fig, path) -> str:
@@ -1335,7 +1500,10 @@ def plot_submeters(timestamps, true, estimated, baseline, columns, path) -> str:
     str
         ``path``.
     """
-    true, estimated = np.asarray(true), np.asarray(estimated)
+    named = [("true", true), ("estimated", estimated)] + ([] if baseline is None else [("baseline", baseline)])
+    timestamps, arrays, columns = _check_plot_input(timestamps, named, columns)
+    true, estimated = arrays[:2]
+    baseline = None if baseline is None else arrays[2]
     fig, axes = _figure(true.shape[1])
     t = np.asarray(timestamps).astype("datetime64[s]").astype(object)
     for k, ax in enumerate(axes):

@@ -417,3 +417,60 @@ def test_blank_inside_a_number_refused(tmp_path):
     path.write_bytes(b"date_time,a,b\n2007-01-01 00:00:00,1 5,\n2007-01-01 00:01:00,2, \n")
     with pytest.raises(ValueError, match="line 2, field 2"):
         parse_household_power_csv(path)
+
+
+# -- found by a review (each test fails on the code before its fix) ---------------------------
+
+
+def test_cache_dir_with_a_name_too_long_is_skipped(tmp_path, monkeypatch):
+    """A cache directory whose name the file system refuses (ENAMETOOLONG, raised by the
+    lookup of the cache file): the CSV is parsed and the cache skipped, as for a location
+    that is not writable."""
+    import os
+    _tiny(tmp_path, monkeypatch)
+    cache = tmp_path / ("a" * 300)
+    data = load_household_power(cache_dir=cache)
+    np.testing.assert_array_equal(data.values, [[1.5, 2.0], [3.0, 4.0]])
+    assert not os.path.exists(cache)     # (Path.exists raises the ENAMETOOLONG)
+
+
+def test_cache_dir_that_cannot_be_traversed_is_skipped(tmp_path, monkeypatch):
+    """A cache directory the user may not traverse: looking the cache file up raises
+    PermissionError (simulated there: root bypasses permissions), and so does the write;
+    the CSV is parsed and the cache skipped."""
+    import errno
+    import os
+    from pathlib import Path
+    _tiny(tmp_path, monkeypatch)
+    locked = tmp_path / "locked"
+    real_stat, real_mkstemp = Path.stat, datasets.tempfile.mkstemp
+
+    def denied(path):
+        return PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    def stat(self, *a, **k):
+        if str(self).startswith(str(locked) + os.sep):
+            raise denied(self)
+        return real_stat(self, *a, **k)
+
+    def mkstemp(*a, dir=None, **k):
+        if str(dir).startswith(str(locked)):
+            raise denied(dir)
+        return real_mkstemp(*a, dir=dir, **k)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    monkeypatch.setattr(datasets.tempfile, "mkstemp", mkstemp)
+    data = load_household_power(cache_dir=locked / "sub")
+    np.testing.assert_array_equal(data.values, [[1.5, 2.0], [3.0, 4.0]])
+
+
+def test_other_errors_of_the_cache_lookup_are_not_swallowed(tmp_path, monkeypatch):
+    """Only an OSError of the cache location is a lost speed-up; anything else propagates."""
+    from pathlib import Path
+    _tiny(tmp_path, monkeypatch)
+
+    def broken(self):
+        raise RuntimeError("not an OSError")
+    monkeypatch.setattr(Path, "is_file", broken)
+    with pytest.raises(RuntimeError, match="not an OSError"):
+        load_household_power(cache_dir=tmp_path / "c")

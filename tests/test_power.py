@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import importlib.metadata
+import fractions
 import functools
 import os
 import re
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -13,11 +15,13 @@ import pytest
 from streamfhmm import FHMM
 from streamfhmm.datasets import HOUSEHOLD_POWER_COLUMNS, HouseholdPower
 from streamfhmm.power import (AGGREGATE_COLUMNS, PAPER_COLUMNS, SUBMETER_COLUMNS, PowerSplit,
-                              disaggregate_report, disaggregation_metrics, fit_aggregate_baseline,
-                              fit_submeter_map, likelihood_per_step, mse_per_dimension,
-                              period_minutes, plot_submeters, power_split, predict_aggregate_baseline,
-                              predict_submeters, protocol_mse, protocol_table, range_floor_mse,
-                              reconstruction_range, submeter_features, svi_settings)
+                              check_svi_kwargs, disaggregate_report, disaggregation_metrics,
+                              fit_aggregate_baseline, fit_submeter_map, format_mse_rows,
+                              likelihood_per_step, mse_per_dimension, period_minutes,
+                              plot_reconstruction, plot_submeters, power_split,
+                              predict_aggregate_baseline, predict_submeters, protocol_mse,
+                              protocol_table, range_floor_mse, reconstruction_range,
+                              submeter_features, svi_settings)
 
 from . import naive
 
@@ -55,6 +59,14 @@ def _synthetic_household(n_days: int, seed: int) -> HouseholdPower:
     imputed[2 * 1440 + 100:2 * 1440 + 110] = True  # in the first test day of n_train = 2 days
     return HouseholdPower(timestamps=ts, columns=list(HOUSEHOLD_POWER_COLUMNS), values=values,
                           imputed=imputed)
+
+
+def _no_fit(monkeypatch):
+    """Make any fit fail: the checks must come before it."""
+    @functools.wraps(FHMM.fit)          # keeps fit's signature, whose keywords the checks use
+    def no_fit(self, *a, **k):
+        raise AssertionError("fitted before the arguments were checked")
+    monkeypatch.setattr(FHMM, "fit", no_fit)
 
 
 # ----------------------------------------------------------------------------------------
@@ -804,6 +816,15 @@ def test_protocol_table_small():
     (dict(svi_kwargs=dict(init="kmeans", n_init=2)), "n_init applies to init='smf' or 'auto'"),
     (dict(svi_kwargs=dict(learning_rate=-1.0)), "learning_rate must be"),
     (dict(svi_kwargs=dict(n_jobs=0)), "n_jobs (or -1 for every processor) must be an integer >= 1, got 0"),
+    # a typo, or a key protocol_table passes itself: a TypeError after the SMF-EM fits
+    (dict(svi_kwargs=dict(max_iter=10, lerning_rate=1e-3)),
+     "svi_kwargs has an unknown key 'lerning_rate'; the keys accepted are ['batch_size', 'client', "),
+    (dict(svi_kwargs=dict(max_iter=10, progress=True)),
+     "svi_kwargs must not set 'progress': protocol_table's progress argument sets it; the keys accepted are"),
+    (dict(svi_kwargs=dict(max_iter=10, method="smf")),
+     "svi_kwargs must not set 'method': protocol_table fits its proposed model by SVI"),
+    (dict(svi_kwargs={1: 2}), "svi_kwargs has an unknown key 1"),
+    (dict(svi_kwargs=[("max_iter", 10)]), "svi_kwargs must be a dict of keyword arguments, got list"),
 ])
 def test_protocol_table_checks_before_the_fits(monkeypatch, kwargs, message):
     @functools.wraps(FHMM.fit)          # keeps fit's signature, whose defaults the checks use
@@ -863,9 +884,7 @@ def test_likelihood_per_step_orders_the_bounds():
      "every row of the evaluation period is one the data file filled from the previous day"),
 ])
 def test_disaggregate_report_checks_before_the_fit(monkeypatch, kwargs, message):
-    def no_fit(self, *a, **k):
-        raise AssertionError("fitted before the arguments were checked")
-    monkeypatch.setattr(FHMM, "fit", no_fit)
+    _no_fit(monkeypatch)     # (fit's signature kept: the checks read its keywords)
     data = _synthetic_household(5, 0)
     kw = dict(n_train=2 * 1440, calibration_days=1, evaluation_days=1.5, plot_dir=None)
     if "plot_day" in kwargs:
@@ -889,9 +908,7 @@ def test_disaggregate_report_given_model_checks_calibration_rows(monkeypatch):
 
 
 def test_disaggregate_report_unwritable_plot_dir_before_the_fit(monkeypatch, tmp_path):
-    def no_fit(self, *a, **k):
-        raise AssertionError("fitted before plot_dir was checked")
-    monkeypatch.setattr(FHMM, "fit", no_fit)
+    _no_fit(monkeypatch)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(NotADirectoryError):
@@ -923,8 +940,17 @@ def test_disaggregate_report_before_plots(monkeypatch, tmp_path):
     (["--iters", "-5"], "--iters must be a positive integer, got -5"),
     (["--iters", "100", "--net-warmup", "100"], "--net-warmup must be an integer from 0 to --iters - 1, got 100"),
     (["--n-jobs", "0"], "--n-jobs must be a positive integer or -1, got 0"),
-    (["--calibration-days", "nan"], "--calibration-days must be a positive number, got nan"),
-    (["--on-threshold", "-1"], "--on-threshold must be a number >= 0, got -1.0"),
+    (["--calibration-days", "nan"],
+     "--calibration-days must be a finite number of days of at least one minute (1/1440), got nan"),
+    (["--on-threshold", "-1"], "--on-threshold must be a finite number > 0, got -1.0"),
+    # what the library refuses, after the data was loaded (a traceback)
+    (["--on-threshold", "0"], "--on-threshold must be a finite number > 0, got 0.0"),
+    (["--train-rows", "1"], "--train-rows must be an integer from 2 to 1,000,000 (the training minutes), got 1"),
+    (["--learning-rate", "inf"], "--learning-rate must be a finite number > 0, got inf"),
+    (["--calibration-days", "inf"],
+     "--calibration-days must be a finite number of days of at least one minute (1/1440), got inf"),
+    (["--evaluation-days", "1e-9"],     # (rounds to no minute)
+     "--evaluation-days must be a finite number of days of at least one minute (1/1440), got 1e-09"),
 ])
 def test_example_refuses_bad_options_in_their_names(argv, message):
     """examples/power_disaggregation.py: a usage error naming the option (it printed the
@@ -1003,3 +1029,187 @@ def test_theta_only_a_rounding_error_outside_unit_interval_is_clipped():
     for bad in (1.0 + 1e-7, -1e-7):
         with pytest.raises(ValueError, match="theta must hold probabilities"):
             submeter_features([[bad]])
+
+
+# -- found by a review (each test fails on the code before its fix) ---------------------------
+
+
+def test_check_svi_kwargs_refuses_unknown_and_callers_keys():
+    """check_svi_kwargs (also bench/power.py's check) names a key FHMM.fit does not take, and
+    those its callers pass themselves, with the accepted keys."""
+    assert check_svi_kwargs(svi_settings(max_iter=60)) == 10
+    with pytest.raises(ValueError, match=re.escape("fit_kwargs has an unknown key 'lerning_rate'; the "
+                                                   "keys accepted are ['batch_size'")):
+        check_svi_kwargs(svi_settings(max_iter=60, lerning_rate=1e-3))
+    for key in ("progress", "method"):
+        with pytest.raises(ValueError, match=f"fit_kwargs must not set '{key}'"):
+            check_svi_kwargs({**svi_settings(max_iter=60), key: True})
+
+
+@pytest.mark.parametrize("columns", [AGGREGATE_COLUMNS, PAPER_COLUMNS[::-1]])
+def test_protocol_table_refuses_a_split_of_other_columns(monkeypatch, columns):
+    """Three columns fitted for minutes, then failed in format (a broadcast error); six
+    columns in another order were labelled, and compared with the paper, in its order."""
+    _no_fit(monkeypatch)
+    split = power_split(_synthetic_household(3, 4), columns=columns, n_train=3000)
+    with pytest.raises(ValueError, match=re.escape(
+            f"protocol_table scores the paper's six columns in the order of its Table 2, "
+            f"{list(PAPER_COLUMNS)} (power_split(data), columns left at their default), got a split of "
+            f"{list(columns)}")):
+        protocol_table(split, n_scored=600, svi_kwargs=dict(max_iter=10))
+
+
+def test_format_mse_rows_refuses_rows_of_other_columns():
+    assert len(format_mse_rows([("x", np.zeros(6), 1.0)])) == 2
+    with pytest.raises(ValueError, match=re.escape("row 'x': mse must hold 6 values, one per column of "
+                                                   "PAPER_COLUMNS")):
+        format_mse_rows([("x", np.zeros(3), 1.0)])
+
+
+def test_likelihood_per_step_needs_a_fitted_fhmm():
+    X = np.zeros((5, 3))
+    with pytest.raises(ValueError, match="this FHMM has no parameters yet"):
+        likelihood_per_step(FHMM(n_chains=2), X)          # (AttributeError: no params_)
+    with pytest.raises(ValueError, match="model must be an FHMM, got object"):
+        likelihood_per_step(object(), X)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(fit_kwargs=dict(max_iter=5, net_warmup=None)), "fit_kwargs['net_warmup'] must be an integer >= 0, got None"),
+    (dict(fit_kwargs=dict(max_iter=5, net_warmup="1")), "fit_kwargs['net_warmup'] must be an integer >= 0, got '1'"),
+    (dict(fit_kwargs=dict(max_iter=5, progress=True)),
+     "fit_kwargs must not set 'progress': disaggregate_report's progress argument sets it; the keys accepted are"),
+    (dict(fit_kwargs=dict(max_iter=5, lerning_rate=1e-3)), "fit_kwargs has an unknown key 'lerning_rate'"),
+    (dict(fit_kwargs=dict(max_iter=5, method="SVI")), "fit_kwargs['method'] must be 'svi', 'smf' or 'em', got 'SVI'"),
+    (dict(fit_kwargs=[("max_iter", 5)]), "fit_kwargs must be a dict of keyword arguments, got list"),
+    (dict(model_kwargs=dict(random_state=1)),
+     "model_kwargs must not set 'random_state': disaggregate_report's random_state argument sets it"),
+    (dict(model_kwargs=dict(n_chain=2)), "model_kwargs has an unknown key 'n_chain'; the keys accepted are "
+                                         "['covariance_type', 'n_chains', 'n_hidden', 'share_hidden', 'window']"),
+    # an int beyond the float range (OverflowError), a Fraction (TypeError formatting the message)
+    (dict(calibration_days=10 ** 400), "calibration_days and evaluation_days must be positive and fit in the 3 "
+                                       "test days, got 10000000000000000000... (401 characters) and 1.5"),
+    (dict(calibration_days=fractions.Fraction(100)), "must be positive and fit in the 3 test days, got 100 and 1.5"),
+    (dict(calibration_days=fractions.Fraction(3, 1440), model_kwargs=dict(n_chains=1)),
+     "the calibration period has 3 usable rows (calibration_days = 0.00208333, imputed rows"),
+])
+def test_disaggregate_report_checks_its_keyword_arguments_before_the_fit(monkeypatch, kwargs, message):
+    _no_fit(monkeypatch)
+    kw = dict(n_train=2 * 1440, calibration_days=1, evaluation_days=1.5)
+    kw.update(kwargs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        disaggregate_report(_synthetic_household(5, 0), **kw)
+
+
+def test_disaggregate_report_smf_fit_has_no_net_warmup():
+    """fit_kwargs={"method": "smf"}: the fit refused the net_warmup the report added (a
+    networks-only warm-up of an SVI fit); the report says how the model was fitted."""
+    seed = 5
+    print(f"seed={seed}")
+    report = disaggregate_report(_synthetic_household(4, seed), n_train=1440, calibration_days=1,
+                                 evaluation_days=1, model_kwargs=dict(n_chains=2),
+                                 fit_kwargs=dict(method="smf", max_iter=10), random_state=seed)
+    assert report.fit_settings == {"method": "smf", "max_iter": 10}
+    assert report.format().splitlines()[0].startswith(
+        "FHMM fit by structured mean-field EM (method='smf'): at most 10 iterations, ")
+    assert np.isfinite(report.fhmm["nde"]).all()
+
+
+@pytest.mark.parametrize("period", ["calibration", "evaluation"])
+def test_disaggregate_report_submeter_missing_for_a_whole_period_before_the_fit(monkeypatch, period):
+    """A sub-meter without a reading over the whole calibration (evaluation) period: the
+    map could not be fitted (nothing scored), found only after the fit."""
+    _no_fit(monkeypatch)
+    data = _synthetic_household(5, 0)
+    values = data.values.copy()
+    n_train, n_cal = 2 * 1440, 1440
+    rows = slice(n_train, n_train + n_cal) if period == "calibration" else slice(n_train + n_cal, None)
+    values[rows, data.columns.index("Sub_metering_2")] = np.nan
+    data = HouseholdPower(timestamps=data.timestamps, columns=data.columns, values=values,
+                          imputed=data.imputed)
+    message = ("the calibration period has 0 usable rows" if period == "calibration" else
+               "every row of the evaluation period is one the data file filled from the previous day "
+               "or misses an aggregate value or a sub-meter reading: nothing to score")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        disaggregate_report(data, n_train=n_train, calibration_days=1, evaluation_days=1.5,
+                            model_kwargs=dict(n_chains=2), fit_kwargs=dict(max_iter=10))
+
+
+def test_power_split_column_without_training_values():
+    """Said "constant over the training rows", after a RuntimeWarning (mean of an empty slice)."""
+    data = _synthetic_household(3, 0)
+    values = data.values.copy()
+    values[:2000, data.columns.index("Voltage")] = np.nan
+    data = HouseholdPower(timestamps=data.timestamps, columns=data.columns, values=values,
+                          imputed=data.imputed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=re.escape(
+                "column(s) ['Voltage'] have no observed value in the 2,000 training rows")):
+            power_split(data, n_train=2000)
+    with pytest.raises(ValueError, match=re.escape("column(s) ['Voltage'] are constant over the training rows")):
+        power_split(data, n_train=2001)     # (one value)
+
+
+def test_power_split_columns_none():
+    with pytest.raises(ValueError, match="columns must be a sequence of column names of .*, got None"):
+        power_split(_synthetic_household(3, 0), columns=None, n_train=2000)   # (TypeError)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("empty", "observed must be a 2-D array with at least one row and one column, got shape (0, 2)"),
+    ("no columns", "observed must be a 2-D array with at least one row and one column, got shape (3, 0)"),
+    ("few names", "columns must hold 2 names, one per column, got 1: ['a']"),
+    ("shapes", "reconstructed must have the shape of observed, (3, 2), got (3, 1)"),
+    ("timestamps", "timestamps must have shape (3,), one per row, got (2,)"),
+])
+def test_plots_refuse_bad_input(tmp_path, case, message):
+    """An IndexError (or a broadcast error) from the plotting, not a message."""
+    ts = np.datetime64("2009-01-01T00:00") + np.arange(3) * np.timedelta64(1, "m")
+    obs, rec, cols = np.zeros((3, 2)), np.ones((3, 2)), ["a", "b"]
+    if case == "empty":
+        ts, obs, rec = ts[:0], obs[:0], rec[:0]
+    elif case == "no columns":
+        obs, rec, cols = obs[:, :0], rec[:, :0], []
+    elif case == "few names":
+        cols = ["a"]
+    elif case == "shapes":
+        rec = rec[:, :1]
+    else:
+        ts = ts[:2]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plot_reconstruction(ts, obs, rec, cols, tmp_path / "a.png")
+    sub = message.replace("observed", "true").replace("reconstructed", "estimated")
+    with pytest.raises(ValueError, match=re.escape(sub)):
+        plot_submeters(ts, obs, rec, None, cols, tmp_path / "s.png")
+    assert not list(tmp_path.iterdir())
+
+
+def test_example_checks_the_periods_against_the_data(monkeypatch, capsys):
+    """--calibration-days longer than the data: a usage error naming the options, before the
+    fit (a library traceback)."""
+    import importlib.util
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                          "power_disaggregation.py")
+    if not os.path.isfile(script):
+        pytest.skip(f"no examples/ beside the tests ({script}): run from a source checkout")
+    spec = importlib.util.spec_from_file_location("power_disaggregation_example", script)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    class Data:     # (the example reads the length and the first and last timestamps)
+        timestamps = np.array(["2006-12-16T17:24", "2010-11-26T21:02"], dtype="datetime64[s]")
+
+        def __len__(self):
+            return 1_000_000 + 3 * 1440
+
+    def no_report(*a, **k):
+        raise AssertionError("disaggregate_report called with periods longer than the data")
+    monkeypatch.setattr(example, "load_household_power", lambda: Data())
+    monkeypatch.setattr(example, "disaggregate_report", no_report)
+    with pytest.raises(SystemExit) as exc:
+        example.main(["--calibration-days", "2", "--evaluation-days", "1.5", "--no-progress"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        ": error: --calibration-days and --evaluation-days must fit in the 4,320 "
+        "test minutes (3 days) after the 1,000,000 training ones, got 2 and 1.5 days")
