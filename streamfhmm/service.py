@@ -80,7 +80,7 @@ from .io.checkpoint import write_atomically
 from .io.fastwire import STOP_ERROR, STOP_SLOW
 from .io.lane import LANE_STATUS, serve_lane
 from .io.wire import (JSON_NUMBER, SEQ_LIMIT, TS_TEXT_BYTES, Heartbeat, SampleRun, check_topic,
-                      encode_heartbeat, encode_sample, topic_name, ts_from_text, ts_text)
+                      encode_heartbeat, encode_sample, topic_name, ts_from_text, ts_text, TsText)
 from .io.zmq import RateLimitedLog, ZmqSink, ZmqSource
 from .stream.engine import _CHUNK as _ENGINE_CHUNK
 from .stream.engine import PosteriorBatch
@@ -266,12 +266,13 @@ class _Pending:
         self.n -= k
 
     def pop(self, t: int):
-        """(seq, ts) of position t, dropping it and anything before; (-1, 0.0) if absent."""
+        """(seq, ts) of position t, dropping it and anything before; (-1, 0.0) if absent.
+        ``ts`` is a :class:`~streamfhmm.io.wire.TsText`: the encoder repeats its text."""
         self._drop_before(t)
         if self.n == 0 or self.t0 != t:
             return -1, 0.0
         h = self.head
-        out = int(self.seq[h]), ts_from_text(self.text[h], self.tlen[h])
+        out = int(self.seq[h]), TsText(self.text[h, :self.tlen[h]].tobytes())
         self._drop_before(t + 1)
         return out
 

@@ -1708,6 +1708,39 @@ def test_resume_publishes_pending_time_stamps_as_they_arrived(tmp_path):
         ctx.term()
 
 
+@pytest.mark.parametrize("fmt", ["binary", "json"])
+def test_a_posterior_published_alone_repeats_its_time_stamp_text(tmp_path, fmt):
+    """A read that yields one posterior of a stream (several streams in turn) published
+    it through the Python encoder with repr of its time stamp's float (1700000041 came
+    back as 1700000041.0, 1e3 as 1000.0), where a block repeats the text: a consumer
+    joining output to input by that text missed some."""
+    svc, feed, close = _direct_service(tmp_path)
+    if fmt == "json":
+        svc.sink.format = "json"
+    sub = svc.sink.socket.context.socket(zmq.SUB)
+    try:
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(svc.sink.endpoint)
+        sub.subscribe(b"")
+        assert svc.sink.wait_for_subscribers(1, timeout=10.0)
+        texts = [b"1700000041", b"1e3", b"2.50", b"-0", b"12345678901234567890"]
+        for q, text in enumerate(texts):
+            for topic in (b"a", b"b"):       # one sample of each topic per read
+                feed([topic, b'{"seq":%d,"ts":%s}' % (q, text), _values(0, q).tobytes()])
+        feed(_end(b"a", len(texts) - 1), _end(b"b", len(texts) - 1))   # (the lag, flushed)
+        got = []
+        while len(got) < 2 * len(texts) and sub.poll(10_000):
+            got.append(sub.recv_multipart())
+        heads = [m[1] if fmt == "binary" else m[0] for m in got]
+        found = {(m[0] if fmt == "binary" else json.loads(h)["topic"].encode(), json.loads(h)["seq"]):
+                 re.search(rb'"ts":([^,]*),', h).group(1) for m, h in zip(got, heads)}
+        assert found == {(topic, q): t for q, t in enumerate(texts) for topic in (b"a", b"b")}
+        assert sorted(float(json.loads(h)["ts"]) for h in heads) == sorted(float(t) for t in texts for _ in (0, 1))
+    finally:
+        sub.close(0)
+        close()
+
+
 def test_bad_checkpoint_directory_is_a_clear_error(tmp_path):
     d = tmp_path / "ckpt"
     d.mkdir()

@@ -44,9 +44,10 @@ Output (one posterior per input sample, in order), ``--format binary``:
 "version": v, "flags": f, "theta": [...], "rho": [...], "mean": [...]}`` (written as
 ``json.dumps(..., separators=(",", ":"))`` does; a non-finite value is ``null``).
 
-In both formats ``ts`` is the input's time-stamp number; the compiled paths repeat the
-text it arrived as, the Python encoders write ``repr`` of its float (the same text for
-the canonical input every streamfhmm producer writes).
+In both formats ``ts`` is the input's time-stamp number, as the text it arrived as when
+its header was canonical (``{"seq":<int>,"ts":<number>}``, what every streamfhmm producer
+writes; texts of up to ``TS_TEXT_BYTES``), whichever encoder publishes it (the compiled
+paths, and the Python ones given a :class:`TsText`), else as ``repr`` of its float.
 
 Output heartbeat (when a stream, or the whole service, is idle):
 ``[topic, {"heartbeat": true, "seq": last_seq_received, "t": next_t, "ts": now}, b""]``
@@ -82,7 +83,7 @@ import numpy as np
 __all__ = [
     "ERROR_KINDS", "WireError", "Sample", "SampleRun", "Heartbeat", "PosteriorMessage",
     "MAX_TOPIC_BYTES", "MAX_HEADER_BYTES", "SEQ_LIMIT", "max_json_bytes", "max_frame_bytes",
-    "TS_TEXT_BYTES", "ts_text", "ts_from_text", "check_topic", "topic_name",
+    "TS_TEXT_BYTES", "ts_text", "ts_from_text", "TsText", "check_topic", "topic_name",
     "encode_sample", "encode_heartbeat", "encode_posterior", "encode_posterior_batch",
     "encode_service_heartbeat",
     "decode_input", "decode_output", "subscription_prefixes",
@@ -149,13 +150,30 @@ class Sample(NamedTuple):
 
 
 def ts_text(ts: float) -> bytes:
-    """The JSON number text of a time stamp, as the encoders write it (``repr``)."""
-    return b"%r" % float(ts)
+    """The JSON number text of a time stamp, as the encoders write it: the text it
+    arrived as (a :class:`TsText`), else ``repr``."""
+    text = getattr(ts, "text", None)
+    return b"%r" % float(ts) if text is None else text
 
 
 def ts_from_text(text, length: int) -> float:
     """The float of a time-stamp text: the first ``length`` bytes of a uint8 row."""
     return float(text[:length].tobytes())
+
+
+class TsText(float):
+    """A time stamp that keeps the JSON number text it arrived as (``text``, bytes).
+
+    A float wherever a float is taken; :func:`encode_posterior` repeats ``text`` in the
+    output, as the block encoders do, not ``repr`` of the float (``1700000041`` came
+    back as ``1700000041.0`` from a posterior published alone, character for character
+    from one published in a block).
+    """
+
+    def __new__(cls, text: bytes):
+        self = super().__new__(cls, text)
+        self.text = bytes(text)
+        return self
 
 
 class SampleRun:
@@ -349,7 +367,8 @@ def decode_input(frames, n_features: int) -> Sample | Heartbeat:
         if m is not None and len(payload):
             # the compact form every streamfhmm producer writes: parsed without json
             seq = int(m.group(1))
-            ts = float(m.group(2))
+            # (its text kept, as the compiled decoder keeps it: the output repeats it)
+            ts = TsText(m.group(2)) if len(m.group(2)) <= TS_TEXT_BYTES else float(m.group(2))
             if seq >= SEQ_LIMIT or not math.isfinite(ts):
                 raise WireError("fields", f"header needs \"seq\" in [0, 2**63) and a finite \"ts\", "
                                           f"got {header[:80]!r}")
@@ -521,17 +540,22 @@ def encode_posterior(topic, seq: int, ts: float, post, format: str = "binary") -
     format : {"binary", "json"}
     """
     topic = _topic_bytes(topic)
+    text = getattr(ts, "text", None)   # (a TsText: the number text it arrived as)
     seq, ts = _check_seq_ts(seq, ts)
     theta, rho, mean = post.theta, post.rho, post.mean
     if format == "binary":
-        header = b'{"seq":%d,"t":%d,"ts":%r,"version":%d,"flags":%d,"n_chains":%d}' % (
-            seq, post.t, ts, post.version, post.flags, theta.shape[0])
+        header = b'{"seq":%d,"t":%d,"ts":%s,"version":%d,"flags":%d,"n_chains":%d}' % (
+            seq, post.t, b"%r" % ts if text is None else text, post.version, post.flags,
+            theta.shape[0])
         return [topic, header, np.concatenate((theta, rho, mean)).astype(_LE_F8, copy=False).tobytes()]
     if format == "json":
-        return [_json_dumps({"topic": topic.decode("utf-8"), "seq": seq, "t": int(post.t),
-                             "ts": ts, "version": int(post.version), "flags": int(post.flags),
-                             "theta": _finite_list(theta), "rho": _finite_list(rho),
-                             "mean": _finite_list(mean)})]
+        body = _json_dumps({"topic": topic.decode("utf-8"), "seq": seq, "t": int(post.t),
+                            "ts": 0 if text is not None else ts, "version": int(post.version),
+                            "flags": int(post.flags), "theta": _finite_list(theta),
+                            "rho": _finite_list(rho), "mean": _finite_list(mean)})
+        if text is not None:   # (the topic, a JSON string, cannot hold this unescaped)
+            body = body.replace(b',"ts":0,"version":', b',"ts":' + text + b',"version":', 1)
+        return [body]
     raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
 
 
