@@ -9,7 +9,7 @@ timed up to M = 10 by default (O(4^M) per step: about 390 steps at M = 10, a few
 The whole run is on one core: BLAS is limited to one thread (threadpoolctl, via
 ``streamfhmm._blas.limit_blas_threads``) for both sides, since multithreaded OpenBLAS on
 this shared 2-core machine made hmmlearn's time swing several-fold between runs.
-Targets (issue: foundation): ≥ 100× hmmlearn at M = 8; ≥ 50,000 steps/s at M = 10.
+Targets: ≥ 100× hmmlearn at M = 8; ≥ 50,000 steps/s at M = 10.
 """
 from __future__ import annotations
 

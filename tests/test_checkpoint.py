@@ -285,7 +285,7 @@ def test_close_writes_a_last_checkpoint_and_periodic_ones_count(tmp_path):
         assert back.n_samples == 1000 and back.metrics()["checkpoints"] == 4
 
 
-# ------------------------------------------------------------------ review regressions
+# ------------------------------------------------------------------ regressions
 def test_resume_with_an_explicit_learn_samples_already_passed(tmp_path):
     """resume(path, learn_samples=N) at a position past N switches learning off (it
     stayed on: the passed limit was dropped); the checkpoint's own passed limit is not

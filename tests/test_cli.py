@@ -1362,7 +1362,7 @@ def test_serve_checkpoint_every_default(tmp_path, capsys, monkeypatch, extra, ex
     assert seen["every"] == expected
 
 
-# -- data files and results a review of the command line found wrong (each test failed) --------
+# -- data files and results the command line got wrong (each test failed before its fix) ------
 def _named_model(tmp_path, names, name="named.npz") -> str:
     """:func:`_two_chain_model` (3 features) with the features called ``names``."""
     model = FHMM.load(_two_chain_model(tmp_path))

@@ -419,7 +419,7 @@ def test_blank_inside_a_number_refused(tmp_path):
         parse_household_power_csv(path)
 
 
-# -- found by a review (each test fails on the code before its fix) ---------------------------
+# -- regressions (each test fails on the code before its fix) ---------------------------------
 
 
 def test_cache_dir_with_a_name_too_long_is_skipped(tmp_path, monkeypatch):

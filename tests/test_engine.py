@@ -726,7 +726,7 @@ def test_learner_steps_property_is_the_metric():
         assert 0 < before <= eng.learner_steps <= eng.metrics()["learner_steps"]
 
 
-# ------------------------------------------------------------------ review regressions
+# ------------------------------------------------------------------ regressions
 def test_a_rejected_first_sample_does_not_fix_D():
     """push([inf]) on an engine that does not know D yet, an (n, 0) block, or a
     warm-up value beyond 1e150: refused, and D is still open (it was set from the

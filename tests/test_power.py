@@ -1031,7 +1031,7 @@ def test_theta_only_a_rounding_error_outside_unit_interval_is_clipped():
             submeter_features([[bad]])
 
 
-# -- found by a review (each test fails on the code before its fix) ---------------------------
+# -- regressions (each test fails on the code before its fix) ---------------------------------
 
 
 def test_check_svi_kwargs_refuses_unknown_and_callers_keys():

@@ -20,9 +20,9 @@ The time stamp travels as text: ``"ts"`` of an output header is the number's tex
 from the input header, character for character (the same JSON number), so nothing
 converts it to binary and back on the hot path.
 
-Both paths produce the same messages (but for that text: the Python encoder, which
-sends posteriors published one at a time, writes ``repr`` of the time stamp's float,
-the same number) and the same decoded values;
+Both paths produce the same messages (the Python encoder repeats the number text of a
+canonical header too, given it as a :class:`~streamfhmm.io.wire.TsText`, and writes
+``repr`` of the float for any other header) and the same decoded values;
 tests/test_fastwire.py checks it message by message against the Python encoder and
 decoder.
 """

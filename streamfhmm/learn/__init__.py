@@ -1,1 +1,3 @@
-"""Learning algorithms: SMF-EM and the stochastic variational learner."""
+"""Learning algorithms: the stochastic variational learner (``svi``), structured
+mean-field EM (``smf``), exact EM (``em``) and the Dask data-parallel learner
+(``distributed``)."""
