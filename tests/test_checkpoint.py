@@ -701,3 +701,177 @@ def test_write_atomically_fsyncs_the_file_and_cleans_up_a_failed_write(tmp_path,
     with pytest.raises(RuntimeError):
         write_atomically(str(target), boom)
     assert sorted(os.listdir(tmp_path)) == ["f.bin", "f.txt"] and target.read_text() == "old"
+
+
+# -- resume: overrides, paths and states a review found taken (each test failed before) -----
+def _exact_checkpoint(tmp_path, mode="smooth", n=100, learn=False, seed=70, name="ck", **kw):
+    model = _model(seed, M=2, D=3, window=3, n_hidden=4)
+    X, _ = model.sample(n + 200, random_state=seed + 1)
+    with StreamEngine(model, mode=mode, posterior="exact", learn=learn, **kw) as eng:
+        eng.push_many(X[:n])
+        path = eng.checkpoint(tmp_path / name)
+    return path, X
+
+
+def test_resume_stores_numpy_scalar_overrides_as_python_numbers(tmp_path):
+    """Numpy-scalar overrides were stored as they were: the next checkpoint (explicit or
+    periodic) failed with "Object of type int64 is not JSON serializable"."""
+    path, X = _exact_checkpoint(tmp_path)
+    overrides = dict(checkpoint_every=np.int64(50), checkpoint_path=tmp_path / "periodic",
+                     learning_rate=np.float32(0.01), latency_window=np.int64(100),
+                     snapshot_interval=np.int32(5), checkpoint_seconds=np.float64(1e6))
+    with StreamEngine.resume(path, **overrides) as eng:
+        eng.push_many(X[100:220])
+        again = eng.checkpoint(tmp_path / "again")
+        assert eng.metrics()["checkpoint_error"] is None
+        assert eng.metrics()["checkpoints"] >= 2     # two periodic ones, and the explicit one
+        for key in overrides:
+            if key != "checkpoint_path":
+                assert type(eng._cfg[key]) is type(overrides[key].item()), key
+    assert eng.metrics()["checkpoint_error"] is None   # (the last one, at close)
+    meta, _ = load_checkpoint(again)
+    assert meta["config"]["checkpoint_every"] == 50 and meta["config"]["latency_window"] == 100
+    StreamEngine.resume(again).close()
+
+
+def test_resume_takes_a_bytes_path_and_refuses_a_non_path(tmp_path):
+    """resume(b"ck") raised TypeError (str + bytes), resume(5) / resume(None) TypeError
+    from os.fspath: bytes now work as in checkpoint(), a non-path is a ValueError."""
+    path, X = _exact_checkpoint(tmp_path)
+    stem = os.fsencode(str(path)[:-len(".npz")])
+    for p in (stem, os.fsencode(str(path))):
+        with StreamEngine.resume(p) as eng:
+            assert eng.n_samples == 100
+    for bad in (5, None, 2.5):
+        with pytest.raises(ValueError, match="path must be a file name"):
+            StreamEngine.resume(bad)
+        with pytest.raises(ValueError, match="path must be a file name"):
+            load_checkpoint(bad)
+
+
+def test_resume_refuses_learn_samples_without_learning(tmp_path):
+    """The constructor refuses learn_samples with learn=False; resume took it, as an
+    override with learn=False or on a checkpoint without a learner."""
+    quiet, _ = _exact_checkpoint(tmp_path, name="quiet")
+    with pytest.raises(ValueError, match="learn_samples needs learn=True"):
+        StreamEngine.resume(quiet, learn_samples=10)
+    with pytest.raises(ValueError, match="learn_samples needs learn=True"):
+        StreamEngine.resume(quiet, learn=False, learn_samples=np.int64(10))
+    learning, _ = _exact_checkpoint(tmp_path, learn=True, learn_samples=1000, learner_duty=0.1,
+                                    name="learning")
+    with pytest.raises(ValueError, match="learn_samples needs learn=True"):
+        StreamEngine.resume(learning, learn=False, learn_samples=500)
+    # still taken: learning switched off, the checkpoint's own limit then inert
+    with StreamEngine.resume(learning, learn=False) as eng:
+        assert not eng.learning
+    with StreamEngine.resume(quiet, learn=True, learn_samples=500) as eng:
+        assert eng.learning
+
+
+@pytest.mark.parametrize("mode", ["filter", "smooth"])
+@pytest.mark.parametrize("damage", ["zeros", "half", "double"])
+def test_resume_refuses_exact_messages_that_are_no_probability_vectors(tmp_path, mode, damage):
+    """exact.alpha all zeros (or not summing to 1) passed the finite / non-negative check,
+    and every later posterior was NaN."""
+    path, X = _exact_checkpoint(tmp_path, mode=mode)
+    meta, arrays = load_checkpoint(path)
+    alpha = arrays["exact.alpha"]
+    np.testing.assert_allclose(alpha.sum(axis=1), 1.0, atol=1e-12)   # what the engine writes
+    if damage == "zeros":
+        bad = np.zeros_like(alpha)
+    else:
+        bad = alpha.copy()
+        bad[-1] *= {"half": 0.5, "double": 2.0}[damage]      # one slot only
+    p = _damaged(tmp_path, meta, arrays, array_changes=[("exact.alpha", bad)])
+    with pytest.raises(ValueError, match="exact.alpha must hold probability vectors"):
+        StreamEngine.resume(p)
+
+
+def test_resume_reads_only_the_exact_messages_of_the_open_sequence(tmp_path):
+    """Slots the filter has not written (a sequence shorter than the lag, or closed by
+    flush) are zeros in a valid checkpoint: still taken, and the posteriors continue as
+    the uninterrupted engine's."""
+    model = _model(72, M=2, D=3, window=5, n_hidden=4)
+    X, _ = model.sample(60, random_state=73)
+    for n, flush in ((1, False), (2, False), (30, True)):
+        with StreamEngine(model, posterior="exact", learn=False) as ref:
+            ref.push_many(X[:n])
+            if flush:
+                ref.flush()
+            p = ref.checkpoint(tmp_path / f"ck{n}")
+            want = ref.push_many(X[n:])
+        meta, arrays = load_checkpoint(p)
+        if not flush:
+            assert (arrays["exact.alpha"].sum(axis=1) == 0).any()   # an unwritten slot
+        with StreamEngine.resume(p) as eng:
+            got = eng.push_many(X[n:])
+        np.testing.assert_array_equal(got.theta, want.theta)
+        np.testing.assert_array_equal(got.t, want.t)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("n_hidden", -1, "n_hidden must be an integer >= 1"),
+    ("n_hidden", 2.5, "n_hidden must be an integer >= 1"),
+    ("share_hidden", "x", "share_hidden must be one of"),
+    ("covariance_type", "bogus", "covariance_type must be one of"),
+    ("n_chains", 1.5, "n_chains must be an integer >= 1"),
+    ("n_chains", True, "n_chains must be an integer >= 1"),
+    ("n_chains", 0, "n_chains must be an integer >= 1"),
+])
+def test_resume_checks_a_warmup_checkpoints_model_hyperparameters(tmp_path, key, value, message):
+    """A warm-up checkpoint's model hyperparameters were not checked: n_hidden=-1 or
+    covariance_type='bogus' were taken and the warm-up could then never end (every block
+    that ended it was refused); n_chains=1.5 became a model of one chain."""
+    model = _model(74, M=2, D=3, window=3, n_hidden=4)
+    X, _ = model.sample(60, random_state=75)
+    with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), learn=True, warmup=100,
+                      warmup_steps=20, random_state=0) as eng:
+        eng.push_many(X[:50])
+        path = eng.checkpoint(tmp_path / "ck")
+    meta, arrays = load_checkpoint(path)
+    p = _damaged(tmp_path, meta, arrays, meta_changes=[(f"config.{key}", value)])
+    with pytest.raises(ValueError, match=message):
+        StreamEngine.resume(p)
+    with StreamEngine.resume(path) as eng:            # the undamaged one
+        assert eng.warming_up
+
+
+def test_resume_refuses_a_learner_state_that_contradicts_its_configuration(tmp_path):
+    """The learner's and reservoir's state was taken as it was: segments of 1e200 (every
+    step discarded), a capacity, half-life or stride of its own (replacing the
+    configuration's reservoir_size / recency_half_life), an infinite ELBO, or more
+    frozen steps than net_burnin."""
+    import json
+    seed = 76
+    model = _model(seed, M=2, D=3, window=3, n_hidden=4)
+    X, _ = model.sample(400, random_state=seed + 1)
+    net = _with_net(model, X, seed)
+    with StreamEngine(model, learn=True, net=net, batch_size=4, reservoir_size=30,
+                      learner_duty=0.1, random_state=seed) as eng:
+        eng.learning = False
+        eng.push_many(X[:300])
+        path = eng.checkpoint(tmp_path / "ck")
+    meta, arrays = load_checkpoint(path)
+    rmeta = json.loads(str(arrays["learner.reservoir.meta"]))
+    assert rmeta["size"] > 0 and rmeta["capacity"] == 30
+
+    def res_meta(**changes):
+        return np.array(json.dumps(dict(rmeta, **changes)))
+
+    data = arrays["learner.reservoir.data"].copy()
+    data[0, 0, 0] = 1e200
+    counters = arrays["learner.counters"].copy()
+    counters[3] = 10 ** 15
+    for changes, message in (
+            ([("learner.reservoir.data", data)], r"values within ±1e\+150"),
+            ([("learner.reservoir.meta", res_meta(capacity=1000))], "contradict the configuration"),
+            ([("learner.reservoir.meta", res_meta(capacity=10 ** 12))], "contradict the configuration"),
+            ([("learner.reservoir.meta", res_meta(half_life=5.0))], "contradict the configuration"),
+            ([("learner.reservoir.meta", res_meta(stride=7))], "contradict the configuration"),
+            ([("learner.counters", counters)], "steps left with the model frozen"),
+            ([("learner.elbo", np.array(np.inf))], "elbo must be finite")):
+        p = _damaged(tmp_path, meta, arrays, array_changes=changes)
+        with pytest.raises(ValueError, match=message):
+            StreamEngine.resume(p)
+    with StreamEngine.resume(path) as eng:            # the undamaged one
+        assert eng._learner.reservoir.capacity == 30

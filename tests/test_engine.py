@@ -1770,3 +1770,33 @@ def test_a_missing_checkpoint_directory(tmp_path):
         assert back.checkpoint(tmp_path / "again") == str(tmp_path / "again.npz")
     with pytest.raises(ValueError, match=r"checkpoint_path '.*missing/ck' cannot be written"):
         StreamEngine.resume(copy, checkpoint_path=missing)
+
+
+def test_a_huge_warmup_grows_its_buffer_and_huge_sizes_are_value_errors(tmp_path):
+    """warmup=10**13 was taken, then every push raised MemoryError (the buffer was
+    allocated for the whole warm-up up front); reservoir_size=10**12 and
+    subchain_length=10**9 were a MemoryError at construction."""
+    from streamfhmm.stream.engine import MAX_RESERVOIR_SIZE, MAX_SUBCHAIN_LENGTH
+    m = _model(M=2, D=3, window=3, n_hidden=4, seed=80)
+    X = _data(m, 300, seed=81)
+    for n_features in (None, 3):
+        with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), learn=True, warmup=10**13,
+                          n_features=n_features, random_state=0) as eng:
+            for x in X[:5]:
+                assert eng.push(x) == []
+            assert eng.push_many(X[5:300]).t.size == 0 and eng.warming_up
+            assert eng.metrics()["rejected"] == 0
+            assert eng._wbuf.shape[0] < 10_000                  # grown, not preallocated
+            np.testing.assert_array_equal(eng._warmup_samples(), X[:300])
+            path = eng.checkpoint(tmp_path / "warm")
+        with StreamEngine.resume(path) as back:
+            back.push_many(X[:10])
+            assert back._wbuf.shape[0] < 10_000 and back.metrics()["rejected"] == 0
+    for kw, message in ((dict(reservoir_size=10**12), "reservoir_size must be at most 1,000,000"),
+                        (dict(reservoir_size=MAX_RESERVOIR_SIZE + 1), "reservoir_size must be at most"),
+                        (dict(subchain_length=10**9), "subchain_length must be at most 10,000"),
+                        (dict(subchain_length=MAX_SUBCHAIN_LENGTH + 1), "subchain_length must be at most")):
+        with pytest.raises(ValueError, match=message):
+            StreamEngine(m, learn=True, posterior="exact", **kw)
+    StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), learn=True,
+                 reservoir_size=MAX_RESERVOIR_SIZE, subchain_length=MAX_SUBCHAIN_LENGTH).close()

@@ -1,5 +1,6 @@
 """The background learner's rate control: the duty bound, run-time changes, prompt
 stop and jobs during a pause, argument checks, the setting in engine checkpoints."""
+import json
 import math
 import time
 
@@ -634,3 +635,31 @@ def test_the_thread_learns_once_the_reservoir_holds_min_fill_segments():
     finally:
         th.stop(10)
     assert th.error is None and learner.steps > 0
+
+
+def test_load_arrays_refuses_an_infinite_elbo_a_long_freeze_and_another_reservoir():
+    """An infinite ELBO (kept in every later running mean), more frozen steps than the
+    caller allows (net_burnin) and a reservoir of another capacity were taken; a refused
+    state leaves the learner as it was."""
+    src = _learner()
+    src.run_steps(5)
+    with src.lock:
+        good = src.to_arrays()
+    dst = _learner(seed=SEED + 1)
+    before = (dst.x.copy(), dst.steps, dst.elbo, dst.reservoir)
+    counters = good["counters"].copy()
+    counters[3] = 10 ** 15
+    meta = json.loads(str(good["reservoir.meta"]))
+    for changes, kw, message in (
+            ({"elbo": np.array(np.inf)}, {}, "elbo must be finite"),
+            ({"elbo": np.array(-np.inf)}, {}, "elbo must be finite"),
+            ({"counters": counters}, {"max_freeze": 1000}, "steps left with the model frozen"),
+            ({"reservoir.meta": np.array(json.dumps(dict(meta, capacity=500)))}, {},
+             "contradict the configuration")):
+        with pytest.raises(ValueError, match=message):
+            dst.load_arrays(dict(good, **changes), **kw)
+        np.testing.assert_array_equal(dst.x, before[0])
+        assert (dst.steps, dst.reservoir) == before[1:2] + before[3:]
+    dst.load_arrays(dict(good, counters=counters))      # no bound given: taken
+    dst.load_arrays(dict(good, elbo=np.array(np.nan)), max_freeze=0)   # before a first step
+    assert math.isnan(dst.elbo) and dst.steps == src.steps

@@ -1,5 +1,6 @@
 """Reservoir sampling: Algorithm R's inclusion probabilities and the exponential
 memory of the recency-weighted reservoir."""
+import json
 import math
 
 import numpy as np
@@ -199,3 +200,31 @@ def test_a_saved_generator_state_of_floats_is_refused():
     state["state"]["key"] = {"__array__": [float(v) + 0.5 for v in key["__array__"]], "dtype": "<f8"}
     with pytest.raises(ValueError, match="holds integers"):
         generator_from_json(state)
+
+
+def test_from_arrays_refuses_huge_values_and_a_state_that_contradicts_like():
+    """A saved state with values beyond MAX_ABS_VALUE (which the engine never stores) or
+    another capacity / half-life / stride than the reservoir it replaces was taken."""
+    print("seed=0")
+    r = Reservoir(3, 2, 1, half_life=50.0, stride=2, random_state=0)
+    for t in range(5):
+        r.offer(np.full((2, 1), float(t)), t)
+    arrays = r.to_arrays()
+    like = Reservoir(3, 2, 1, half_life=50, stride=2, random_state=1)
+    back = Reservoir.from_arrays(arrays, like=like)
+    np.testing.assert_array_equal(back.data, r.data)
+    big = dict(arrays, data=arrays["data"].copy())
+    big["data"][1, 0, 0] = -1e200
+    with pytest.raises(ValueError, match=r"within ±1e\+150"):
+        Reservoir.from_arrays(big)
+    big["data"][1, 0, 0] = np.nan                      # a missing value: kept
+    assert np.isnan(Reservoir.from_arrays(big).data[1, 0, 0])
+    for other in (Reservoir(4, 2, 1, half_life=50.0, stride=2), Reservoir(3, 2, 1, stride=2),
+                  Reservoir(3, 2, 1, half_life=5.0, stride=2),
+                  Reservoir(3, 2, 1, half_life=50.0, stride=3)):
+        with pytest.raises(ValueError, match="contradict the configuration"):
+            Reservoir.from_arrays(arrays, like=other)
+    meta = json.loads(str(arrays["meta"]))
+    huge = dict(arrays, meta=np.array(json.dumps(dict(meta, capacity=10 ** 12))))
+    with pytest.raises(ValueError, match="contradict the configuration"):   # not a MemoryError
+        Reservoir.from_arrays(huge, like=like)

@@ -156,10 +156,11 @@ def load_checkpoint(path) -> tuple[dict, dict]:
     FileNotFoundError
         No such file.
     ValueError
-        The file is not a streamfhmm checkpoint (foreign, truncated or damaged), or was
-        written by a newer format version.
+        ``path`` is not a file name (str, bytes or path-like), or the file is not a
+        streamfhmm checkpoint (foreign, truncated or damaged), or was written by a newer
+        format version.
     """
-    path = os.fspath(path)
+    path = path_str(path)   # (bytes as str, as save_checkpoint; a number is a ValueError)
     if not os.path.exists(path) and os.path.exists(path + ".npz"):
         path += ".npz"
     try:

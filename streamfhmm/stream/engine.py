@@ -269,6 +269,18 @@ def _moment_scaler(params: FHMMParams):
 
 #: the largest latency_window (its ring holds one int64 per push: 80 MB)
 MAX_LATENCY_WINDOW = 10_000_000
+#: the largest reservoir_size (segments of subchain_length + window samples of D values
+#: each, allocated when the learner starts: 10**12 was a MemoryError)
+MAX_RESERVOIR_SIZE = 1_000_000
+#: the largest subchain_length (the ring, the reservoir's segments and every SVI step
+#: grow with it: 10**9 was a MemoryError)
+MAX_SUBCHAIN_LENGTH = 10_000
+#: how far from 1 the filtered messages of an exact-mode checkpoint may sum (the filter
+#: normalises each to rounding, flushing states below ~1e-300 to zero)
+_ALPHA_SUM_TOL = 1e-6
+#: rows the warm-up buffer starts with (it doubles as samples arrive: a warmup of 10**13
+#: allocated every row up front, and each push raised MemoryError)
+_WARMUP_ROWS0 = 4096
 
 
 def _check_path(path, name: str = "checkpoint_path"):
@@ -369,6 +381,8 @@ class StreamEngine:
         (one, for a fitted model); samples without a value are buffered too (they get
         their posteriors at the start) but do not count. The warm-up posteriors are
         emitted, flagged ``FLAG_WARMUP``, by the call that completes the warm-up.
+        The buffer grows with the samples (it is not allocated for ``warmup`` rows up
+        front).
     warmup_steps : int
         SVI steps on the warm-up buffer before streaming starts.
     warmup_time : float
@@ -377,14 +391,16 @@ class StreamEngine:
         1.5 × ``warmup_time`` in all).
     reservoir_size : int
         Segments the learner keeps (at least ``batch_size`` when it learns: it takes
-        its first step once the reservoir holds that many).
+        its first step once the reservoir holds that many; at most
+        ``MAX_RESERVOIR_SIZE``, 10^6).
     recency_half_life : float, optional
         Recency-weighted reservoir: a stored segment's survival halves every so many
         samples (the learner follows drift). ``None``: uniform reservoir (Algorithm R).
     batch_size : int
         Subchains per SVI step.
     subchain_length : int, optional
-        Counted positions per subchain (default: ``window``).
+        Counted positions per subchain (default: ``window``; at most
+        ``MAX_SUBCHAIN_LENGTH``, 10^4).
     learning_rate : float
         RMSprop step size of the online learner.
     lr_decay_steps : float, optional
@@ -565,7 +581,7 @@ class StreamEngine:
         self._mode, self._posterior = cfg["mode"], cfg["posterior"]   # (read on every push)
         self._learn = self._cfg["learn"] = check_bool(cfg["learn"], "learn")
         self._exact_mode = cfg["posterior"] == "exact"
-        self._M = int(cfg["n_chains"])
+        self._M = check_positive_int(cfg["n_chains"], "n_chains")
         self._warmup = check_positive_int(cfg["warmup"], "warmup", minimum=2)
         self._warmup_steps = check_positive_int(cfg["warmup_steps"], "warmup_steps", minimum=0)
         # every numeric setting is checked here, before anything is built: a bad one
@@ -573,6 +589,9 @@ class StreamEngine:
         # sizes, a frozen model) or fail only when the warm-up ended (recency_half_life)
         self._warmup_time = check_real(cfg["warmup_time"], "warmup_time (seconds)")
         capacity = check_positive_int(cfg["reservoir_size"], "reservoir_size")
+        if capacity > MAX_RESERVOIR_SIZE:
+            raise ValueError(f"reservoir_size must be at most {MAX_RESERVOIR_SIZE:,} segments, "
+                             f"got {capacity:,}")
         if cfg["recency_half_life"] is not None:
             check_real(cfg["recency_half_life"], "recency_half_life (samples, or None)",
                        low_open=True)
@@ -583,7 +602,10 @@ class StreamEngine:
                              f"first step once the reservoir holds batch_size segments), got "
                              f"reservoir_size={capacity} < batch_size={batch}")
         if cfg["subchain_length"] is not None:
-            check_positive_int(cfg["subchain_length"], "subchain_length")
+            length = check_positive_int(cfg["subchain_length"], "subchain_length")
+            if length > MAX_SUBCHAIN_LENGTH:
+                raise ValueError(f"subchain_length must be at most {MAX_SUBCHAIN_LENGTH:,} "
+                                 f"positions, got {length:,}")
         check_positive_int(cfg["snapshot_interval"], "snapshot_interval")
         self._cfg["learner_duty"] = check_duty(cfg["learner_duty"])
         check_positive_int(cfg["net_burnin"], "net_burnin", minimum=0)
@@ -725,7 +747,7 @@ class StreamEngine:
         n × D) and ``_wat`` their positions in it (``at``); the others, all NaN, are
         only counted (``_wn``), and put back for the start (:meth:`_warmup_samples`)."""
         n = 0 if rows is None else len(rows)
-        self._wbuf = np.empty((max(self._warmup, n + 1), D))
+        self._wbuf = np.empty((max(min(self._warmup, _WARMUP_ROWS0), n + 1), D))
         self._wat = np.empty(self._wbuf.shape[0], np.int64)
         if n:
             self._wbuf[:n] = rows
@@ -1907,7 +1929,8 @@ class StreamEngine:
 
         Parameters
         ----------
-        path : str or path-like
+        path : str, bytes or path-like
+            The checkpoint (``.npz`` may be left out, as :meth:`checkpoint` appends it).
         **overrides
             Run-time arguments to change: ``learn`` (whether a learner runs; a pause the
             checkpoint recorded, :attr:`learning` False, stays until the host sets
@@ -1924,17 +1947,21 @@ class StreamEngine:
         Raises
         ------
         ValueError
-            The file is not a valid checkpoint, an override is unknown, or an explicit
+            ``path`` is not a file name, the file is not a valid checkpoint, an override
+            is unknown or invalid (as in the constructor: ``learn_samples`` needs
+            ``learn=True``), or an explicit
             ``checkpoint_path`` names a directory or a file in a directory that does not
             exist (the path the checkpoint recorded is taken as it is: a failed periodic
             checkpoint is reported in ``metrics()["checkpoint_error"]``).
         FileNotFoundError
             ``path`` does not exist.
         """
-        from ..io.checkpoint import load_checkpoint
+        from ..io.checkpoint import load_checkpoint, path_str
         bad = set(overrides) - set(_RUNTIME_OVERRIDES)
         if bad:
             raise ValueError(f"resume() cannot override {sorted(bad)}; allowed: {_RUNTIME_OVERRIDES}")
+        # (as checkpoint(): bytes are a file name too; a number or None is a ValueError)
+        path = path_str(path)
         meta, arrays = load_checkpoint(path)
         try:
             return cls._from_state(meta, arrays, overrides)
@@ -2008,16 +2035,29 @@ class StreamEngine:
         cfg = dict(meta["config"])
         cfg.setdefault("learner_duty", DEFAULT_LEARNER_DUTY)  # checkpoints from before it existed
         random_state = overrides.pop("random_state", None)
-        cfg.update({k: (_check_new_path(v) if k == "checkpoint_path" else v)
+        # numpy scalars as Python ones, as the constructor stores them (an np.int64
+        # checkpoint_every was taken, then every later checkpoint failed: the
+        # configuration is written as JSON)
+        cfg.update({k: (_check_new_path(v) if k == "checkpoint_path"
+                        else v.item() if isinstance(v, np.generic) else v)
                     for k, v in overrides.items()})
+        if overrides.get("learn_samples") is not None and not check_bool(cfg["learn"], "learn"):
+            # (as the constructor; the checkpoint's own limit, kept by resume(learn=False),
+            # is inert until learning is resumed)
+            raise ValueError("learn_samples needs learn=True: an engine without a learner has "
+                             "nothing to stop")
+        model = FHMM(n_chains=cfg["n_chains"], window=cfg["window"], n_hidden=cfg["n_hidden"],
+                     share_hidden=cfg["share_hidden"],
+                     covariance_type=cfg.get("covariance_type", "full"))
+        # the model's hyperparameters, as the constructor checks them (a warm-up checkpoint
+        # with n_hidden=-1 or covariance_type='bogus' was taken, and its warm-up could
+        # never end; n_chains=1.5 became another model)
+        model._check_hyperparameters()
         self = cls.__new__(cls)
         self._closed = True
         self._set_config(cfg, random_state)
         if random_state is None and meta.get("rng") is not None:   # (older files have none)
             self._rng = generator_from_json(meta["rng"])
-        model = FHMM(n_chains=cfg["n_chains"], window=cfg["window"], n_hidden=cfg["n_hidden"],
-                     share_hidden=cfg["share_hidden"],
-                     covariance_type=cfg.get("covariance_type", "full"))
 
         def params_from(prefix):
             return FHMMParams(W=arrays[f"{prefix}.W"], L=arrays[f"{prefix}.L"],
@@ -2134,6 +2174,22 @@ class StreamEngine:
                                          f"damaged checkpoint (the exact filter state must be "
                                          f"finite, its messages non-negative)")
                     getattr(self, attr)[...] = a
+                # the filtered messages the next pushes read, p(s_r | y_1..y_r) for the
+                # open sequence's last lag + 1 steps r, are probability vectors (all zeros
+                # or unnormalised ones passed, then every later posterior was NaN); the
+                # other slots (steps before the sequence, or never written) are not read
+                R = self._alpha_ring.shape[0]
+                if self._seq_open and self._t > self._seq_start:
+                    steps = np.arange(max(self._seq_start, self._t - R), self._t)
+                    sums = self._alpha_ring[steps % R].sum(axis=1)
+                    off = np.abs(sums - 1.0) > _ALPHA_SUM_TOL
+                    if off.any():
+                        r = int(steps[np.argmax(off)])
+                        raise ValueError(f"exact.alpha must hold probability vectors (sums of 1 "
+                                         f"within {_ALPHA_SUM_TOL:g}) in the slots of the open "
+                                         f"sequence's steps {int(steps[0])} to {int(steps[-1])}; "
+                                         f"the slot of step {r} sums to "
+                                         f"{float(sums[np.argmax(off)])!r}: a damaged checkpoint")
             if self._phase == "warmup":
                 self._wn, rows, at = self._warmup_from(arrays, D, wn)
                 self._warmup_buffers(D, rows, at)
@@ -2160,7 +2216,9 @@ class StreamEngine:
             if self._learn and meta["learner"]:
                 self._learner = self._make_learner(params, self._learner_net, 0)
                 self._learner.load_arrays({k[8:]: v for k, v in arrays.items()
-                                           if k.startswith("learner.")})
+                                           if k.startswith("learner.")},
+                                          max_freeze=check_positive_int(
+                                              cfg["net_burnin"], "net_burnin", minimum=0))
                 if random_state is not None:
                     self._learner.reservoir.rng = self._rng
                 else:   # one generator, as before the checkpoint (the reservoir's is the newer)

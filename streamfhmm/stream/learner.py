@@ -19,6 +19,7 @@ times the wall time (plus one round).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -410,8 +411,25 @@ class Learner:
         out.update({f"reservoir.{k}": v for k, v in self.reservoir.to_arrays().items()})
         return out
 
-    def load_arrays(self, arrays: dict) -> None:
-        """Restore :meth:`to_arrays` output (the reservoir included)."""
+    def load_arrays(self, arrays: dict, max_freeze: int | None = None) -> None:
+        """Restore :meth:`to_arrays` output (the reservoir included).
+
+        Parameters
+        ----------
+        arrays : dict of str to ndarray
+            :meth:`to_arrays` output.
+        max_freeze : int, optional
+            The most steps that may remain frozen (the engine's ``net_burnin``, the
+            freeze a learner starts with).
+
+        Raises
+        ------
+        ValueError
+            The state does not fit this learner (sizes, the reservoir's capacity,
+            half-life or stride) or is damaged (non-finite values, negative counters or
+            mean squares, an infinite ELBO, more frozen steps than ``max_freeze``, reservoir
+            values beyond ``MAX_ABS_VALUE``); the learner is then left unchanged.
+        """
         x = np.asarray(arrays["x"], dtype=np.float64)
         sq = np.asarray(arrays["sq"], dtype=np.float64)
         if x.shape != self.x.shape or sq.shape != self.x.shape:
@@ -428,18 +446,30 @@ class Learner:
         if c.shape != (5,) or c.dtype.kind not in "iu" or (c < 0).any():
             raise ValueError(f"learner counters must be 5 integers >= 0 (steps, discarded, "
                              f"dropped, freeze_remaining, version), got {c!r}")
+        if max_freeze is not None and c[3] > max_freeze:
+            raise ValueError(f"learner state: {int(c[3])} steps left with the model frozen, "
+                             f"more than the {max_freeze} a learner starts with (net_burnin)")
+        elbo = float(arrays["elbo"])
+        if math.isinf(elbo):
+            # (a running mean of the steps' finite ELBOs, NaN before the first: inf stayed
+            # in every later mean)
+            raise ValueError(f"learner state: elbo must be finite (or NaN before the first "
+                             f"step), got {elbo}")
+        sub = {k[10:]: v for k, v in arrays.items() if k.startswith("reservoir.")}
+        meta = json.loads(str(sub["meta"]))
+        if (meta.get("segment_length"), meta.get("n_features")) != (
+                self.reservoir.segment_length, self.reservoir.n_features):
+            raise ValueError("the checkpoint's reservoir does not match the engine's segments")
+        # the learner's reservoir is the configuration's: the same capacity, half-life
+        # and stride (a state that says otherwise is refused, not taken)
+        res = Reservoir.from_arrays(sub, like=self.reservoir)
         self.x[:] = x
         self.sq[:] = sq
         self._last_good[:] = x
         self._sq_good[:] = sq
         self.steps, self.discarded, self.dropped, self.freeze_remaining, self.version = (
             int(v) for v in c)
-        self.elbo = float(arrays["elbo"])
-        res = Reservoir.from_arrays({k[10:]: v for k, v in arrays.items()
-                                     if k.startswith("reservoir.")})
-        if (res.segment_length != self.reservoir.segment_length
-                or res.n_features != self.reservoir.n_features):
-            raise ValueError("the checkpoint's reservoir does not match the engine's segments")
+        self.elbo = elbo
         self.reservoir = res
 
 

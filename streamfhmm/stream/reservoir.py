@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from .._validation import check_positive_int, check_random_state
+from .._validation import MAX_ABS_VALUE, check_positive_int, check_random_state
 
 __all__ = ["Reservoir"]
 
@@ -213,8 +213,37 @@ class Reservoir:
                 "end": self.end[:self.size].copy()}
 
     @classmethod
-    def from_arrays(cls, arrays) -> "Reservoir":
+    def from_arrays(cls, arrays, like: "Reservoir | None" = None) -> "Reservoir":
+        """The reservoir :meth:`to_arrays` described.
+
+        Parameters
+        ----------
+        arrays : dict of str to ndarray
+            :meth:`to_arrays` output.
+        like : Reservoir, optional
+            The reservoir the state is to replace (the one the configuration builds):
+            its capacity, segment length, number of features, half-life and stride must
+            be the saved ones (checked before anything is allocated).
+
+        Raises
+        ------
+        ValueError
+            The state contradicts ``like`` or itself, or its segments hold infinities or
+            values beyond ``MAX_ABS_VALUE`` (the engine never stores such segments).
+        """
         meta = json.loads(str(arrays["meta"]))
+        if like is not None:
+            # a capacity or half-life of its own silently replaced the configuration's
+            # (reservoir_size, recency_half_life); a huge capacity was a MemoryError
+            half_life = meta["half_life"]
+            saved = (meta["capacity"], meta["segment_length"], meta["n_features"],
+                     None if half_life is None else float(half_life), meta["stride"])
+            want = (like.capacity, like.segment_length, like.n_features, like.half_life,
+                    like.stride)
+            if saved != want:
+                raise ValueError(f"the saved reservoir's (capacity, segment_length, n_features, "
+                                 f"half_life, stride) = {saved} contradict the configuration, "
+                                 f"which gives {want}")
         res = cls(meta["capacity"], meta["segment_length"], meta["n_features"],
                   half_life=meta["half_life"], stride=meta["stride"])
         size, n_seen = int(meta["size"]), int(meta["n_seen"])
@@ -230,6 +259,12 @@ class Reservoir:
                              f"its description (size {size})")
         if np.isinf(data).any():
             raise ValueError("reservoir data must not contain infinities")
+        big = np.abs(data) > MAX_ABS_VALUE   # (NaN, a missing value, is kept)
+        if big.any():
+            # the engine offers no such segment (a fit squares the values: 1e200 made
+            # every step non-finite, all discarded)
+            raise ValueError(f"reservoir data must hold values within ±{MAX_ABS_VALUE:g}, "
+                             f"found {float(data[big][0]):g}")
         res.data[:size] = data
         res.end[:size] = end
         res.size = size
