@@ -112,10 +112,12 @@ MAX_ABS_VALUE = 1e150
 MIN_ABS_SCALE = 1e-150
 
 
-def check_fit_magnitude(X: np.ndarray, name: str = "X", row0: int = 0) -> np.ndarray:
+def check_fit_magnitude(X: np.ndarray, name: str = "X", row0: int = 0,
+                        tiny: bool = False) -> np.ndarray:
     """``X`` (checked by :func:`check_observations`) if every value is within
-    ±:data:`MAX_ABS_VALUE` and no column's largest magnitude is below
-    :data:`MIN_ABS_SCALE` but above 0, else a ValueError that names the first one beyond (its row
+    ±:data:`MAX_ABS_VALUE` and (``tiny``: ``X`` is a whole series, as a batch fit takes
+    it) no column whose values differ has its largest magnitude below
+    :data:`MIN_ABS_SCALE`, else a ValueError that names the first one beyond (its row
     counted from ``row0``: ``X`` a block of a larger array): a fit's sufficient
     statistics square the observations, and overflowed to an error about non-finite
     parameters. (Inference with fitted parameters takes such values.)"""
@@ -127,11 +129,17 @@ def check_fit_magnitude(X: np.ndarray, name: str = "X", row0: int = 0) -> np.nda
         raise ValueError(f"{name} must hold values within ±{MAX_ABS_VALUE:g} to fit a model (its "
                          f"statistics square them); found {X[r, c]:g} at row {row0 + r}, column {c}: "
                          "rescale the data")
-    if X.size:
+    if tiny and X.size:
+        # (only where a whole series is seen: a block, a warm-up or a checkpoint's part of
+        # one may be tiny where the series is not; and only a column that varies at that
+        # scale: one of zeros and a lone 1e-200 is constant to the fit, as zeros are)
         peak = np.where(np.isnan(a), 0.0, a).max(axis=0)
-        tiny = (peak > 0.0) & (peak < MIN_ABS_SCALE)
-        if tiny.any():
-            c = int(np.flatnonzero(tiny)[0])
+        low = (peak > 0.0) & (peak < MIN_ABS_SCALE)
+        if low.any():
+            low &= [len(np.unique(col[~np.isnan(col)])) > 1 and np.count_nonzero(col[~np.isnan(col)]) > 1
+                    for col in X.T]
+        if low.any():
+            c = int(np.flatnonzero(low)[0])
             raise ValueError(f"{name}'s column {c} holds no value larger than {peak[c]:g} in magnitude: "
                              f"a fit needs a feature's largest value at least {MIN_ABS_SCALE:g} (its "
                              "statistics square them, and they underflow); rescale the data")

@@ -482,7 +482,7 @@ class FHMM:
             if method == "em":   # (before the start, which takes a while on long data)
                 from .learn.em import check_em_chains
                 check_em_chains(self.n_chains)
-            X = check_fit_magnitude(check_observations(X, allow_nan=(method == "svi")))
+            X = check_fit_magnitude(check_observations(X, allow_nan=(method == "svi")), tiny=True)
             lengths = check_lengths(lengths, X.shape[0])
             self._check_n_features(X.shape[1], init)
             if method == "svi" and X.shape[0] < 2:
@@ -637,7 +637,7 @@ class FHMM:
                 raise ValueError("lengths must be None when X is a list of chunks (each chunk is a sequence)")
             chunks = list(X)
         else:
-            X = check_fit_magnitude(check_observations(X, allow_nan=True))
+            X = check_fit_magnitude(check_observations(X, allow_nan=True), tiny=True)
             lengths = check_lengths(lengths, X.shape[0])
             chunks = np.split(X, np.cumsum(lengths)[:-1])
         # checked once (shapes, files' headers, values), then passed on as checked

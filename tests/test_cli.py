@@ -1487,6 +1487,18 @@ def test_quoted_fields_after_a_comma_and_a_space(tmp_path):
     assert names == ["c", "a"] and X.tolist() == [[3.0, 1.0], [6.0, 4.0]]
 
 
+def test_a_model_fitted_before_with_quoted_names_matches_its_file(tmp_path, capsys):
+    """Fits before the space after a comma was skipped saved the names of a header such
+    as 'a, "b"' with their quotes ('"b"'): no header read today matched them, and the
+    --columns the error suggested could not either."""
+    model = _named_model(tmp_path, ["time_s", '"power"', '"volt ""v"""'])
+    rng = np.random.default_rng(3)
+    rows = "\n".join(",".join(f"{v:.4f}" for v in r) for r in rng.normal(size=(30, 3)))
+    path = _write(tmp_path / "spaced.csv", 'time_s, "power", "volt ""v"""\n' + rows + "\n")
+    code, out, err = _run(["score", path, "--model", model], capsys)
+    assert code == 0 and out.startswith("log-likelihood: "), err
+
+
 def test_disaggregate_periods_longer_than_the_data_are_named(capsys, monkeypatch):
     """Calibration and evaluation periods longer than the data: the error said
     '--n-train must be between 2 and 2 ..., got 2', refusing the value it allowed; it

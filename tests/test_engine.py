@@ -1012,6 +1012,23 @@ def test_a_checkpoint_at_the_end_of_the_warmup_keeps_learn_samples(tmp_path):
                 assert not engine.learning
 
 
+def test_a_cold_start_takes_a_feature_tiny_in_its_warmup():
+    """The batch fit's refusal of a feature whose values all lie below 1e-150 (their
+    squares underflow) applies to a whole series only: a cold start whose warm-up saw
+    such a feature (tiny there, or zeros and one 1e-200 reading) refused the push that
+    ended the warm-up, again and again, and its resume from a warm-up checkpoint."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=58)
+    X = _data(model, 200, seed=59)
+    for label, col in (("tiny at the start", np.where(np.arange(200) < 60, 1e-160 * X[:, 1], X[:, 1])),
+                       ("zeros and a lone 1e-200", np.where(np.arange(200) == 5, 1e-200, 0.0))):
+        Y = np.column_stack([X[:, 0], col])
+        with StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), mode="filter",
+                          posterior="exact", learn=False, warmup=60) as eng:
+            out = eng.push_many(Y)
+        print(f"{label}: {len(out)} posteriors")
+        assert len(out) == 200 and np.isfinite(out.theta).all()
+
+
 def test_a_warmup_with_too_few_values_goes_on():
     """A warm-up whose samples mostly hold no value (dead sensors) goes on past
     ``warmup`` until a start is possible: every sample is kept once, none refused.

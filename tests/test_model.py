@@ -235,6 +235,10 @@ def test_input_errors():
                                                        "in magnitude")):
             FHMM(n_chains=1).fit(tiny if method == "svi" else tiny[:3], method=method, progress=False)
     FHMM(n_chains=1).fit(np.array([[1e-150], [0.0], [2e-150]]), max_iter=2, progress=False)   # (the bound)
+    # a column of zeros and one tiny value is constant to the fit, as zeros are: taken
+    spike = np.column_stack([np.arange(40.0) % 3, np.where(np.arange(40) == 5, 1e-200, 0.0)])
+    for method in ("svi", "smf", "em"):
+        FHMM(n_chains=1, window=3, n_hidden=2).fit(spike, method=method, max_iter=2, progress=False)
     assert np.isfinite(m.predict_proba(np.array([[0.0, 1e151]]), method="exact")).all()
     with pytest.raises(ValueError, match="lengths must all be positive"):
         m.score(np.zeros((4, 2)), lengths=[4, 0])
