@@ -1817,3 +1817,23 @@ def test_a_huge_warmup_grows_its_buffer_and_huge_sizes_are_value_errors(tmp_path
             StreamEngine(m, learn=True, posterior="exact", **kw)
     StreamEngine(FHMM(n_chains=2, window=3, n_hidden=4), learn=True,
                  reservoir_size=MAX_RESERVOIR_SIZE, subchain_length=MAX_SUBCHAIN_LENGTH).close()
+
+
+def test_the_size_bounds_do_not_refuse_a_checkpoint_written_with_larger_sizes(tmp_path, monkeypatch):
+    """The bounds on reservoir_size and subchain_length are for engines being built: a
+    checkpoint written with larger ones (before the bounds, 1.5 million segments ran
+    fine) was refused at resume, and its stream could not go on in any way. Here the
+    bounds are lowered below a checkpoint's sizes instead."""
+    import streamfhmm.stream.engine as engine_module
+    m = _model(M=2, D=2, window=3, n_hidden=4, seed=82)
+    X = _data(m, 400, seed=83)
+    with StreamEngine(m, mode="filter", posterior="exact", learn=True, reservoir_size=60,
+                      subchain_length=6, random_state=0) as eng:
+        eng.push_many(X[:200])
+        path = eng.checkpoint(tmp_path / "big")
+    monkeypatch.setattr(engine_module, "MAX_RESERVOIR_SIZE", 50)
+    monkeypatch.setattr(engine_module, "MAX_SUBCHAIN_LENGTH", 5)
+    with pytest.raises(ValueError, match="reservoir_size must be at most 50"):
+        StreamEngine(m, mode="filter", posterior="exact", learn=True, reservoir_size=60)
+    with StreamEngine.resume(path) as back:
+        assert back.push_many(X[200:]).t.size == 200

@@ -14,6 +14,7 @@ from streamfhmm.io.wire import (ERROR_KINDS, MAX_HEADER_BYTES, MAX_TOPIC_BYTES, 
                                 encode_service_heartbeat, max_frame_bytes, max_json_bytes,
                                 subscription_prefixes)
 from streamfhmm.stream.posterior import Posterior
+from streamfhmm.io.wire import TsText, encode_posterior_batch
 
 SEED = 20240611
 
@@ -383,3 +384,27 @@ def test_batch_json_writes_a_non_finite_mean_as_null():
     msgs = encode_posterior_batch(b"s", [0, 1], [1.0, 2.0], batch, format="json")
     assert json.loads(msgs[0][0])["mean"] == [1.0, None]
     assert json.loads(msgs[1][0])["mean"] == [2.0, 3.0]
+
+
+def test_a_time_stamp_keeps_its_text_through_pickle_copy_and_the_batch_encoder():
+    """TsText (the number text of a canonical header) could not be pickled or copied
+    (they rebuilt it from the float: TypeError), nor could a decoded Sample holding one;
+    the Python batch encoder wrote repr of its float where a posterior published alone
+    repeats the text."""
+    import copy
+    import pickle
+    sample = decode_input([b"s", b'{"seq":3,"ts":1e3}', np.zeros(2).tobytes()], 2)
+    assert sample.ts == 1000.0 and sample.ts.text == b"1e3"
+    for twin in (copy.copy(sample.ts), copy.deepcopy(sample.ts), pickle.loads(pickle.dumps(sample.ts)),
+                 pickle.loads(pickle.dumps(sample)).ts):
+        assert twin == 1000.0 and twin.text == b"1e3"
+    from streamfhmm.stream.engine import PosteriorBatch
+    post = Posterior(t=4, theta=np.array([0.5]), rho=np.array([0.1]), mean=np.array([1.0, 2.0]),
+                     version=2, flags=0)
+    batch = PosteriorBatch.from_posteriors([post, post])
+    for fmt in ("binary", "json"):
+        frames = encode_posterior_batch(b"s", [7, 8], [TsText(b"1700000041"), 2.5], batch, fmt)
+        heads = [f[1] if fmt == "binary" else f[0] for f in frames]
+        assert [h.split(b'"ts":')[1].split(b",")[0] for h in heads] == [b"1700000041", b"2.5"]
+        alone = encode_posterior(b"s", 7, TsText(b"1700000041"), post, fmt)
+        assert alone == frames[0]

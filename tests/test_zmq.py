@@ -717,3 +717,33 @@ def test_heartbeats_never_take_the_room_of_samples(ctx, fast):
     gone = src.evicted_totals                        # the gap idle's heartbeats revealed is kept
     assert (gone.gaps, gone.gap_samples, gone.heartbeats) == (1, 2, 2)
     src.close(0)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_send_block_repeats_the_time_stamp_texts_with_or_without_the_compiled_path(ctx, fast):
+    """Without the compiled send path (fast=False, or a platform without it) a block's
+    time stamps were turned into floats and written as repr, while a posterior
+    published alone repeats the input's text: one stream's output mixed the two."""
+    from streamfhmm.io.wire import TS_TEXT_BYTES
+    from streamfhmm.stream.engine import PosteriorBatch
+    sink = ZmqSink(ANY, context=ctx, linger_ms=0, fast=fast)
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVTIMEO, 10_000)
+    sub.connect(sink.endpoint)
+    sub.subscribe(b"")
+    assert sink.wait_for_subscribers(1, timeout=5.0)
+    texts = [b"1700000001", b"1e3", b"2.50"]
+    ts_text = np.zeros((3, TS_TEXT_BYTES), np.uint8)
+    for i, t in enumerate(texts):
+        ts_text[i, :len(t)] = np.frombuffer(t, np.uint8)
+    p = Posterior(t=3, theta=np.array([0.25]), rho=np.array([0.0]), mean=np.array([1.0]),
+                  version=4, flags=0)
+    batch = PosteriorBatch.from_posteriors([p.__class__(t=3 + i, theta=p.theta, rho=p.rho, mean=p.mean,
+                                                        version=4, flags=0) for i in range(3)])
+    assert sink.send_block(b"s", np.array([5, 6, 7]), ts_text, np.array([len(t) for t in texts]),
+                           batch) == 3
+    heads = [sub.recv_multipart()[1] for _ in texts]
+    assert [re.search(rb'"ts":([^,]*),', h).group(1) for h in heads] == texts
+    sink.close(0)
+    sub.close(0)

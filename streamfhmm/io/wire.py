@@ -175,6 +175,9 @@ class TsText(float):
         self.text = bytes(text)
         return self
 
+    def __reduce__(self):   # (pickle and copy rebuilt it from the float, not the text)
+        return TsText, (self.text,)
+
 
 class SampleRun:
     """Consecutive samples of one stream (consecutive sequence numbers), as arrays.
@@ -569,13 +572,16 @@ def encode_posterior_batch(topic, seqs, tss, batch, format: str = "binary") -> l
     """
     topic = _topic_bytes(topic)
     n = len(batch.t)
+    texts = None if isinstance(tss, np.ndarray) else [getattr(x, "text", None) for x in tss]
     seqs, tss = _check_seqs_tss(seqs, tss, n)
+    # the time stamps' texts: a TsText's own (as encode_posterior), else repr
+    ts_b = [b"%r" % tss[k] if texts is None or texts[k] is None else texts[k] for k in range(n)]
     t, version, flags = batch.t.tolist(), batch.version.tolist(), batch.flags.tolist()
     M = batch.theta.shape[1]
     if format == "binary":
         packed = np.concatenate((batch.theta, batch.rho, batch.mean), axis=1).astype(_LE_F8, copy=False)
-        return [[topic, b'{"seq":%d,"t":%d,"ts":%r,"version":%d,"flags":%d,"n_chains":%d}' % (
-                    seqs[k], t[k], tss[k], version[k], flags[k], M), packed[k].tobytes()]
+        return [[topic, b'{"seq":%d,"t":%d,"ts":%s,"version":%d,"flags":%d,"n_chains":%d}' % (
+                    seqs[k], t[k], ts_b[k], version[k], flags[k], M), packed[k].tobytes()]
                 for k in range(n)]
     if format == "json":
         name = topic.decode("utf-8")
@@ -583,16 +589,18 @@ def encode_posterior_batch(topic, seqs, tss, batch, format: str = "binary") -> l
                 and np.isfinite(batch.mean).all()):   # (tss: finite, _check_seqs_tss)
             # what json.dumps writes for these (floats as repr), from one template
             D = batch.mean.shape[1]
-            template = ('{"topic":%s,"seq":%%d,"t":%%d,"ts":%%r,"version":%%d,"flags":%%d,"theta":[%s],'
+            template = ('{"topic":%s,"seq":%%d,"t":%%d,"ts":%%s,"version":%%d,"flags":%%d,"theta":[%s],'
                         '"rho":[%s],"mean":[%s]}' % (json.dumps(name).replace("%", "%%"), ",".join(["%r"] * M),
                                                      ",".join(["%r"] * M), ",".join(["%r"] * D)))
             rows = np.concatenate((batch.theta, batch.rho, batch.mean), axis=1).tolist()
-            return [[(template % (seqs[k], t[k], tss[k], version[k], flags[k], *rows[k])).encode("utf-8")]
+            return [[(template % (seqs[k], t[k], ts_b[k].decode("ascii"), version[k], flags[k],
+                                  *rows[k])).encode("utf-8")]
                     for k in range(n)]
-        return [[_json_dumps({"topic": name, "seq": seqs[k], "t": t[k], "ts": tss[k],
+        return [[_json_dumps({"topic": name, "seq": seqs[k], "t": t[k], "ts": 0,
                               "version": version[k], "flags": flags[k],
                               "theta": _finite_list(batch.theta[k]), "rho": _finite_list(batch.rho[k]),
-                              "mean": _finite_list(batch.mean[k])})]
+                              "mean": _finite_list(batch.mean[k])}).replace(
+                                  b',"ts":0,"version":', b',"ts":' + ts_b[k] + b',"version":', 1)]
                 for k in range(n)]
     raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
 

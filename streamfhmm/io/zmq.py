@@ -55,7 +55,7 @@ from .._validation import check_observations
 from . import _libzmq
 from .fastwire import STOP_ERROR, STOP_SLOW, json_message_bytes, recv_samples, send_posteriors
 from .wire import (ERROR_KINDS, SEQ_LIMIT, TS_TEXT_BYTES, Heartbeat, Sample, SampleRun, WireError, decode_input,
-                   _topic_bytes, encode_heartbeat, topic_name, ts_from_text,
+                   _topic_bytes, encode_heartbeat, topic_name, TsText,
                    encode_posterior, encode_posterior_batch, encode_sample, encode_service_heartbeat,
                    max_frame_bytes, subscription_prefixes)
 
@@ -827,7 +827,9 @@ class ZmqSink:
         topic = _topic_bytes(topic)
         lib = self._lib
         if lib is None:
-            tss = [ts_from_text(r, m) for r, m in zip(ts_text, ts_len.tolist())]
+            # (their texts kept: the compiled path repeats them, and so does a posterior
+            # published alone)
+            tss = [TsText(r[:m].tobytes()) for r, m in zip(ts_text, ts_len.tolist())]
             return self.send_batch(topic, seq.tolist(), tss, batch)
         M, D = batch.theta.shape[1], batch.mean.shape[1]
         header, payload, prefix = self.send_scratch(topic, M, D)

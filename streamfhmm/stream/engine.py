@@ -572,7 +572,10 @@ class StreamEngine:
         self._ready = True
 
     # ------------------------------------------------------------------ configuration
-    def _set_config(self, cfg, random_state):
+    def _set_config(self, cfg, random_state, new: bool = True):
+        """Check and take ``cfg``. ``new``: an engine being built (not resumed), whose
+        reservoir_size and subchain_length are bounded; a checkpoint's were allocated
+        already, and a stream written with larger ones must still resume."""
         if cfg["mode"] not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {cfg['mode']!r}")
         if cfg["posterior"] not in _POSTERIORS:
@@ -589,7 +592,7 @@ class StreamEngine:
         # sizes, a frozen model) or fail only when the warm-up ended (recency_half_life)
         self._warmup_time = check_real(cfg["warmup_time"], "warmup_time (seconds)")
         capacity = check_positive_int(cfg["reservoir_size"], "reservoir_size")
-        if capacity > MAX_RESERVOIR_SIZE:
+        if new and capacity > MAX_RESERVOIR_SIZE:
             raise ValueError(f"reservoir_size must be at most {MAX_RESERVOIR_SIZE:,} segments, "
                              f"got {capacity:,}")
         if cfg["recency_half_life"] is not None:
@@ -603,7 +606,7 @@ class StreamEngine:
                              f"reservoir_size={capacity} < batch_size={batch}")
         if cfg["subchain_length"] is not None:
             length = check_positive_int(cfg["subchain_length"], "subchain_length")
-            if length > MAX_SUBCHAIN_LENGTH:
+            if new and length > MAX_SUBCHAIN_LENGTH:
                 raise ValueError(f"subchain_length must be at most {MAX_SUBCHAIN_LENGTH:,} "
                                  f"positions, got {length:,}")
         check_positive_int(cfg["snapshot_interval"], "snapshot_interval")
@@ -2055,7 +2058,7 @@ class StreamEngine:
         model._check_hyperparameters()
         self = cls.__new__(cls)
         self._closed = True
-        self._set_config(cfg, random_state)
+        self._set_config(cfg, random_state, new=False)
         if random_state is None and meta.get("rng") is not None:   # (older files have none)
             self._rng = generator_from_json(meta["rng"])
 
