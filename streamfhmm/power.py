@@ -1185,7 +1185,8 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         A model already fitted on the standardised aggregate channels
         (:data:`AGGREGATE_COLUMNS`, standardised with the first ``n_train`` rows' mean
         and standard deviation). Default: fit ``FHMM(**PAPER_MODEL, **model_kwargs)``
-        by SVI on the last ``train_rows`` of the first ``n_train`` rows.
+        by SVI on the last ``train_rows`` of the first ``n_train`` rows. With a model,
+        ``fit_kwargs`` and ``model_kwargs`` are refused (they would have no effect).
     n_train : int
         Rows before the test period (the protocol's 10^6).
     train_rows : int, optional
@@ -1247,6 +1248,11 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         raise ValueError(f"fit_kwargs['method'] must be 'svi', 'smf' or 'em', got {fit_method!r}")
     if "net_warmup" in fit_kwargs:
         check_positive_int(fit_kwargs["net_warmup"], "fit_kwargs['net_warmup']", minimum=0)
+    if model is not None and (fit_kwargs or model_kwargs):
+        # (they were ignored without a word)
+        given = [n for n, kw in (("fit_kwargs", fit_kwargs), ("model_kwargs", model_kwargs)) if kw]
+        raise ValueError(f"{' and '.join(given)} apply to the model this function fits; a fitted "
+                         f"model was given: pass one or the other")
     days = []
     for name, v in (("calibration_days", calibration_days), ("evaluation_days", evaluation_days)):
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):

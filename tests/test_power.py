@@ -1092,6 +1092,13 @@ def test_likelihood_per_step_needs_a_fitted_fhmm():
     (dict(calibration_days=fractions.Fraction(100)), "must be positive and fit in the 3 test days, got 100 and 1.5"),
     (dict(calibration_days=fractions.Fraction(3, 1440), model_kwargs=dict(n_chains=1)),
      "the calibration period has 3 usable rows (calibration_days = 0.00208333, imputed rows"),
+    # with a fitted model they were ignored without a word
+    (dict(model=FHMM.from_params(W=np.zeros((2, 3)), covariance=np.eye(3), transmat=np.full((1, 2, 2), 0.5)),
+          fit_kwargs=dict(max_iter=5)),
+     "fit_kwargs apply to the model this function fits; a fitted model was given"),
+    (dict(model=FHMM.from_params(W=np.zeros((2, 3)), covariance=np.eye(3), transmat=np.full((1, 2, 2), 0.5)),
+          model_kwargs=dict(n_chains=1), fit_kwargs=dict(max_iter=5)),
+     "fit_kwargs and model_kwargs apply to the model this function fits"),
 ])
 def test_disaggregate_report_checks_its_keyword_arguments_before_the_fit(monkeypatch, kwargs, message):
     _no_fit(monkeypatch)
