@@ -942,7 +942,7 @@ _SERVE_COLD_OPTIONS = {"chains": 4, "window": 5, "hidden": 30, "share": "chain",
 
 def _serve(args, state) -> int:
     from .io.zmq import ZmqSink, ZmqSource
-    from .service import CheckpointError, StreamService, start_metrics_server
+    from .service import DEFAULT_LEARN_IDLE, CheckpointError, StreamService, start_metrics_server
     StreamEngine = _engine_class()
     from . import FHMM
 
@@ -1060,7 +1060,7 @@ def _serve(args, state) -> int:
                                     batch_size=_SERVE_BATCH, retire_idle=args.retire_idle,
                                     checkpoint_retain=args.checkpoint_retain,
                                     learn_idle=(None if not (args.learn or args.cold)
-                                                else 60.0 if args.learn_idle is None
+                                                else DEFAULT_LEARN_IDLE if args.learn_idle is None
                                                 else args.learn_idle or None),
                                     batch_wait=min(args.batch_wait * 1e-6, 1.0), lane=not args.no_lane)
         except CheckpointError as exc:

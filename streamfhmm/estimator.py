@@ -711,6 +711,7 @@ class FHMM:
         if n_init > 1:
             rows, row_lengths = _score_blocks(Xc, rng, runs)
         starts, scores = [], []
+        floor = _default_floor(Xc, START_FLOOR)
         for _ in range(n_init):
             start = init_params(Xc, self.n_chains, random_state=rng,
                                 covariance_type=self.covariance_type)
@@ -721,7 +722,7 @@ class FHMM:
             params, _ = fit_smf(sl, sl_lengths, params=start, max_iter=30, tol=1e-5,
                                 time_budget=budget, random_state=rng, progress=False,
                                 covariance_type=self.covariance_type,
-                                floor=_default_floor(Xc, START_FLOOR))
+                                floor=floor)
             if n_init == 1:
                 return params
             scores.append(_start_score(params, rows, row_lengths, rng))

@@ -272,7 +272,7 @@ class _Pending:
         if self.n == 0 or self.t0 != t:
             return -1, 0.0
         h = self.head
-        out = int(self.seq[h]), TsText(self.text[h, :self.tlen[h]].tobytes())
+        out = int(self.seq[h]), TsText.from_row(self.text[h], self.tlen[h])
         self._drop_before(t + 1)
         return out
 
@@ -332,6 +332,10 @@ class _Stream:
         self.record_ended = False   # its record on disk says "ended"
         self.held = False           # its learner held (ended, or idle: learn_idle) till a sample
         self.end_key = None         # _engine_key before its end checkpoint (None: none written)
+
+
+#: seconds without a sample after which a stream's learner is held (StreamService, serve)
+DEFAULT_LEARN_IDLE = 60.0
 
 
 def _pause_learner(engine, paused: bool):
@@ -689,7 +693,8 @@ class StreamService:
                  max_streams: int = 1024, wait_subscribers: int = 0, batch_size: int = 256,
                  batch_threshold: int = 4, log_interval: float = 10.0, batch_wait: float = 250e-6,
                  lane: bool = True, drain_timeout: float = 5.0, retire_idle: float | None = None,
-                 checkpoint_retain: float | None = None, learn_idle: float | None = 60.0):
+                 checkpoint_retain: float | None = None,
+                 learn_idle: float | None = DEFAULT_LEARN_IDLE):
         if checkpoint_every is not None:
             _check_count("checkpoint_every", checkpoint_every, 1, "samples")
         if checkpoint_every is not None and checkpoint_dir is None:

@@ -307,12 +307,19 @@ def mixture_logpdf(y, on_prob, params: FHMMParams, tables=None) -> float:
     -----
     MATH.md §7 (the whitened emission, state by state); O(2^M (M + D)).
     """
-    M = _check_params_arg(params).n_chains
+    _check_params_arg(params)
+    if tables is not None:
+        _check_tables(tables, params)
+    return _mixture_logpdf(y, on_prob, params, tables)
+
+
+def _mixture_logpdf(y, on_prob, params: FHMMParams, tables) -> float:
+    """:func:`mixture_logpdf` for ``params`` and ``tables`` known good (the scorer's own,
+    per sample)."""
+    M = params.n_chains
     if M > MAX_EXACT_CHAINS:
         raise ValueError(f"the mixture has 2^M components; M={M} > {MAX_EXACT_CHAINS}")
     y, on_prob = _check_density_args(y, on_prob, params)
-    if tables is not None:
-        _check_tables(tables, params)
     missing = np.isnan(y)
     if missing.all():
         return 0.0
@@ -365,7 +372,12 @@ def gaussian_logpdf(y, on_prob, params: FHMMParams) -> float:
     whenever L is a valid factor. (The Cholesky of a formed C failed for a valid L with
     ``cond(Σ) ~ 1e16``: ``1 + ε²`` rounds to 1.)
     """
-    y, p = _check_density_args(y, on_prob, _check_params_arg(params))
+    return _gaussian_logpdf(y, on_prob, _check_params_arg(params))
+
+
+def _gaussian_logpdf(y, on_prob, params: FHMMParams) -> float:
+    """:func:`gaussian_logpdf` for ``params`` known good (the scorer's own, per sample)."""
+    y, p = _check_density_args(y, on_prob, params)
     Wc = params.W[:-1]
     mu = params.W[-1] + p @ Wc
     obs = ~np.isnan(y)
@@ -1276,8 +1288,8 @@ class FHMMAnomalyScorer(_StreamAdapter, _river_base.AnomalyDetector):
         else:
             pi = theta_prev * (1.0 - b) + (1.0 - theta_prev) * a  # predicted_on_probability
         if self._predictive() == "gaussian":
-            return gaussian_logpdf(v, pi, snap.params)
-        return mixture_logpdf(v, pi, snap.params, tables)
+            return _gaussian_logpdf(v, pi, snap.params)
+        return _mixture_logpdf(v, pi, snap.params, tables)
 
     def score_one(self, x) -> float:
         """The anomaly score of ``x`` (see the class docstring).

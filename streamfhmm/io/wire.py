@@ -170,6 +170,8 @@ class TsText(float):
     from one published in a block).
     """
 
+    __slots__ = ("text",)
+
     def __new__(cls, text: bytes):
         self = super().__new__(cls, text)
         self.text = bytes(text)
@@ -177,6 +179,12 @@ class TsText(float):
 
     def __reduce__(self):   # (pickle and copy rebuilt it from the float, not the text)
         return TsText, (self.text,)
+
+    @classmethod
+    def from_row(cls, text, length: int) -> "TsText":
+        """The time stamp of a text row: the first ``length`` bytes of a uint8 row (as
+        :func:`ts_from_text`, keeping the text)."""
+        return cls(text[:length].tobytes())
 
 
 class SampleRun:
@@ -412,10 +420,22 @@ def decode_input(frames, n_features: int) -> Sample | Heartbeat:
                               "or 1 (JSON)")
 
 
+#: the float types of a time stamp on the publish path's fast checks
+_FLOATS = (float, TsText)
+#: the placeholder of a time stamp in a JSON body, before its text is spliced in
+_TS_SLOT = b',"ts":0,"version":'
+
+
+def _ts_spliced(body: bytes, text: bytes) -> bytes:
+    """A JSON output ``body`` written with ``"ts": 0``, its time stamp's ``text`` put in
+    (the topic, a JSON string, cannot hold the placeholder unescaped)."""
+    return body.replace(_TS_SLOT, b',"ts":' + text + b',"version":', 1)
+
+
 def _check_seq_ts(seq, ts) -> tuple[int, float]:
     """``seq`` and ``ts`` of a message to encode, as int and float: an integer in
     [0, 2**63) and a finite number (what the decoders accept), else ValueError."""
-    if type(seq) is int and type(ts) is float and 0 <= seq < SEQ_LIMIT and ts - ts == 0.0:
+    if type(seq) is int and type(ts) in _FLOATS and 0 <= seq < SEQ_LIMIT and ts - ts == 0.0:
         return seq, ts   # (the usual case, on the publish path: no conversion)
     if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, (int, np.integer)) \
             or not 0 <= seq < SEQ_LIMIT:
@@ -430,7 +450,7 @@ def _check_seqs_tss(seqs, tss, n: int) -> tuple[list, list]:
     """:func:`_check_seq_ts` for the n sequence numbers and time stamps of a batch, as lists."""
     if (type(seqs) is list and type(tss) is list and len(seqs) == n == len(tss)
             and all(type(v) is int and 0 <= v < SEQ_LIMIT for v in seqs)
-            and all(type(v) is float and v - v == 0.0 for v in tss)):
+            and all(type(v) in _FLOATS and v - v == 0.0 for v in tss)):
         return seqs, tss   # (the usual case, on the publish path: no conversion)
     seqs, tss = np.asarray(seqs), np.asarray(tss)
     if seqs.shape != (n,) or tss.shape != (n,):
@@ -543,22 +563,19 @@ def encode_posterior(topic, seq: int, ts: float, post, format: str = "binary") -
     format : {"binary", "json"}
     """
     topic = _topic_bytes(topic)
-    text = getattr(ts, "text", None)   # (a TsText: the number text it arrived as)
-    seq, ts = _check_seq_ts(seq, ts)
+    seq, _ = _check_seq_ts(seq, ts)
+    text = ts_text(ts)   # (a TsText's own text, else repr)
     theta, rho, mean = post.theta, post.rho, post.mean
     if format == "binary":
         header = b'{"seq":%d,"t":%d,"ts":%s,"version":%d,"flags":%d,"n_chains":%d}' % (
-            seq, post.t, b"%r" % ts if text is None else text, post.version, post.flags,
-            theta.shape[0])
+            seq, post.t, text, post.version, post.flags, theta.shape[0])
         return [topic, header, np.concatenate((theta, rho, mean)).astype(_LE_F8, copy=False).tobytes()]
     if format == "json":
-        body = _json_dumps({"topic": topic.decode("utf-8"), "seq": seq, "t": int(post.t),
-                            "ts": 0 if text is not None else ts, "version": int(post.version),
-                            "flags": int(post.flags), "theta": _finite_list(theta),
-                            "rho": _finite_list(rho), "mean": _finite_list(mean)})
-        if text is not None:   # (the topic, a JSON string, cannot hold this unescaped)
-            body = body.replace(b',"ts":0,"version":', b',"ts":' + text + b',"version":', 1)
-        return [body]
+        return [_ts_spliced(_json_dumps({"topic": topic.decode("utf-8"), "seq": seq, "t": int(post.t),
+                                         "ts": 0, "version": int(post.version),
+                                         "flags": int(post.flags), "theta": _finite_list(theta),
+                                         "rho": _finite_list(rho), "mean": _finite_list(mean)}),
+                            text)]
     raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
 
 
@@ -572,10 +589,9 @@ def encode_posterior_batch(topic, seqs, tss, batch, format: str = "binary") -> l
     """
     topic = _topic_bytes(topic)
     n = len(batch.t)
-    texts = None if isinstance(tss, np.ndarray) else [getattr(x, "text", None) for x in tss]
-    seqs, tss = _check_seqs_tss(seqs, tss, n)
+    seqs, checked = _check_seqs_tss(seqs, tss, n)
     # the time stamps' texts: a TsText's own (as encode_posterior), else repr
-    ts_b = [b"%r" % tss[k] if texts is None or texts[k] is None else texts[k] for k in range(n)]
+    ts_b = [ts_text(x) for x in (checked if isinstance(tss, np.ndarray) else tss)]
     t, version, flags = batch.t.tolist(), batch.version.tolist(), batch.flags.tolist()
     M = batch.theta.shape[1]
     if format == "binary":
@@ -596,11 +612,10 @@ def encode_posterior_batch(topic, seqs, tss, batch, format: str = "binary") -> l
             return [[(template % (seqs[k], t[k], ts_b[k].decode("ascii"), version[k], flags[k],
                                   *rows[k])).encode("utf-8")]
                     for k in range(n)]
-        return [[_json_dumps({"topic": name, "seq": seqs[k], "t": t[k], "ts": 0,
+        return [[_ts_spliced(_json_dumps({"topic": name, "seq": seqs[k], "t": t[k], "ts": 0,
                               "version": version[k], "flags": flags[k],
                               "theta": _finite_list(batch.theta[k]), "rho": _finite_list(batch.rho[k]),
-                              "mean": _finite_list(batch.mean[k])}).replace(
-                                  b',"ts":0,"version":', b',"ts":' + ts_b[k] + b',"version":', 1)]
+                              "mean": _finite_list(batch.mean[k])}), ts_b[k])]
                 for k in range(n)]
     raise ValueError(f"format must be 'binary' or 'json', got {format!r}")
 

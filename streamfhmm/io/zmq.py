@@ -829,7 +829,7 @@ class ZmqSink:
         if lib is None:
             # (their texts kept: the compiled path repeats them, and so does a posterior
             # published alone)
-            tss = [TsText(r[:m].tobytes()) for r, m in zip(ts_text, ts_len.tolist())]
+            tss = [TsText.from_row(r, m) for r, m in zip(ts_text, ts_len.tolist())]
             return self.send_batch(topic, seq.tolist(), tss, batch)
         M, D = batch.theta.shape[1], batch.mean.shape[1]
         header, payload, prefix = self.send_scratch(topic, M, D)

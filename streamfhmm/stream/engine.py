@@ -883,7 +883,7 @@ class StreamEngine:
             learner = self._make_learner(params, self._learner_net,
                                          self._cfg["net_burnin"] if fresh else 0)
             S, L = self._S, self._L
-            counted = self._counted(learner)
+            counted = learner.counted
             for end in range(S - 1, n_fit, L):
                 if _informative(Y[end - S + 1:end + 1], counted):
                     learner.reservoir.offer(Y[end - S + 1:end + 1].copy(), self._seq_start + end)
@@ -1401,15 +1401,8 @@ class StreamEngine:
         reservoir it would spoil every minibatch that drew it for a long time) or no
         value where its ELBO counts (see :func:`_informative`)."""
         learner = self._learner
-        if _informative(seg, self._counted(learner)) and not (np.abs(seg) > MAX_ABS_VALUE).any():
+        if _informative(seg, learner.counted) and not (np.abs(seg) > MAX_ABS_VALUE).any():
             learner.feed(seg.copy(), t)
-
-    def _counted(self, learner) -> slice:
-        """The rows of a segment whose positions the learner's ELBO counts: the L after
-        the first, which its network's window centres (or ends) at row ``offset``
-        (``kernels.online.svi_run``)."""
-        off = learner.net.offset
-        return slice(off + 1, off + 1 + self._L)
 
     def _exact_chunk(self, Xc, out, extra_flags):
         m = Xc.shape[0]

@@ -203,6 +203,10 @@ class Learner:
             raise ValueError(f"reservoir segments must hold subchain_length + window = "
                              f"{self.subchain_length + self.net.window} samples, got "
                              f"{reservoir.segment_length}")
+        #: the rows of a reservoir segment whose positions the ELBO counts: the
+        #: subchain_length after the first, which the network's window centres (or ends)
+        #: at row net.offset (kernels.online.svi_run)
+        self.counted = slice(self.net.offset + 1, self.net.offset + 1 + self.subchain_length)
         self.learning_rate = float(learning_rate)
         self.lr_decay_steps = None if lr_decay_steps is None else float(lr_decay_steps)
         self.min_learning_rate = float(min_learning_rate)
