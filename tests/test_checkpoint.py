@@ -705,6 +705,7 @@ def test_write_atomically_fsyncs_the_file_and_cleans_up_a_failed_write(tmp_path,
 
 # -- resume: overrides, paths and states a review found taken (each test failed before) -----
 def _exact_checkpoint(tmp_path, mode="smooth", n=100, learn=False, seed=70, name="ck", **kw):
+    print(f"seed={seed}")
     model = _model(seed, M=2, D=3, window=3, n_hidden=4)
     X, _ = model.sample(n + 200, random_state=seed + 1)
     with StreamEngine(model, mode=mode, posterior="exact", learn=learn, **kw) as eng:
@@ -724,7 +725,8 @@ def test_resume_stores_numpy_scalar_overrides_as_python_numbers(tmp_path):
         eng.push_many(X[100:220])
         again = eng.checkpoint(tmp_path / "again")
         assert eng.metrics()["checkpoint_error"] is None
-        assert eng.metrics()["checkpoints"] >= 2     # two periodic ones, and the explicit one
+        assert eng.metrics()["checkpoints"] >= 2     # the explicit one, and periodic ones (merged
+                                                     # when the learner thread writes them late)
         for key in overrides:
             if key != "checkpoint_path":
                 assert type(eng._cfg[key]) is type(overrides[key].item()), key

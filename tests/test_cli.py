@@ -1464,6 +1464,7 @@ def test_closed_stdout_is_an_error(tmp_path, command):
     import streamfhmm
     model = _two_chain_model(tmp_path)
     data = tmp_path / "x.npy"
+    print("seed=41")
     np.save(data, np.random.default_rng(41).normal(size=(30, 3)))
     root = os.path.dirname(os.path.dirname(streamfhmm.__file__))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -1492,6 +1493,8 @@ def test_a_model_fitted_before_with_quoted_names_matches_its_file(tmp_path, caps
     as 'a, "b"' with their quotes ('"b"'): no header read today matched them, and the
     --columns the error suggested could not either."""
     model = _named_model(tmp_path, ["time_s", '"power"', '"volt ""v"""'])
+    with capsys.disabled():   # (capsys reads the command's output)
+        print("seed=3")
     rng = np.random.default_rng(3)
     rows = "\n".join(",".join(f"{v:.4f}" for v in r) for r in rng.normal(size=(30, 3)))
     path = _write(tmp_path / "spaced.csv", 'time_s, "power", "volt ""v"""\n' + rows + "\n")

@@ -30,6 +30,8 @@ from streamfhmm.service import (_RECORD_TAG, _RECORD_VERSION, CheckpointError, S
                                 read_stream_record)
 from streamfhmm.stream.posterior import FLAG_EDGE, Posterior
 
+from .test_engine import _full_learner_round
+
 SEED = 1234
 ANY = "tcp://127.0.0.1:*"
 
@@ -1335,20 +1337,14 @@ def test_an_idle_engine_takes_no_learner_step_until_its_next_sample(tmp_path):
     try:
         feed(*[encode_sample(b"a", q, 0.0, X[q]) for q in range(300)])
         eng = svc.streams[b"a"].engine
-        deadline = time.monotonic() + 60
-        while eng.metrics()["learner_steps"] < 20 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert eng.metrics()["learner_steps"] >= 20
+        _wait_for(lambda: eng.metrics()["learner_steps"] >= 20, 60)
         svc._housekeeping(time.monotonic() + 6.0)
-        time.sleep(0.3)                                       # (a round in flight ends)
+        _full_learner_round(eng)                              # (a round in flight ends)
         n = eng.metrics()["learner_steps"]
-        time.sleep(0.5)
+        _full_learner_round(eng)
         assert eng.metrics()["learner_steps"] == n and eng.learning
         feed(*[encode_sample(b"a", q, 0.0, X[q]) for q in range(300, 310)])
-        deadline = time.monotonic() + 60
-        while eng.metrics()["learner_steps"] == n and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert eng.metrics()["learner_steps"] > n
+        _wait_for(lambda: eng.metrics()["learner_steps"] > n, 60)
     finally:
         close()
 
@@ -1446,14 +1442,16 @@ def test_a_learner_step_after_the_end_checkpoint_is_written_at_retirement(tmp_pa
         n = svc.counters["checkpoints"]
         steps = eng.metrics()["learner_steps"]
         eng._pause_learner(False)                           # (as a round still in flight)
-        deadline = time.monotonic() + 60
-        while eng.metrics()["learner_steps"] == steps and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _wait_for(lambda: eng.metrics()["learner_steps"] > steps, 60)
         eng._pause_learner(True)
-        time.sleep(0.3)
+        _full_learner_round(eng)
         steps = eng.metrics()["learner_steps"]
         feed(encode_sample(b"b", 0, 0.0, X[0]))             # a retired: written again
         assert svc.counters["checkpoints"] == n + 1
+        rec = read_stream_record(str(tmp_path / "ckpt" / "stream-61.json"))
+        from streamfhmm.io.checkpoint import load_checkpoint
+        _, arrays = load_checkpoint(str(tmp_path / "ckpt" / rec["file"]))
+        assert arrays["learner.counters"][0] == steps             # (the steps after the end)
         feed(_end(b"b", 0), encode_sample(b"a", 300, 0.0, X[300]))
         assert svc.streams[b"a"].engine.metrics()["learner_steps"] >= steps > 0
     finally:
@@ -2005,9 +2003,7 @@ def test_metrics_server(harness):
     h.send([b"s", b"{"])
     h.send(encode_heartbeat(b"s", 4, 0.0, end=True))
     h.recv(5)
-    deadline = time.monotonic() + 30
-    while h.service.counters["ends"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for(lambda: h.service.counters["ends"] >= 1, 30)
     server = start_metrics_server(h.service, 0)
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as r:
         text = r.read().decode()
