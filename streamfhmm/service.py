@@ -1001,18 +1001,21 @@ class StreamService:
             self._checkpoint(st)
 
     def _checkpoint(self, st: _Stream, final: bool = False, ended: bool | None = None,
-                    engine_file: bool = True) -> bool:
+                    engine_file: bool | None = True) -> bool:
         """Checkpoint one stream (engine file, then its record); whether it was written.
         Without ``engine_file`` only the record is written again, naming the engine file
         there (an ended stream unchanged since its end checkpoint: :meth:`_end_stands`),
         dated now as a full checkpoint would be (``checkpoint_retain`` counts from it at
-        a start); not counted in ``checkpoints``.
+        a start); not counted in ``checkpoints``. ``None``: without it when the end
+        checkpoint stands.
 
         A failure is counted and logged (rate-limited); one at shutdown (``final``) is
         always logged and its stream named in :attr:`final_checkpoint_failures`. The
         record of an ended stream says so (``"ended"``; ``ended`` overrides ``st.ended``):
         it resumes when its topic comes back, not at the next start."""
         stem = os.path.join(self.checkpoint_dir, _stream_stem(st.topic))
+        if engine_file is None:
+            engine_file = not self._end_stands(st)
         gen = st.generation + 1 if engine_file else st.generation
         path = _engine_file(stem, gen)
         try:
@@ -1524,7 +1527,7 @@ class StreamService:
         # end checkpoint stands if nothing changed since (its learner is held): under
         # churn the second write doubled the checkpoint traffic
         if (self.checkpoint_dir is not None
-                and not self._checkpoint(st, ended=True, engine_file=not self._end_stands(st))):
+                and not self._checkpoint(st, ended=True, engine_file=None)):
             st.retire_failed = time.monotonic()
             return False
         self._steps_retired += _engine_steps(st.engine)
@@ -1736,7 +1739,7 @@ class StreamService:
             if not st.ended and not keep:
                 self._flush(st)
             if self.checkpoint_dir is not None:
-                written = self._checkpoint(st, final=True, engine_file=not self._end_stands(st))
+                written = self._checkpoint(st, final=True, engine_file=None)
                 if keep and not written and not st.ended:
                     self._flush(st)
             try:

@@ -283,6 +283,13 @@ _ALPHA_SUM_TOL = 1e-6
 _WARMUP_ROWS0 = 4096
 
 
+def _check_learn_samples_learn(learn_samples, learn) -> None:
+    """ValueError for a ``learn_samples`` limit given to an engine without a learner."""
+    if learn_samples is not None and not learn:
+        raise ValueError("learn_samples needs learn=True: an engine without a learner has "
+                         "nothing to stop")
+
+
 def _check_path(path, name: str = "checkpoint_path"):
     """``path`` as str (None stays None) if it is a str, bytes or path-like, else
     ValueError (any object was taken through str(): checkpoint_path=5 wrote ./5.npz)."""
@@ -488,9 +495,7 @@ class StreamEngine:
             if not hasattr(model, name):
                 raise ValueError(f"model must be an FHMM, got {type(model).__name__}")
         model._check_hyperparameters()
-        if learn_samples is not None and not learn:
-            raise ValueError("learn_samples needs learn=True: an engine without a learner has "
-                             "nothing to stop")
+        _check_learn_samples_learn(learn_samples, learn)
         cfg = dict(mode=mode, learn=check_bool(learn, "learn"), posterior=posterior, n_features=n_features,
                    warmup=warmup, warmup_steps=warmup_steps, warmup_time=warmup_time,
                    reservoir_size=reservoir_size, recency_half_life=recency_half_life,
@@ -2037,11 +2042,9 @@ class StreamEngine:
         cfg.update({k: (_check_new_path(v) if k == "checkpoint_path"
                         else v.item() if isinstance(v, np.generic) else v)
                     for k, v in overrides.items()})
-        if overrides.get("learn_samples") is not None and not check_bool(cfg["learn"], "learn"):
-            # (as the constructor; the checkpoint's own limit, kept by resume(learn=False),
-            # is inert until learning is resumed)
-            raise ValueError("learn_samples needs learn=True: an engine without a learner has "
-                             "nothing to stop")
+        # (as the constructor; the checkpoint's own limit, kept by resume(learn=False), is
+        # inert until learning is resumed)
+        _check_learn_samples_learn(overrides.get("learn_samples"), check_bool(cfg["learn"], "learn"))
         model = FHMM(n_chains=cfg["n_chains"], window=cfg["window"], n_hidden=cfg["n_hidden"],
                      share_hidden=cfg["share_hidden"],
                      covariance_type=cfg.get("covariance_type", "full"))
