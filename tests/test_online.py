@@ -12,6 +12,7 @@ from streamfhmm.model import FHMMParams
 from streamfhmm.network import RecognitionNet
 
 from . import naive_stream as naive
+from .naive import brute_force_posterior
 
 
 def _params(M, D, seed, noise=0.5):
@@ -84,6 +85,34 @@ def test_fixed_lag_against_dense_reference(lag, nan_fraction):
     np.testing.assert_allclose(theta, ref[:len(X) - lag], rtol=0, atol=1e-10)
     # the tail (end of the sequence) is the exact smoothing of the last steps
     np.testing.assert_allclose(tail, ref[len(X) - lag:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("lag", [1, 2, 4])
+def test_fixed_lag_state_favoured_by_data_but_unreachable(lag):
+    """Chain 0 can never switch on (σ(-800) is 0.0 in float64) and one sample favours it on
+    by 730 nats. The backward weights were scaled by the largest emission over all
+    states, the excluded one's, so the kept states' underflowed to subnormals and the
+    fixed-lag posteriors (push, push_many and the tail) came out NaN. Reference: the
+    brute-force smoother (every joint path) on each prefix y_1..y_{τ+lag}."""
+    seed = 47
+    print(f"seed={seed}")
+    W = np.array([[1.0, 0.0], [0.3, -0.8], [0.2, 0.1]])
+    L = np.array([[0.1, 0.0], [0.03, 0.1]])
+    p = FHMMParams(W=W, L=L, alpha=np.array([-800.0, -1.5]), beta=np.array([2.0, -1.0]),
+                   startprob=np.array([0.0, 0.4]))
+    assert p.transmat[0, 0, 1] == 0.0
+    X, S = p.sample(6, random_state=seed)
+    P = np.linalg.inv(p.covariance)
+    mean = S[2] @ W[:2] + W[2]
+    X[2] = mean + (730.0 / (W[0] @ P @ W[0]) + 0.5) * W[0]
+    theta, _, tau, _, tail, _ = _run(p, X, lag)
+    T = len(X)
+    with np.errstate(divide="ignore"):
+        ref = np.array([brute_force_posterior(p, X[:min(T, t + lag + 1)])[1][t]
+                        for t in range(T)])
+    np.testing.assert_array_equal(tau, np.arange(T - lag))
+    np.testing.assert_allclose(theta, ref[:T - lag], rtol=1e-9, atol=1e-300)
+    np.testing.assert_allclose(tail, ref[T - lag:], rtol=1e-9, atol=1e-300)
 
 
 def test_tail_equals_smoothing_marginals():

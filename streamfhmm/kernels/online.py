@@ -412,6 +412,13 @@ def fixed_lag_marginals(alpha_ring, le_ring, t, tau, A, beta, g, out_theta):
     MATH.md §7: ``β_t = 1``, ``β_{r-1} = A (e_r ⊙ β_r)`` for ``r = t … τ+1``, then
     ``p(s_τ | y_1..t) ∝ α_τ ⊙ β_τ``; β is rescaled to max 1 at every step (its scale
     cancels). O((t - τ)·M·2^M).
+
+    A state with ``α_r(s) = 0`` (a transition probability that is 0.0 in float64, or a
+    flushed one) lies on no path the model allows: its ``e_r(s) β_r(s)`` is set to 0 and
+    the emissions are scaled by the largest over the kept states only, as in
+    :func:`streamfhmm.kernels.exact._backward_weights`. Scaled by the largest over all
+    states, a state the data favour by hundreds of nats but the model excludes pushed
+    the kept states' weights into subnormals, and ``α_τ ⊙ β_τ`` to NaN.
     """
     R = alpha_ring.shape[0]
     K = beta.shape[0]
@@ -419,12 +426,15 @@ def fixed_lag_marginals(alpha_ring, le_ring, t, tau, A, beta, g, out_theta):
         beta[s] = 1.0
     for r in range(t, tau, -1):
         le = le_ring[r % R]
+        alpha_r = alpha_ring[r % R]
         mx = -np.inf
         for s in range(K):
-            if le[s] > mx:
+            if alpha_r[s] > 0.0 and le[s] > mx:
                 mx = le[s]
+        if mx == -np.inf:
+            mx = 0.0
         for s in range(K):
-            g[s] = math.exp(le[s] - mx) * beta[s]
+            g[s] = math.exp(le[s] - mx) * beta[s] if alpha_r[s] > 0.0 else 0.0
         transition_backward(g, A)
         mb = 0.0
         for s in range(K):
