@@ -289,12 +289,15 @@ def check_covariance(covariance, n_features: int, name: str = "covariance") -> n
 def check_transmat(transmat, n_chains: int, name: str = "transmat") -> np.ndarray:
     """(M, 2, 2) row-stochastic matrices, one per chain."""
     A = _as_float_array(transmat, name)
+    given = np.asarray(unmask(transmat)).dtype
+    # rows of a float32 (float16) matrix sum to 1 only to that type's precision
+    atol = max(1e-8, 4.0 * float(np.finfo(given).eps)) if given.kind == "f" else 1e-8
     if A.shape != (n_chains, 2, 2):
         raise ValueError(f"{name} must have shape ({n_chains}, 2, 2), one 2x2 matrix per chain, "
                          f"got {A.shape}")
     if not np.isfinite(A).all() or (A < 0).any() or (A > 1).any():
         raise ValueError(f"{name} entries must be probabilities in [0, 1]")
-    if not np.allclose(A.sum(axis=2), 1.0, rtol=0, atol=1e-8):
+    if not np.allclose(A.sum(axis=2), 1.0, rtol=0, atol=atol):
         raise ValueError(f"{name} rows must sum to 1 (each transmat[m, i, :] is a distribution)")
     return A
 

@@ -1026,6 +1026,20 @@ def test_rows_off_by_1e_3_refused():
         FHMMParams.from_natural(np.ones((2, 1)), np.eye(1), A)
 
 
+def test_float32_transmat_accepted():
+    """Rows of a float32 matrix sum to 1 only to float32 precision (0.95 + 0.05 is off by
+    1.1e-8 in float64, 0.1 + 0.9 by 2.2e-8): such a matrix was refused by the float64
+    tolerance. The tolerance follows the given type; 1.001 is still refused in float32."""
+    A64 = np.array([[[0.95, 0.05], [0.1, 0.9]], [[0.7, 0.3], [0.99, 0.01]]])
+    A32 = A64.astype(np.float32)
+    assert np.abs(A32.astype(np.float64).sum(axis=2) - 1).max() > 1e-8
+    np.testing.assert_array_equal(check_transmat(A32, 2), A32.astype(np.float64))
+    m = FHMM.from_params(np.ones((3, 2)), np.eye(2), A32)
+    np.testing.assert_allclose(m.transmat_, A64, rtol=0, atol=1e-7)
+    with pytest.raises(ValueError, match="rows must sum to 1"):
+        check_transmat(np.array([[[0.9, 0.101], [0.2, 0.8]]], dtype=np.float32), 1)
+
+
 def test_logit_of_one_is_finite():
     """logit clips p to 1 - PROB_FLOOR, so a transition probability of exactly 1 is accepted."""
     assert np.isfinite(logit(1.0))
