@@ -261,3 +261,25 @@ def test_negative_tol_refused():
     p, X = _em_data(seed)
     with pytest.raises(ValueError, match="tol"):
         fit_exact_em(X, params=p, max_iter=2, tol=-1.0, progress=False)
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_no_progress_bar_without_progress(monkeypatch, progress):
+    """fit_exact_em(progress=False) builds no tqdm at all (``tqdm(disable=True)`` still
+    starts tqdm's monitor thread, which then runs for the life of the process)."""
+    import streamfhmm.learn.em as em_module
+
+    built = []
+    original = em_module.tqdm
+
+    def recording_tqdm(*args, **kwargs):
+        built.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(em_module, "tqdm", recording_tqdm)
+    seed = 8
+    print(f"seed={seed}")
+    X, _ = FHMMParams.random(2, 2, random_state=seed).sample(300, random_state=seed)
+    params, history = fit_exact_em(X, n_chains=2, max_iter=3, random_state=seed, progress=progress)
+    assert len(built) == int(progress)
+    assert len(history) >= 2 and np.isfinite(params.W).all()

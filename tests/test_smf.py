@@ -704,3 +704,28 @@ def test_steps_are_oriented():
         std = X.std(axis=0, ddof=1)
         W = init_params(X, 3, random_state=seed).W
         assert ((W[:-1] / std).sum(axis=1) >= -1e-12).all()
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_no_progress_bar_without_progress(monkeypatch, progress):
+    """fit(progress=False) builds no tqdm at all: ``tqdm(disable=True)`` still starts
+    tqdm's monitor thread, which then runs for the life of the process. With progress
+    the bar is built (and the fit is the same)."""
+    import streamfhmm.learn.smf as smf_module
+
+    built = []
+    original = smf_module.tqdm
+
+    def recording_tqdm(*args, **kwargs):
+        built.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(smf_module, "tqdm", recording_tqdm)
+    seed = 7
+    print(f"seed={seed}")
+    X, _ = _model(2, 2, seed).sample(300, random_state=seed)
+    params, history = fit_smf(X, n_chains=2, max_iter=3, random_state=seed, progress=progress)
+    assert len(built) == int(progress)
+    ref, ref_history = fit_smf(X, n_chains=2, max_iter=3, random_state=seed, progress=not progress)
+    np.testing.assert_array_equal(params.W, ref.W)
+    assert [h["bound"] for h in history] == [h["bound"] for h in ref_history]

@@ -17,6 +17,7 @@ Public entry points
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -177,7 +178,9 @@ def fit_exact_em(X, lengths=None, params: FHMMParams | None = None, n_chains: in
     floor = _default_floor(X)
     est = exact_e_step(params, X, lengths)
     history = [{"iteration": 0, "loglik": est.loglik, "time": time.perf_counter() - t0}]
-    with tqdm(total=max_iter, disable=not progress, desc="exact EM", unit="it") as bar:
+    # no bar at all without progress: tqdm(disable=True) still starts tqdm's monitor
+    # thread, which then stays for the life of the process
+    with (tqdm(total=max_iter, desc="exact EM", unit="it") if progress else nullcontext()) as bar:
         for it in range(1, max_iter + 1):
             if time_budget is not None and time.perf_counter() - t0 >= time_budget:
                 break
@@ -186,8 +189,9 @@ def fit_exact_em(X, lengths=None, params: FHMMParams | None = None, n_chains: in
             est = exact_e_step(params, X, lengths)
             history.append({"iteration": it, "loglik": est.loglik,
                             "time": time.perf_counter() - t0})
-            bar.update(1)
-            bar.set_postfix(loglik=f"{est.loglik:.6g}")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loglik=f"{est.loglik:.6g}")
             if est.loglik - previous.loglik < tol * T:
                 break
     return params, history

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -704,7 +705,9 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
     est = _e_step(params, X, bounds, theta, e_tol, max_sweeps, nan_terms)
     history = [{"iteration": 0, "bound": est.bound, "time": time.perf_counter() - t0,
                 "n_sweeps": est.n_sweeps}]
-    with tqdm(total=max_iter, disable=not progress, desc="SMF-EM", unit="it") as bar:
+    # no bar at all without progress: tqdm(disable=True) still starts tqdm's monitor
+    # thread, which then stays for the life of the process
+    with (tqdm(total=max_iter, desc="SMF-EM", unit="it") if progress else nullcontext()) as bar:
         for it in range(1, max_iter + 1):
             if time_budget is not None and time.perf_counter() - t0 >= time_budget:
                 break
@@ -714,8 +717,9 @@ def fit_smf(X, lengths=None, params: FHMMParams | None = None, n_chains: int | N
             est = _e_step(params, X, bounds, est.theta.copy(), e_tol, max_sweeps, terms)
             history.append({"iteration": it, "bound": est.bound,
                             "time": time.perf_counter() - t0, "n_sweeps": est.n_sweeps})
-            bar.update(1)
-            bar.set_postfix(bound=f"{est.bound:.6g}")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(bound=f"{est.bound:.6g}")
             if est.bound - previous.bound < tol * T:
                 break
     return params, history
