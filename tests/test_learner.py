@@ -17,7 +17,9 @@ from streamfhmm.stream.learner import (DEFAULT_LEARNER_DUTY, Learner, LearnerThr
 from streamfhmm.stream.reservoir import Reservoir
 
 SEED = 7
-BAD_DUTIES = [0, 0.0, -0.5, 1.0001, 2, math.nan, math.inf, "half", None, True]
+# numeric strings and numpy's bools too, as every other numeric setting (float() took them)
+BAD_DUTIES = [0, 0.0, -0.5, 1.0001, 2, math.nan, math.inf, "half", None, True, "0.5", b"1",
+              np.bool_(True)]
 
 
 def _learner(seed=SEED, M=2, D=3, window=3, L=6, scale=1.0, **kw):
@@ -68,7 +70,8 @@ def round_cpu():
 
 
 def test_check_duty():
-    assert check_duty(1) == 1.0 and check_duty("0.5") == 0.5 and check_duty(np.float32(0.25)) == 0.25
+    assert check_duty(1) == 1.0 and check_duty(0.5) == 0.5 and check_duty(np.float32(0.25)) == 0.25
+    assert type(check_duty(np.float32(0.25))) is float and type(check_duty(1)) is float
     for bad in BAD_DUTIES:
         with pytest.raises(ValueError, match=r"learner_duty must be a number in \(0, 1\]"):
             check_duty(bad)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -61,15 +62,12 @@ _MAX_WAIT = 60.0
 
 def check_duty(duty, name: str = "learner_duty") -> float:
     """``duty`` as a float in (0, 1], or ValueError naming ``name``."""
-    try:
-        d = float(duty)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number in (0, 1] (the fraction of one core the "
-                         f"learner may use), got {duty!r}") from None
-    if isinstance(duty, bool) or not 0.0 < d <= 1.0:
+    # a number, not a numeric string or a bool (float() took "0.5", b"1" and numpy's True)
+    if isinstance(duty, (bool, np.bool_)) or not isinstance(duty, numbers.Real) \
+            or not 0.0 < float(duty) <= 1.0:
         raise ValueError(f"{name} must be a number in (0, 1] (the fraction of one core the "
                          f"learner may use), got {duty!r}")
-    return d
+    return float(duty)
 
 
 def _frozen(a) -> np.ndarray:
