@@ -122,6 +122,39 @@ def test_errors():
         Reservoir.from_arrays(arrays)
 
 
+@pytest.mark.parametrize("half_life", ["abc", "5", [5], True, np.bool_(True), math.nan, -1.0])
+def test_half_life_must_be_a_positive_number(half_life):
+    """Strings, lists and bools were taken through float() (True as 1 sample) or gave
+    raw conversion errors."""
+    with pytest.raises(ValueError, match="half_life must be a positive number of samples or None"):
+        Reservoir(3, 2, 1, half_life=half_life)
+    assert Reservoir(3, 2, 1, half_life=np.int64(5)).half_life == 5.0
+
+
+@pytest.mark.parametrize("half_life", [None, 4.0])
+def test_refused_offer_changes_nothing(half_life):
+    """A segment of another shape is refused before anything is counted: it raised numpy's
+    broadcast error after size and n_seen had gone up (an unwritten slot counted as
+    filled). offer_many checks every segment, and one end per segment, first."""
+    seed = 5
+    print(f"seed={seed}")
+    r = Reservoir(3, 2, 1, half_life=half_life, random_state=seed)
+    r.offer(np.ones((2, 1)), 0)
+    before = r.to_arrays()
+    for bad in (np.zeros((5, 1)), np.zeros((2, 2)), np.zeros(2)):
+        with pytest.raises(ValueError, match=r"shape \(segment_length, n_features\) = \(2, 1\)"):
+            r.offer(bad, 1)
+    with pytest.raises(ValueError, match="one end position per segment, got 5 segments and 2 ends"):
+        r.offer_many([np.zeros((2, 1))] * 5, [1, 2])
+    with pytest.raises(ValueError, match=r"got \(3, 1\)"):
+        r.offer_many([np.zeros((2, 1)), np.zeros((3, 1))], [1, 2])
+    after = r.to_arrays()
+    assert str(after["meta"]) == str(before["meta"])
+    np.testing.assert_array_equal(after["data"], before["data"])
+    assert r.size == 1 and r.n_seen == 1
+    assert r.offer(np.full((2, 1), 7.0), 1) == 1 and r.size == 2
+
+
 @pytest.mark.parametrize("size, n_seen", [(3, -5), (3, 2), (3, 0), (4, 9), (-1, 5)])
 def test_a_state_with_impossible_counters_is_refused(size, n_seen):
     """size within [0, capacity] and at most the segments seen: a negative count stopped

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 
 import numpy as np
 
@@ -117,10 +118,11 @@ class Reservoir:
         self.n_features = check_positive_int(n_features, "n_features")
         self.stride = check_positive_int(stride, "stride")
         if half_life is not None:
-            half_life = float(half_life)
-            if not (math.isfinite(half_life) and half_life > 0):
+            if (isinstance(half_life, (bool, np.bool_)) or not isinstance(half_life, numbers.Real)
+                    or not (math.isfinite(half_life) and half_life > 0)):
                 raise ValueError(f"half_life must be a positive number of samples or None, "
                                  f"got {half_life!r}")
+            half_life = float(half_life)
         self.half_life = half_life
         self.rng = check_random_state(random_state)
         self.data = np.zeros((self.capacity, self.segment_length, self.n_features))
@@ -143,7 +145,9 @@ class Reservoir:
 
     def offer(self, segment: np.ndarray, end: int) -> int:
         """Offer one segment (segment_length, D) ending at stream position ``end``;
-        returns the slot it went to, or -1."""
+        returns the slot it went to, or -1 (ValueError for another shape, the reservoir
+        unchanged)."""
+        self._check_segment(segment)
         self.n_seen += 1
         if self.size < self.capacity:
             slot = self.size
@@ -173,6 +177,11 @@ class Reservoir:
         repeated :meth:`offer` calls, not the distribution.
         """
         n = len(segments)
+        if len(ends) != n:
+            raise ValueError(f"offer_many needs one end position per segment, got {n} segments "
+                             f"and {len(ends)} ends")
+        for segment in segments:   # all before any is stored: a refused call changes nothing
+            self._check_segment(segment)
         i = 0
         stored = 0
         while i < n and self.size < self.capacity:   # filling: in order
@@ -195,6 +204,12 @@ class Reservoir:
             self.data[slot] = segments[i + a]
             self.end[slot] = ends[i + a]
         return stored + int(take.size)
+
+    def _check_segment(self, segment) -> None:
+        shape = np.shape(segment)
+        if shape != (self.segment_length, self.n_features):
+            raise ValueError(f"a segment must have shape (segment_length, n_features) = "
+                             f"({self.segment_length}, {self.n_features}), got {shape}")
 
     def sample_slots(self, n_steps: int, batch_size: int) -> np.ndarray:
         """Uniformly chosen filled slots, int64 array (n_steps, batch_size)."""
