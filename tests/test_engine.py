@@ -394,6 +394,29 @@ def _cold_start_params():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("learn", [False, True])
+def test_pickle_and_copy_say_how_to_save_an_engine(learn, tmp_path):
+    """pickle, copy.copy and copy.deepcopy failed on a lock with "cannot pickle
+    '_thread.lock' object"; the error now names checkpoint() and resume(), and the engine
+    goes on working."""
+    import copy
+    import pickle
+
+    model = _model(seed=3)
+    X, _ = model.sample(300, random_state=3)
+    print("seed=3")
+    with StreamEngine(model, mode="filter", posterior="exact", learn=learn, random_state=0) as eng:
+        eng.push_many(X[:100])
+        for attempt in (lambda: pickle.dumps(eng), lambda: copy.copy(eng), lambda: copy.deepcopy(eng)):
+            with pytest.raises(TypeError, match=r"cannot be pickled or copied .*engine\.checkpoint\(path\).*"
+                                                r"StreamEngine\.resume\(path\)"):
+                attempt()
+        assert len(eng.push_many(X[100:])) == 200
+        path = eng.checkpoint(tmp_path / "e")
+    with StreamEngine.resume(path) as back:
+        assert back.n_samples == 300
+
+
 def test_cold_start_reaches_exact_smoothing():
     seed = 20
     print(f"seed={seed}")

@@ -1742,6 +1742,14 @@ class StreamEngine:
     def __exit__(self, *exc):
         self.close()
 
+    def __reduce_ex__(self, protocol):
+        # (pickle, copy.copy and copy.deepcopy all come here; without it they failed
+        # on a lock with "cannot pickle '_thread.lock' object")
+        raise TypeError("a StreamEngine cannot be pickled or copied (it holds its learner "
+                        "thread, locks and BLAS hold): save its state with "
+                        "engine.checkpoint(path) and continue it with StreamEngine.resume(path); "
+                        "the river adapters pickle that way")
+
     def __repr__(self) -> str:
         return (f"StreamEngine(mode={self.mode!r}, posterior={self.posterior!r}, "
                 f"learn={self._learn}, n_chains={self._M}, window={self._window}, "
