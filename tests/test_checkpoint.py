@@ -329,6 +329,49 @@ def test_checkpoints_with_any_bit_generator(tmp_path, bit_generator):
         assert type(back._learner.reservoir.rng.bit_generator).__name__ == bit_generator
 
 
+def test_checkpoint_count_in_a_file_written_by_the_learner_thread(tmp_path, monkeypatch):
+    """A periodic checkpoint captured while the learner thread was still writing the
+    previous one recorded the count as of its capture (the earlier write not yet
+    counted): the engine said 2 written, the newest file 1. The count is now taken when
+    the file is written. The first write is held until the second checkpoint has been
+    captured."""
+    import threading
+
+    from streamfhmm.stream import engine as engine_mod
+
+    real_save = engine_mod._save_newest
+    entered, release = threading.Event(), threading.Event()
+    calls = []
+
+    def held_save(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            entered.set()
+            assert release.wait(60)
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(engine_mod, "_save_newest", held_save)
+    seed = 64
+    print(f"seed={seed}")
+    model = _model(seed, M=2, D=2, window=3, n_hidden=4)
+    X, _ = model.sample(300, random_state=seed)
+    path = tmp_path / "ck.npz"
+    with StreamEngine(model, mode="filter", posterior="exact", learn=True, random_state=seed,
+                      checkpoint_path=path, checkpoint_every=100) as eng:
+        eng.push_many(X[:100])                 # the first falls due: the thread writes it
+        assert entered.wait(60)
+        eng.push_many(X[100:200])              # the second is captured meanwhile
+        release.set()
+        deadline = time.monotonic() + 60
+        while eng.metrics()["checkpoints"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls == [eng._thread.name] * 2
+        with StreamEngine.resume(path, checkpoint_path=None, checkpoint_every=None) as back:
+            assert back.n_samples == 200
+            assert back.metrics()["checkpoints"] == 2 == eng.metrics()["checkpoints"]
+        monkeypatch.setattr(engine_mod, "_save_newest", real_save)
+
+
 def test_a_failing_checkpoint_is_recorded_and_does_not_fail_the_warmup(tmp_path, monkeypatch):
     """A periodic checkpoint that fails on the learner thread is recorded in
     checkpoint_error (it was swallowed); one that falls due in the warm-up's replay

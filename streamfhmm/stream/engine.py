@@ -227,6 +227,10 @@ def _publish_to(engine_ref):
     return publish
 
 
+#: the index of the checkpoint count in a checkpoint's "state" array
+_STATE_CHECKPOINTS = 8
+
+
 def _snapshot_arrays(snap: Snapshot) -> dict:
     p = snap.params
     out = {"params.W": p.W, "params.L": p.L, "params.alpha": p.alpha, "params.beta": p.beta,
@@ -1774,7 +1778,7 @@ class StreamEngine:
                   "state": np.array([self._t, self._seq_open, self._seq_start, self._last_nan,
                                      self._n_samples, self._n_emitted, self._n_imputed,
                                      self._n_rejected, self._n_checkpoints + 1, self._wn,
-                                     self._lat_n],  # (+1: this checkpoint)
+                                     self._lat_n],  # (+1: this checkpoint; _STATE_CHECKPOINTS)
                                     dtype=np.int64),
                   "loglik": np.array([self._loglik, self._loglik_n], dtype=np.float64)}
         snap = self._snapshot
@@ -1912,6 +1916,10 @@ class StreamEngine:
                 def write():
                     engine = engine_ref()
                     try:
+                        if engine is not None:
+                            # the count as of this write, this one included: the capture's
+                            # count missed a write the thread had not yet made then
+                            arrays["state"][_STATE_CHECKPOINTS] = engine._n_checkpoints + 1
                         if _save_newest(guard, path, cut, arrays, meta) is not None and engine is not None:
                             engine._n_checkpoints += 1
                     except Exception as exc:
