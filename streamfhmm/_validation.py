@@ -325,4 +325,5 @@ def check_random_state(random_state) -> np.random.Generator:
         return random_state
     if isinstance(random_state, np.random.RandomState):
         return np.random.default_rng(random_state.randint(0, 2**63 - 1, dtype=np.int64))
-    raise ValueError(f"random_state must be None, an int or a numpy Generator, got {_describe(random_state)}")
+    raise ValueError(f"random_state must be None, an int or a numpy Generator (or a SeedSequence "
+                     f"or RandomState), got {_describe(random_state)}")

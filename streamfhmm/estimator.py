@@ -51,6 +51,40 @@ def _seed_or_none(random_state):
     return None
 
 
+def _stored_seed(random_state):
+    """``random_state`` as a model file stores it: an int seed as it is, a SeedSequence
+    (as deterministic as an int) as ``{"entropy", "spawn_key", "pool_size"}``, None for
+    None, Generators and RandomStates (their state moves with every draw)."""
+    if isinstance(random_state, np.random.SeedSequence):
+        entropy = random_state.entropy
+        return {"entropy": np.asarray(entropy).tolist() if not isinstance(entropy, int) else entropy,
+                "spawn_key": [int(k) for k in random_state.spawn_key],
+                "pool_size": int(random_state.pool_size)}
+    return _seed_or_none(random_state)
+
+
+def _seed_from_file(seed, damaged: str):
+    """The ``random_state`` a model file stored (:func:`_stored_seed`), or ValueError."""
+    if isinstance(seed, dict):
+        if set(seed) != {"entropy", "spawn_key", "pool_size"}:
+            raise ValueError(f"{damaged}: random_state {seed!r} (expected an integer seed, a "
+                             f"SeedSequence's entropy, spawn_key and pool_size, or null)")
+        entropy, key, pool = seed["entropy"], seed["spawn_key"], seed["pool_size"]
+        ints = entropy if isinstance(entropy, list) else [entropy]
+        if (not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                    for v in ints + (key if isinstance(key, list) else [None]) + [pool])
+                or not ints):
+            raise ValueError(f"{damaged}: random_state {seed!r} (a SeedSequence's entropy, "
+                             f"spawn_key and pool_size must be integers >= 0)")
+        try:
+            return np.random.SeedSequence(entropy, spawn_key=tuple(key), pool_size=pool)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"{damaged}: random_state {seed!r} ({exc})") from None
+    if seed is not None and _seed_or_none(seed) is None:
+        raise ValueError(f"{damaged}: random_state {seed!r} (expected an integer seed or null)")
+    return seed
+
+
 def _is_history(history) -> bool:
     """Whether ``history`` is a fit history: a list of records (dicts)."""
     return isinstance(history, list) and all(isinstance(h, dict) for h in history)
@@ -928,6 +962,9 @@ class FHMM:
         net = getattr(self, "net_", None)
         # (hyper-parameters changed by set_params after the fit would not describe it)
         mismatch = _architecture_mismatch(self, params, net)
+        if not mismatch and not check_covariance_matches(params.covariance, self.covariance_type):
+            mismatch = (f"covariance_type is {self.covariance_type!r} but the fitted covariance is "
+                        f"not {'diagonal' if self.covariance_type == 'diag' else 'σ² I'}")
         if mismatch:
             raise ValueError(f"cannot save: {mismatch}; refit the model, or set the "
                              "hyper-parameters back")
@@ -937,7 +974,7 @@ class FHMM:
                                           "n_hidden": int(self.n_hidden),
                                           "share_hidden": self.share_hidden,
                                           "covariance_type": self.covariance_type,
-                                          "random_state": _seed_or_none(self.random_state),
+                                          "random_state": _stored_seed(self.random_state),
                                           "fit_method": getattr(self, "fit_method_", None)})),
             "W": params.W, "L": params.L, "alpha": params.alpha, "beta": params.beta,
             "startprob": params.startprob,
@@ -1037,9 +1074,7 @@ class FHMM:
                              f"have {params.n_chains} chains")
         if hyper["covariance_type"] not in COVARIANCE_TYPES:
             raise ValueError(f"{damaged}: covariance_type {hyper['covariance_type']!r}")
-        seed = hyper.get("random_state")
-        if seed is not None and _seed_or_none(seed) is None:
-            raise ValueError(f"{damaged}: random_state {seed!r} (expected an integer seed or null)")
+        hyper["random_state"] = _seed_from_file(hyper.get("random_state"), damaged)
         if not _is_history(history):
             raise ValueError(f"{damaged}: its fit history is not a list of records")
         model = cls(**hyper)

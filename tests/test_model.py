@@ -1,5 +1,6 @@
 """FHMMParams and the public FHMM: construction, validation, sampling statistics."""
 import io
+import json
 import os
 import re
 
@@ -410,6 +411,41 @@ def test_save_load_keeps_the_seed_and_finds_the_npz(tmp_path):
     g = FHMM.from_params(W=W2, covariance=S2, transmat=A2, random_state=np.random.default_rng(3))
     g.save(tmp_path / "g.npz")
     assert FHMM.load(tmp_path / "g.npz").random_state is None  # a Generator is not stored
+
+
+@pytest.mark.parametrize("seed_sequence", [np.random.SeedSequence(42),
+                                           np.random.SeedSequence([1, 2**70], pool_size=8),
+                                           np.random.SeedSequence(5).spawn(2)[1]])
+def test_save_load_keeps_a_seed_sequence(tmp_path, seed_sequence):
+    """A SeedSequence random_state is as deterministic as an int seed: it was dropped (saved
+    as null), so the loaded model's sample() no longer repeated the original's."""
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2, random_state=seed_sequence)
+    m.save(tmp_path / "s.npz")
+    back = FHMM.load(tmp_path / "s.npz")
+    assert isinstance(back.random_state, np.random.SeedSequence)
+    assert (back.random_state.spawn_key, back.random_state.pool_size) == \
+        (seed_sequence.spawn_key, seed_sequence.pool_size)
+    np.testing.assert_array_equal(back.random_state.generate_state(4), seed_sequence.generate_state(4))
+    np.testing.assert_array_equal(back.sample(30)[0], m.sample(30)[0])
+
+
+@pytest.mark.parametrize("stored", [{"entropy": -1, "spawn_key": [], "pool_size": 4},
+                                    {"entropy": 3, "spawn_key": [], "pool_size": 2},
+                                    {"entropy": [], "spawn_key": [], "pool_size": 4},
+                                    {"entropy": 3, "spawn_key": "x", "pool_size": 4},
+                                    {"entropy": 3, "spawn_key": []},
+                                    {"entropy": 3.5, "spawn_key": [], "pool_size": 4}])
+def test_load_refuses_a_damaged_seed_sequence(tmp_path, stored):
+    m = FHMM.from_params(W=W2, covariance=S2, transmat=A2, random_state=np.random.SeedSequence(1))
+    m.save(tmp_path / "s.npz")
+    with np.load(tmp_path / "s.npz") as f:
+        data = dict(f)
+    hyper = json.loads(str(data["hyper"]))
+    hyper["random_state"] = stored
+    data["hyper"] = np.array(json.dumps(hyper))
+    np.savez(tmp_path / "bad.npz", **data)
+    with pytest.raises(ValueError, match=r"bad\.npz.*random_state"):
+        FHMM.load(tmp_path / "bad.npz")
 
 
 def test_save_refuses_a_directory_and_names_a_missing_one(tmp_path):

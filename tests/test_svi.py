@@ -260,7 +260,12 @@ def test_save_refuses_hyperparameters_changed_after_the_fit(tmp_path, fitted):
                             (dict(n_hidden=3), "n_hidden is 3 but its recognition networks have 16"),
                             (dict(share_hidden="all"),
                              "share_hidden is 'all' but its recognition networks have 'chain'"),
-                            (dict(n_chains=3), "n_chains is 3 but the parameters have 2 chains")):
+                            (dict(n_chains=3), "n_chains is 3 but the parameters have 2 chains"),
+                            # (a correlated Σ saved as 'diag' was a file from_params refuses)
+                            (dict(covariance_type="diag"),
+                             "covariance_type is 'diag' but the fitted covariance is not diagonal"),
+                            (dict(covariance_type="spherical"),
+                             "covariance_type is 'spherical' but the fitted covariance is not σ² I")):
         m.set_params(**fitted.get_params())
         m.set_params(**change)
         with pytest.raises(ValueError, match="cannot save: " + message):
