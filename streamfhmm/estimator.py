@@ -679,6 +679,10 @@ class FHMM:
         lengths = chunk_lengths(chunks)
         rng = check_random_state(self.random_state)
         t0 = time.perf_counter()
+        # the scan of every chunk (on the workers for .npy files) before the start: it also
+        # refuses a feature too small in every chunk, which the start would otherwise meet
+        # as an error about its variance floor
+        scaler = chunk_scaler(chunks, client)
         head = head_rows(chunks, init_samples)
         self._check_n_features(head.shape[1], init)
         head_bounds = _bounds_within(exact.bounds_from_lengths(lengths), 0, len(head))
@@ -688,7 +692,7 @@ class FHMM:
         net = self._continued_net(init, params.n_features)
         if net is None:
             net = self._new_net(params.n_features, rng)
-            net.set_scaler(*chunk_scaler(chunks, client))
+            net.set_scaler(*scaler)
         budget = None if time_budget is None else max(0.0, time_budget - (time.perf_counter() - t0))
         state = fit_svi_distributed(chunks, params, net, client,
                                     max_iter=DEFAULT_MAX_ITER if max_iter is None else max_iter,

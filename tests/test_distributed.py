@@ -840,6 +840,77 @@ def test_chunk_scaler_sends_only_paths(problem, client, tmp_path, monkeypatch):
     assert sorted(a[0] for a in sent) == sorted(paths)
 
 
+@pytest.mark.parametrize("units", [1.0, 1e-13, 1e13])
+def test_chunk_scaler_is_fit_scaler_in_any_units(client, tmp_path, units):
+    """chunk_scaler on chunks (in memory, .npy files scanned here or by the workers) is
+    fit_scaler on their concatenation, in any units: a feature counts as constant by its
+    spread against its largest magnitude. Before, a floor of 1e-12·max(1, |mean|) took
+    data in units of 1e-13 for constant (scale 1, where fit_scaler gives ~1e-13)."""
+    seed = 31
+    print(f"seed={seed}, units={units}")
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((600, 5)) * [1.0, 2.0, 0.5, 1.0, 1.0] + [0.0, 3.0, -1.0, 0.0, 0.0]
+    base[:, 3] = 7.0   # a constant feature
+    base[:, 4] = 0.0   # a feature of zeros
+    base[rng.random(base.shape) < 0.05] = np.nan
+    X = base * units + 3.0 * units   # X·c + shift
+    chunks = [X[:50], X[50:320], X[320:]]
+    paths = write_npy_chunks(X, tmp_path, 3)
+    ref = RecognitionNet(2, 5).fit_scaler(X)
+    assert np.all(ref.scale[:3] < 10 * units) and np.all(ref.scale[3:] == 1.0)
+    for source, c in ((chunks, None), (paths, None), (paths, client)):
+        mean, scale = chunk_scaler(source, client=c)
+        print(f"scale {scale}, fit_scaler's {ref.scale}")
+        np.testing.assert_allclose(mean, ref.mean, rtol=1e-12, atol=1e-12 * units)
+        np.testing.assert_allclose(scale, ref.scale, rtol=1e-12)
+        assert np.all(scale[3:] == 1.0)   # constant: scale 1, as fit_scaler's
+
+
+def test_tiny_chunks_are_refused_as_one_tiny_array(problem, client, tmp_path):
+    """Chunks whose feature varies below 1e-150 in magnitude over every chunk get the
+    message a single array gets ("rescale the data"), before any fitting; before, a list
+    of chunks failed in the initialisation with an error about an internal argument
+    ("floor must be 2 positive finite variances")."""
+    print(f"seed={SEED}")
+    X, chunks, params, net = problem
+    tiny = [c * 1e-160 for c in chunks]
+    message = r"column 0 holds no value larger than .* in magnitude.*rescale the data"
+    with pytest.raises(ValueError, match=message):
+        FHMM(n_chains=2, window=3, n_hidden=4, random_state=SEED).fit(X * 1e-160, max_iter=5,
+                                                                       progress=False,
+                                                                       client=client)
+    with pytest.raises(ValueError, match=message):
+        FHMM(n_chains=2, window=3, n_hidden=4, random_state=SEED).fit(tiny, max_iter=5,
+                                                                       progress=False,
+                                                                       client=client)
+    with pytest.raises(ValueError, match=message):
+        fit_svi_distributed(tiny, params, net, client, max_iter=2, progress=False)
+    paths = write_npy_chunks(X * 1e-160, tmp_path / "tiny", 2)
+    for source, c in ((tiny, None), (paths, None), (paths, client)):
+        with pytest.raises(ValueError, match=message):
+            chunk_scaler(source, client=c)
+    with pytest.raises(ValueError, match=message):   # (.npy files: scanned before the start)
+        FHMM(n_chains=2, window=3, n_hidden=4, random_state=SEED).fit(paths, max_iter=5,
+                                                                       progress=False,
+                                                                       client=client)
+    # constant in each chunk, varying across them: refused all the same
+    steps = [np.full((10, 2), 1e-160), np.full((10, 2), 2e-160)]
+    for c in steps:
+        c[:, 0] = 1.0
+    with pytest.raises(ValueError, match=r"column 1 holds no value larger than 2e-160"):
+        chunk_lengths(steps)
+    # accepted: a tiny chunk beside a chunk of ordinary magnitude, a feature of zeros with
+    # a lone tiny value, a feature that is tiny but constant over every chunk
+    lone = np.zeros((10, 2))
+    lone[:, 0] = np.arange(10.0)
+    lone[3, 1] = 1e-200
+    same = [np.full((10, 2), 1e-160), np.full((10, 2), 1e-160)]
+    same[0][:, 0] = np.arange(10.0)
+    for ok in ([tiny[0], chunks[1]], [lone, np.zeros((5, 2))], same):
+        chunk_scaler(ok)
+    chunk_scaler(paths[:1] + [chunks[1]], client)
+
+
 def test_bad_settings(problem, client):
     """Bad settings raise ValueError saying what was expected, before any worker starts."""
     X, chunks, params, net = problem

@@ -561,6 +561,69 @@ def test_feature_order_missing_and_extra_keys():
         tr2.learn_one(y)
 
 
+def test_a_model_with_feature_names_takes_its_columns_by_name():
+    """A model that names its features (feature_names_in_, as `streamfhmm fit` saves
+    them) gets each dict's values in its own column order; before, without `features`
+    the keys were sorted and its columns reached it swapped (only their number was
+    checked). A `features` argument against the model's names is refused."""
+    m = _model(M=2, D=3, seed=53)
+    m.feature_names_in_ = np.array(["voltage", "current", "power"])   # not sorted
+    names = ["voltage", "current", "power"]
+    X, _ = m.params_.sample(80, random_state=54)
+    print("data seed=54, shuffle seed=55")
+    theta, logc = naive_filter(m.params_, X)
+    rng = np.random.default_rng(55)
+    xs = [{names[j]: float(row[j]) for j in rng.permutation(3)} for row in X]
+    tr = FHMMTransformer(model=m, posterior="exact", learn=False)
+    sc = FHMMAnomalyScorer(model=m, posterior="exact", learn=False)
+    got, scores = [], []
+    for x in xs:
+        tr.learn_one(x)
+        sc.learn_one(x)
+        got.append([tr.transform_one(x)[f"chain_{j}"] for j in range(2)])
+        scores.append(sc.score_one(x))
+    assert tr.features_ == sc.features_ == ("voltage", "current", "power")
+    np.testing.assert_allclose(got, theta, atol=1e-10)
+    np.testing.assert_allclose(scores, -logc, atol=1e-9)
+    # the order is known before the first sample: the first one is evaluated at once
+    with FHMMTransformer(model=m, posterior="exact", learn=False) as t0, \
+            FHMMAnomalyScorer(model=m, posterior="exact", learn=False) as s0:
+        first = t0.transform_one(xs[0])
+        np.testing.assert_allclose([first["chain_0"], first["chain_1"]], theta[0], atol=1e-10)
+        assert s0.score_one(xs[0]) == pytest.approx(-logc[0], abs=1e-9)
+    # copies (pickled, cloned with their state, cloned afresh) keep the model's order
+    y = {"power": 0.3, "voltage": -0.2, "current": 1.1}
+    for copy in (pickle.loads(pickle.dumps(tr)), tr.clone(include_attributes=True)):
+        assert copy.features_ == tr.features_
+        assert copy.transform_one(y) == tr.transform_one(y)
+        copy.close()
+    fresh = tr.clone()
+    fresh.learn_one(xs[0])
+    assert fresh.features_ == tr.features_
+    assert [fresh.transform_one(xs[0])[f"chain_{j}"] for j in range(2)] == pytest.approx(
+        theta[0], abs=1e-10)
+    for adapter in (tr, sc, fresh):
+        adapter.close()
+    # the model's names in its order are accepted; any other order or set is refused
+    FHMMTransformer(model=m, posterior="exact", learn=False, features=names).close()
+    for bad in (["current", "power", "voltage"], ["a", "b", "c"], ["voltage", "current"]):
+        for cls in (FHMMTransformer, FHMMAnomalyScorer):
+            with pytest.raises(ValueError, match=r"features \[.*\] contradict the model's "
+                                                 r"feature names \['voltage', 'current', "
+                                                 r"'power'\]"):
+                cls(model=m, posterior="exact", learn=False, features=bad)
+    # a first dict with none of the model's names is refused, and fixes nothing
+    tr = FHMMTransformer(model=m, posterior="exact", learn=False)
+    with pytest.raises(ValueError, match=r"keys \['a', 'b', 'c'\] name none of the model's "
+                                         r"features"):
+        tr.learn_one({"a": 1.0, "b": 2.0, "c": 3.0})
+    assert tr.features_ is None and tr.engine is None
+    tr.learn_one({"voltage": 1.0, "power": 2.0})   # a missing key is a missing value
+    assert tr.features_ == ("voltage", "current", "power")
+    assert tr.metrics()["missing_value_samples"] == 1
+    tr.close()
+
+
 def test_shuffled_dicts_give_identical_outputs():
     """With learn=False the outputs are reproducible and do not depend on the order in
     which a dict lists its keys (feature order = sorted keys)."""
@@ -1087,6 +1150,43 @@ def test_clone_with_attributes_writes_no_checkpoints(tmp_path):
     assert position() == 120
 
 
+def test_pickling_leaves_the_checkpoint_count_alone(tmp_path):
+    """Pickling (or cloning with the state) checkpoints the engine to a temporary file:
+    that copy counted as a checkpoint written, metrics()["checkpoints"] went up by one
+    at each pickle, and the copies carried the count on."""
+    m = _model(M=2, D=3, seed=56)
+    X, _ = m.params_.sample(300, random_state=57)
+    print("data seed=57")
+    xs = _dicts(X)
+    a = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=100, warmup_steps=20,
+                        learn=False, seed=0)
+    for x in xs:
+        a.learn_one(x)
+    assert a.metrics()["checkpoints"] == 0
+    pickle.dumps(a)
+    pickle.dumps(a)
+    a.learn_one(xs[0])
+    b = pickle.loads(pickle.dumps(a))
+    c = pickle.loads(pickle.dumps(b))
+    d = a.clone(include_attributes=True)
+    assert [e.metrics()["checkpoints"] for e in (a, b, c, d)] == [0, 0, 0, 0]
+    for e in (a, b, c, d):
+        e.close()
+    # checkpoints the engine did write are counted, in the copies too
+    path = tmp_path / "engine.npz"
+    f = FHMMTransformer(model=m, posterior="exact", learn=False,
+                        engine_params={"checkpoint_path": str(path), "checkpoint_every": 50})
+    for x in xs[:120]:   # two periodic checkpoints, after 50 and 100 samples
+        f.learn_one(x)
+    assert f.metrics()["checkpoints"] == 2
+    blob = pickle.dumps(f)
+    assert pickle.dumps(f) == blob
+    g = pickle.loads(blob)
+    assert f.metrics()["checkpoints"] == g.metrics()["checkpoints"] == 2
+    g.close()
+    f.close()
+
+
 def test_a_refused_first_sample_fixes_nothing():
     """A first learn_one the engine refuses (a warm-up value beyond 1e150: the start fit
     would overflow) raised ValueError, but had fixed the feature set from the refused
@@ -1183,10 +1283,10 @@ def test_a_close_that_cannot_save_the_state_still_closes(monkeypatch, learn):
     for x in xs[:40]:
         tr.learn_one(x)
 
-    def no_space(path=None):
+    def no_space(path=None, counted=True):
         raise OSError(28, "No space left on device (simulated)")
 
-    monkeypatch.setattr(tr.engine, "checkpoint", no_space)
+    monkeypatch.setattr(tr.engine, "_checkpoint", no_space)   # (the adapter's copy of its state)
     with pytest.raises(RuntimeError, match=r"^FHMMTransformer closed, but its final state could "
                                            r"not be saved \(OSError: .*No space left") as err:
         tr.close()

@@ -36,15 +36,19 @@ for x. There, read in the prequential order, ``pipe.transform_one(x)`` then
 ``learn=False`` the model is fitted on the warm-up and then held fixed (the
 :attr:`~FHMMTransformer.learning` switch pauses and resumes the learner at run time).
 Before the warm-up is complete ``transform_one`` returns ``{}`` and ``score_one``
-returns ``0.0``. A fitted model with ``posterior="exact"`` has no warm-up: given
-``features``, the first sample is evaluated before any ``learn_one`` too (from the
-model's start probabilities).
+returns ``0.0``. A fitted model with ``posterior="exact"`` has no warm-up: when the
+feature order is known (``features``, or the model's feature names), the first sample
+is evaluated before any ``learn_one`` too (from the model's start probabilities).
 
 Features
 --------
-The feature order is fixed at the first ``learn_one``: the ``features`` argument, or
-the first dict's keys sorted (so the order in which a dict lists its keys never
-matters). A missing key, or ``None``, is a missing value (NaN: marginalised in the
+The feature order is fixed at the first ``learn_one``: the ``features`` argument; else,
+for a model that names its features (``feature_names_in_``, as ``streamfhmm fit``
+saves them), the model's order; else the first dict's keys sorted (so the order in
+which a dict lists its keys never matters). With a model that names its features,
+``features`` must be those names in the model's order, and a first dict none of whose
+keys is one of them is refused (ValueError: the columns would not reach the model's
+inputs). A missing key, or ``None``, is a missing value (NaN: marginalised in the
 emission density, imputed in the recognition window); a key outside the fixed set is
 ignored, with one :class:`UnknownFeatureWarning` per instance and a count afterwards
 (``metrics()["unknown_key_samples"]``). Values must be real numbers; an infinity is an
@@ -430,8 +434,21 @@ def _as_value(key, value) -> float:
     return v
 
 
+def _model_names(model) -> tuple | None:
+    """The names of ``model``'s features in its column order (``feature_names_in_``, as
+    ``streamfhmm fit`` saves them), or None for a model without them (or no model)."""
+    names = getattr(model, "feature_names_in_", None) if model is not None else None
+    return None if names is None else tuple(str(n) for n in names)
+
+
 def _check_model_features(model, features):
-    """ValueError unless a fitted ``model`` has one feature per key of ``features``."""
+    """ValueError unless a fitted ``model`` has one feature per key of ``features`` and,
+    when the model names its features, ``features`` are those names in its order."""
+    names = _model_names(model)
+    if names is not None and tuple(features) != names:
+        raise ValueError(f"features {list(features)} contradict the model's feature names "
+                         f"{list(names)} (its feature_names_in_, in its column order): pass "
+                         f"features=None (the model's order) or those names in that order")
     params = getattr(model, "params_", None)
     if params is not None and params.n_features != len(features):
         raise ValueError(f"the model has {params.n_features} features, the stream "
@@ -493,6 +510,8 @@ class _StreamAdapter:
             if not feats or distinct != len(feats):
                 raise ValueError(f"features must be a non-empty sequence of distinct keys, got "
                                  f"{self.features!r}")
+            if self.model is not None:
+                _check_model_features(self.model, feats)
         if self.engine_params is not None:
             if not isinstance(self.engine_params, dict):
                 raise ValueError(f"engine_params must be a dict or None, got "
@@ -667,14 +686,27 @@ class _StreamAdapter:
         return set()
 
     # -- features -------------------------------------------------------------------------
-    def _fix_features(self, x):
+    def _known_features(self) -> tuple | None:
+        """The feature order known before any sample: the ``features`` argument, else the
+        model's feature names (None when neither is there)."""
         if self.features is not None:
-            feats = tuple(self.features)
-        else:
+            return tuple(self.features)
+        return _model_names(self.model)
+
+    def _fix_features(self, x):
+        feats = self._known_features()
+        if feats is None:
             if not x:
                 raise ValueError(f"{type(self).__name__}.learn_one got an empty dict: the first "
                                  f"sample fixes the feature set (or pass features=...)")
             feats = _sorted_keys(x.keys())
+        elif self.features is None and x and not any(k in feats for k in x.keys()):
+            # (every value would be missing, and every key unknown)
+            shown = _sorted_keys(x.keys())
+            raise ValueError(f"{type(self).__name__}.learn_one: the first sample's keys "
+                             f"{list(shown[:8])}{' ...' if len(shown) > 8 else ''} name none of "
+                             f"the model's features {list(feats)} (its feature_names_in_); "
+                             f"name the dict's keys as the model does")
         self._features = feats
         self._index = {k: j for j, k in enumerate(feats)}
         self._D = len(feats)
@@ -779,7 +811,7 @@ class _StreamAdapter:
     def _work(self):
         if self._exact_work is None:
             K = 1 << self._structure()[0]
-            D = self._D or len(self.features)  # (the first sample's preview: given features)
+            D = self._D or len(self._known_features())  # (the first sample's preview)
             self._exact_work = (np.empty(K), np.empty(K), np.empty(K), np.empty(D))
         return self._exact_work
 
@@ -800,11 +832,11 @@ class _StreamAdapter:
     def _first_preview(self, x):
         """Before the first ``learn_one``: x as a vector when it can be evaluated as the
         first sample (a fitted model with exact filtering has no warm-up, and given
-        ``features`` fix the order), else None."""
-        if (self._engine is not None or self.features is None or not self._exact
+        ``features`` or the model's feature names fix the order), else None."""
+        feats = self._known_features()
+        if (self._engine is not None or feats is None or not self._exact
                 or getattr(self.model, "params_", None) is None):
             return None
-        feats = tuple(self.features)
         _check_model_features(self.model, feats)
         return self._vector(x, {k: j for j, k in enumerate(feats)})[0]
 
@@ -999,7 +1031,9 @@ class _StreamAdapter:
             return cached[1]
         for _ in range(3):  # until no learner run completed during the checkpoint
             with tempfile.TemporaryDirectory(prefix="streamfhmm-") as tmp:
-                path = engine.checkpoint(os.path.join(tmp, "engine.npz"))
+                # (the adapter's copy, not a checkpoint of the stream: the engine's count,
+                # metrics()["checkpoints"], and the one the copy carries stay as they were)
+                path = engine._checkpoint(os.path.join(tmp, "engine.npz"), counted=False)
                 meta, arrays = load_checkpoint(path)
             after = self._state_key()
             if after == key:
@@ -1086,7 +1120,10 @@ class FHMMTransformer(_StreamAdapter, _river_base.Transformer):
     learning_rate : float
         RMSprop step size of the online learner.
     features : sequence, optional
-        The feature order; default the first learnt dict's keys, sorted.
+        The feature order; default the model's feature names (``feature_names_in_``)
+        when it has them, else the first learnt dict's keys, sorted. With a model that
+        names its features, only those names in the model's order are accepted
+        (ValueError otherwise).
     engine_params : dict, optional
         Further :class:`~streamfhmm.stream.engine.StreamEngine` arguments
         (``snapshot_interval``, ``net_burnin``, ``recency_half_life``, ``blas_threads``,
@@ -1156,7 +1193,7 @@ class FHMMTransformer(_StreamAdapter, _river_base.Transformer):
             ``{"chain_m": θ^m}`` for m = 0 … M-1, floats in [0, 1]: of x taken as the next
             sample (nothing is committed), or of the sample just learnt when ``x`` is the
             dict last passed to ``learn_one``. ``{}`` before the model is initialised
-            (a fitted model with ``posterior="exact"`` and given ``features``: x as the
+            (a fitted model with ``posterior="exact"`` and a known feature order: x as the
             first sample).
         """
         self._check_open()
@@ -1195,8 +1232,8 @@ class FHMMAnomalyScorer(_StreamAdapter, _river_base.AnomalyDetector):
 
     Missing values are marginalised (a sample with nothing observed scores 0). Before
     the model is initialised (the warm-up) the score is 0; a fitted model with exact
-    filtering has no warm-up (given ``features``, the first sample is scored before it
-    is learnt too). The stream contract, the features and pickling are as for
+    filtering has no warm-up (with a known feature order, the first sample is scored
+    before it is learnt too). The stream contract, the features and pickling are as for
     :class:`FHMMTransformer` (module docstring).
 
     Parameters
@@ -1304,7 +1341,7 @@ class FHMMAnomalyScorer(_StreamAdapter, _river_base.AnomalyDetector):
             ``-log p̂(x | x_1..x_{t-1})`` for x taken as the next sample (nothing is
             committed); for the dict last passed to ``learn_one``, the score of that
             sample given the samples before it. 0.0 before the model is initialised (a
-            fitted model with exact filtering and given ``features``: x as the first
+            fitted model with exact filtering and a known feature order: x as the first
             sample).
         """
         self._check_open()

@@ -104,8 +104,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._blas import BlasHold
-from .._validation import (check_fit_magnitude, check_observations, check_positive_int,
-                           check_random_state)
+from .._validation import (MIN_ABS_SCALE, check_fit_magnitude, check_observations,
+                           check_positive_int, check_random_state)
 from ..kernels import svi as _ks
 from ..model import FHMMParams
 from ..network import RecognitionNet
@@ -213,7 +213,47 @@ def _describe_chunks(chunks) -> _Described:
     D = {c.n_features for c in out}
     if len(D) > 1:
         raise ValueError(f"every chunk must have the same number of features, got {sorted(D)}")
+    if not any(_is_path(c.source) for c in out):
+        # the whole data is here: the test a single array gets, over every chunk (a
+        # .npy chunk's values are known once :func:`chunk_scaler` has scanned it)
+        parts = [_extremes(c.source) for c in out]
+        lo, hi, nonzero = parts[0]
+        for p in parts[1:]:
+            lo, hi, nonzero = np.minimum(lo, p[0]), np.maximum(hi, p[1]), nonzero + p[2]
+        _check_tiny(lo, hi, nonzero)
     return _Described(out)
+
+
+def _extremes(block, observed=None):
+    """Per-feature smallest and largest observed value (+inf and -inf for a feature with
+    none) and number of observed values other than zero of the float64 ``block``."""
+    if observed is None:
+        observed = ~np.isnan(block)
+    lo = np.where(observed, block, np.inf).min(axis=0)
+    hi = np.where(observed, block, -np.inf).max(axis=0)
+    nonzero = np.count_nonzero(observed & (block != 0.0), axis=0).astype(np.float64)
+    return lo, hi, nonzero
+
+
+def _peak(lo, hi):
+    """Per-feature largest magnitude of the observed values (0 for a feature with none)."""
+    return np.where(lo <= hi, np.maximum(np.abs(lo), np.abs(hi)), 0.0)
+
+
+def _check_tiny(lo, hi, nonzero):
+    """Raise ValueError if a feature that varies has its largest magnitude below
+    :data:`~streamfhmm._validation.MIN_ABS_SCALE` over every chunk (``lo``, ``hi``,
+    ``nonzero``: :func:`_extremes` over all chunks), as
+    :func:`~streamfhmm._validation.check_fit_magnitude` refuses a whole series (``tiny``).
+    A feature varies when it has two distinct values and two values other than zero."""
+    peak = _peak(lo, hi)
+    low = (peak > 0.0) & (peak < MIN_ABS_SCALE) & (lo < hi) & (nonzero > 1)
+    if low.any():
+        c = int(np.flatnonzero(low)[0])
+        raise ValueError(f"the chunks' column {c} holds no value larger than {peak[c]:g} in "
+                         f"magnitude (over every chunk): a fit needs a feature's largest value "
+                         f"at least {MIN_ABS_SCALE:g} (its statistics square them, and they "
+                         f"underflow); rescale the data")
 
 
 def chunk_lengths(chunks) -> np.ndarray:
@@ -317,19 +357,20 @@ def _open_chunk(source, n_features: int):
 
 
 def _moments(source, n_features):
-    """Per-feature count, mean and sum of squared deviations of the observed values."""
+    """Per-feature count, mean, sum of squared deviations, smallest and largest value and
+    number of values other than zero of the observed values (:func:`_combine_moments`
+    adds two chunks')."""
     Y = _open_chunk(source, n_features)
-    count = np.zeros(n_features)
-    mean = np.zeros(n_features)
-    m2 = np.zeros(n_features)
+    out = None
     for s in range(0, Y.shape[0], _SCAN_ROWS):
         block = np.asarray(Y[s:s + _SCAN_ROWS], dtype=np.float64)
         obs = ~np.isnan(block)
         n = obs.sum(axis=0).astype(np.float64)
         mb = np.where(obs, block, 0.0).sum(axis=0) / np.maximum(n, 1)
         m2b = (np.where(obs, block - mb, 0.0) ** 2).sum(axis=0)
-        count, mean, m2 = _combine(count, mean, m2, n, mb, m2b)
-    return count, mean, m2
+        part = (n, mb, m2b, *_extremes(block, obs))
+        out = part if out is None else _combine_moments(out, part)
+    return out
 
 
 def _check_seconds(value, name):
@@ -359,17 +400,25 @@ def check_client(client):
         raise ValueError("client is closed: pass a connected distributed.Client")
 
 
-def _combine(na, ma, m2a, nb, mb, m2b):
-    """Chan et al.'s pairwise update of counts, means and squared deviations."""
+def _combine_moments(a, b):
+    """Two parts' :func:`_moments` as one: Chan et al.'s pairwise update of the counts,
+    means and squared deviations; the extremes and counts of values other than zero
+    combined."""
+    na, ma, m2a, loa, hia, nza = a
+    nb, mb, m2b, lob, hib, nzb = b
     n = na + nb
     w = np.divide(nb, n, out=np.zeros_like(n), where=n > 0)
     delta = mb - ma
-    return n, ma + delta * w, m2a + m2b + delta * delta * na * w
+    return (n, ma + delta * w, m2a + m2b + delta * delta * na * w, np.minimum(loa, lob),
+            np.maximum(hia, hib), nza + nzb)
 
 
 def chunk_scaler(chunks, client=None, timeout: float = 600.0):
     """The input scaler of :meth:`RecognitionNet.fit_scaler` over all chunks.
 
+    The same mean and scale as ``fit_scaler`` on the chunks concatenated (to rounding):
+    a feature whose standard deviation is at most 1e-12 times its largest magnitude is
+    constant and gets scale 1, so the scaler of data in any units is the rescaled one.
     The ``.npy`` chunks are scanned chunk by chunk on the workers when ``client`` is
     given (each opens its files memory-mapped), else in this process; in-memory
     chunks are always scanned here (they are already here: sending them to the
@@ -386,6 +435,13 @@ def chunk_scaler(chunks, client=None, timeout: float = 600.0):
     -------
     mean, scale : ndarray, shape (D,)
         For ``net.set_scaler(mean, scale)``.
+
+    Raises
+    ------
+    ValueError
+        A chunk is invalid, or a feature that varies holds no value of magnitude
+        1e-150 or more in any chunk (a fit's statistics would underflow: rescale the
+        data), as a fit of one array refuses it.
     """
     if client is not None:
         check_client(client)
@@ -399,11 +455,15 @@ def chunk_scaler(chunks, client=None, timeout: float = 600.0):
                    else None for c in desc]
         parts = [_moments(c.source, D) if f is None else f.result(timeout=timeout)
                  for c, f in zip(desc, futures)]
-    n, mean, m2 = parts[0]
+    total = parts[0]
     for p in parts[1:]:
-        n, mean, m2 = _combine(n, mean, m2, *p)
+        total = _combine_moments(total, p)
+    n, mean, m2, lo, hi, nonzero = total
+    _check_tiny(lo, hi, nonzero)
     std = np.sqrt(m2 / np.maximum(n, 1))
-    scale = np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), std, 1.0)
+    # fit_scaler's rule: constant when the spread is below rounding of the feature's
+    # largest magnitude
+    scale = np.where(std > 1e-12 * _peak(lo, hi), std, 1.0)
     return mean, scale
 
 
@@ -924,7 +984,9 @@ def fit_svi_distributed(chunks, params: FHMMParams, net: RecognitionNet, client,
     Parameters
     ----------
     chunks : list of ndarray (T_i, D) or of ``.npy`` paths
-        Independent sequences (NaN = missing), every value within ±1e150. Paths are
+        Independent sequences (NaN = missing), every value within ±1e150 and, for
+        in-memory chunks, every feature that varies reaching 1e-150 in magnitude in
+        some chunk (:func:`chunk_scaler` checks ``.npy`` chunks so). Paths are
         opened by the workers, memory-mapped (a relative path is taken from this
         process's working directory); the driver reads only their headers.
     params : FHMMParams

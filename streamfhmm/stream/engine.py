@@ -1772,13 +1772,14 @@ class StreamEngine:
         self._next_ckpt_ns = (time.perf_counter_ns() + int(float(secs) * 1e9)
                               if secs is not None else big)
 
-    def _engine_arrays(self) -> tuple[dict, dict]:
-        """Copies of the inference-side state, and the JSON description."""
+    def _engine_arrays(self, counted: bool = True) -> tuple[dict, dict]:
+        """Copies of the inference-side state, and the JSON description (the checkpoint
+        count includes this one if it is ``counted``)."""
         arrays = {"ring.buf": self._ring.buf.copy(),
                   "state": np.array([self._t, self._seq_open, self._seq_start, self._last_nan,
                                      self._n_samples, self._n_emitted, self._n_imputed,
-                                     self._n_rejected, self._n_checkpoints + 1, self._wn,
-                                     self._lat_n],  # (+1: this checkpoint; _STATE_CHECKPOINTS)
+                                     self._n_rejected, self._n_checkpoints + int(counted),
+                                     self._wn, self._lat_n],  # (_STATE_CHECKPOINTS: the count)
                                     dtype=np.int64),
                   "loglik": np.array([self._loglik, self._loglik_n], dtype=np.float64)}
         snap = self._snapshot
@@ -1833,7 +1834,10 @@ class StreamEngine:
         self._check_open()
         return self._checkpoint(_check_path(path, "path"))
 
-    def _checkpoint(self, path=None) -> str:
+    def _checkpoint(self, path=None, counted: bool = True) -> str:
+        """:meth:`checkpoint`; not ``counted``: a copy of the state for the host's own use
+        (a river adapter's pickle), which neither counts as a checkpoint written nor
+        moves the count the file carries."""
         path = path if path is not None else self._ckpt_path
         if path is None:
             raise ValueError("checkpoint() needs a path (or the engine's checkpoint_path)")
@@ -1842,10 +1846,10 @@ class StreamEngine:
         self._run_pending_checkpoint()
         if self._learner is not None:
             with self._learner.lock:  # the snapshot and the learner state that made it
-                arrays, meta = self._engine_arrays()
+                arrays, meta = self._engine_arrays(counted)
                 arrays.update({f"learner.{k}": v for k, v in self._learner.to_arrays().items()})
         else:
-            arrays, meta = self._engine_arrays()
+            arrays, meta = self._engine_arrays(counted)
         if self._ckpt_path is not None and _same_file(path, self._ckpt_path):
             # (the one file a late periodic write can target: positions are kept for it
             # alone, not for every path written, e.g. a river adapter's temporary copies)
@@ -1853,7 +1857,8 @@ class StreamEngine:
         else:
             from ..io.checkpoint import save_checkpoint
             out = save_checkpoint(path, arrays, meta)
-        self._n_checkpoints += 1
+        if counted:
+            self._n_checkpoints += 1
         return out
 
     def _run_pending_checkpoint(self):
