@@ -1623,7 +1623,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--status-interval", type=_nonneg_float, default=10.0, metavar="SECONDS",
                     help="status line on stderr every this many seconds (default 10; 0: none)")
     sv.add_argument("--wait-subscribers", type=_nonneg_int, default=0, metavar="N",
-                    help="subscribe to the input only once N consumers subscribed to the output")
+                    help="subscribe to the input only once N subscriptions to the output have come "
+                         "(a consumer counts once per topic prefix it subscribes to)")
     sv.add_argument("--max-streams", type=_positive_int, default=1024,
                     help="most streams held at once (default 1024): a new topic takes the place of "
                          "a stream that ended (or, with --retire-idle, of one idle that long); "
@@ -1642,7 +1643,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "is followed again after N numbers in order behind the last one (the "
                          "N-1 before are skipped as stale; 0: only a restart at 0; default 64)")
     sv.add_argument("--time-budget", type=_nonneg_float, metavar="SECONDS", help="stop after this long")
-    sv.add_argument("--max-samples", type=_positive_int, metavar="N", help="stop after N samples")
+    sv.add_argument("--max-samples", type=_positive_int, metavar="N",
+                    help="stop after the read that brings the samples to N (the input still queued "
+                         "is not read)")
     sv.add_argument("--switch-interval", type=_positive_float, default=1e-4, metavar="SECONDS",
                     help="Python's thread switch interval: the longest the learner thread keeps the "
                          "interpreter from the inference path (default 0.0001; Python's is 0.005)")
@@ -1677,7 +1680,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--topic", default="", help="topic (stream name) of the messages (default empty)")
     r.add_argument("--format", choices=("binary", "json"), default="binary", help="message format")
     r.add_argument("--wait-subscribers", type=_nonneg_int, default=1, metavar="N",
-                   help="start once N subscribers take the topic (default 1; 0: do not wait)")
+                   help="start once N subscriptions take the topic (default 1; 0: do not wait; a "
+                        "consumer counts once per matching prefix it subscribes to)")
     r.add_argument("--wait-timeout", type=_bounded_float(0.0, _MAX_WAIT, low_open=False), metavar="SECONDS",
                    help="give up if they have not come after this long (at most a year, "
                         f"{_MAX_WAIT:,.0f})")

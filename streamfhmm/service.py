@@ -1077,7 +1077,7 @@ class StreamService:
                                                 timeout=None if deadline is None else
                                                 max(0.0, deadline - time.monotonic()))
             if ok:
-                logger.info("%d consumer(s) subscribed to the output", self.sink.n_subscribers())
+                logger.info("%d subscription(s) to the output", self.sink.n_subscribers())
         self.source.subscribe()
         poller = zmq.Poller()
         src, snk = self.source.socket, self.sink.socket
@@ -1086,12 +1086,16 @@ class StreamService:
         tick = 0.1
         if self.heartbeat_interval > 0:
             tick = min(tick, self.heartbeat_interval / 2)
+        # (whole milliseconds, at least 1: int() made a heartbeat below 2 ms a poll of 0 ms,
+        # an idle loop spinning on a core)
+        poll_ms = max(1, math.ceil(tick * 1000))
         last_tick = time.monotonic()
         last_read = 0.0
         last_count = 0   # messages of the last read (> 1: they queue up)
+        drain = True
         try:
             while not self._stop.is_set():
-                events = dict(poller.poll(int(tick * 1000)))
+                events = dict(poller.poll(poll_ms))
                 if snk in events:
                     self.sink.poll_subscriptions()
                 if src in events:
@@ -1108,9 +1112,10 @@ class StreamService:
                     if deadline is not None and now >= deadline:
                         break
                 if max_samples is not None and self.counters["samples"] >= max_samples:
+                    drain = False   # (the queued input is not read: N was asked for)
                     break
         finally:
-            self.shutdown()
+            self.shutdown(drain=drain)
         return self.metrics()
 
     def read(self) -> int:
@@ -1518,8 +1523,9 @@ class StreamService:
         ended, or a checkpoint keeps its warm-up), checkpoint it as ended (with a
         checkpoint directory; if that fails the stream stays, its lag published), close
         its engine. Whether it was retired."""
-        keep = self.checkpoint_dir is not None and _warming_up(st.engine)
-        if not st.ended and not keep:
+        warming = _warming_up(st.engine)   # (ended or not: an end does not flush it)
+        keep = self.checkpoint_dir is not None and warming
+        if (not st.ended or warming) and not keep:
             self._flush(st)
             st.ended = True
             self._hold(st)   # (it stays if the checkpoint fails)
@@ -1625,7 +1631,11 @@ class StreamService:
             return
         self.counters["ends"] += 1
         logger.info("stream %r ended at sequence number %d", st.name, hb.seq)
-        self._flush(st)
+        if not _warming_up(st.engine):
+            # (not a warm-up, as after a gap: it would start the model from the samples
+            # buffered so far; the buffer waits for the stream to go on, and a retirement
+            # or the shutdown without a checkpoint to keep it flushes it, as a live one)
+            self._flush(st)
         st.ended = True
         self._hold(st)   # (until a sample of it comes again)
         if self.checkpoint_dir is not None:
@@ -1709,18 +1719,19 @@ class StreamService:
                 + f", learner steps {steps} "
                 f"({max(run_steps - s_prev, 0) / dt:,.0f}/s), "
                 + (f"learners held {m['learners_held']}, " if m["learners_held"] else "")
-                + f"subscribers {self.sink.n_subscribers()}")
+                + f"subscriptions {self.sink.n_subscribers()}")
 
     # -- shutdown ----------------------------------------------------------------------
-    def shutdown(self):
-        """Drain the queued input (for at most ``drain_timeout`` seconds), flush every
+    def shutdown(self, drain: bool = True):
+        """Drain the queued input (for at most ``drain_timeout`` seconds; not if
+        ``drain`` is false, as when :meth:`run` stops at its ``max_samples``), flush every
         engine, publish, checkpoint, close engines."""
         if self._closed:
             return
         self._closed = True
         deadline = time.monotonic() + self.drain_timeout
         try:
-            while True:
+            while drain:
                 if time.monotonic() >= deadline:   # (a publisher flooding: stop reading)
                     logger.warning("stopped draining the input after %g s (drain_timeout): "
                                    "the messages still queued are not read", self.drain_timeout)
@@ -1735,12 +1746,13 @@ class StreamService:
             # a warm-up the checkpoint keeps goes on after a restart; without a checkpoint
             # (or if writing it fails) this is its samples' last chance of a posterior:
             # the model starts from them
-            keep = self.checkpoint_dir is not None and _warming_up(st.engine)
-            if not st.ended and not keep:
+            warming = _warming_up(st.engine)   # (ended or not: an end does not flush it)
+            keep = self.checkpoint_dir is not None and warming
+            if (not st.ended or warming) and not keep:
                 self._flush(st)
             if self.checkpoint_dir is not None:
                 written = self._checkpoint(st, final=True, engine_file=None)
-                if keep and not written and not st.ended:
+                if keep and not written:
                     self._flush(st)
             try:
                 st.engine.close()

@@ -150,7 +150,7 @@ class Harness:
     """A service in a thread between a test publisher (XPUB) and a test subscriber."""
 
     def __init__(self, tmp_path=None, engine=FakeEngine, D=3, checkpoint_every=None, start=True,
-                 source_kw=None, **kw):
+                 source_kw=None, run_kw=None, **kw):
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
@@ -164,6 +164,7 @@ class Harness:
         self.checkpoint_every = checkpoint_every
         self.kw = kw
         self.source_kw = source_kw or {}
+        self.run_kw = run_kw or {}
         self.sub = None
         if start:
             self.start()
@@ -196,7 +197,7 @@ class Harness:
 
     def _run(self):
         try:
-            self.service.run()
+            self.service.run(**self.run_kw)
         except BaseException as exc:   # (kept for the test; the thread ends)
             self.run_error = exc
             raise
@@ -519,6 +520,84 @@ def test_a_gap_during_the_warm_up_does_not_end_it(break_kind, harness):
     assert [g.seq for g in got] == seqs[:-2]
     m = h.service.metrics()
     assert (m["gaps"], m["engine_rejected"]) == ((1, 0) if break_kind == "gap" else (0, 1))
+
+
+@pytest.mark.parametrize("then", ["goes on", "stop, checkpoints", "stop, no checkpoints", "retired"])
+def test_an_end_during_the_warm_up_does_not_end_it(then, tmp_path, harness):
+    """An end heartbeat during a warm-up flushed the engine, as a gap once did: the model
+    started from the samples buffered so far (3 of 8), for good. The warm-up now waits:
+    for the stream to go on, for the checkpoint at shutdown or retirement that keeps it,
+    and without a checkpoint directory the shutdown or the retirement is its samples'
+    last chance (the model starts from them, their posteriors come out)."""
+    checkpoints = then != "stop, no checkpoints"
+    h = harness(tmp_path if checkpoints else None, engine=WarmupFakeEngine,
+                **({"max_streams": 1} if then == "retired" else {}))
+    for seq in range(3):
+        h.sample(b"s", seq, _values(0, seq))
+    h.send(encode_heartbeat(b"s", 2, 0.0, end=True))
+    _wait_for(lambda: h.service.metrics()["ends"] == 1)
+    eng = h.service.streams[b"s"].engine
+    assert eng.warming_up and not h.sub.poll(200)       # nothing was emitted
+    if then == "goes on":
+        for seq in range(3, 10):
+            h.sample(b"s", seq, _values(0, seq))
+        got = h.recv(8)                                 # all but the lag (2)
+        assert eng.start_at == WarmupFakeEngine.WARMUP
+        assert [g.seq for g in got] == list(range(len(got)))
+        h.stop()
+        return
+    if then == "retired":     # another topic takes its place: retired with its warm-up kept
+        h.sample(b"t", 0, _values(1, 0))
+        _wait_for(lambda: b"s" not in h.service.streams)
+        assert eng.warming_up and not h.sub.poll(200)
+        h.stop()
+        rec = read_stream_record(str(tmp_path / "ckpt" / "stream-73.json"))
+        assert rec["t_next"] == 3 and [p[1] for p in rec["pending"]] == [0, 1, 2]
+        return
+    h.stop()
+    if checkpoints:
+        assert eng.warming_up and not h.sub.poll(200)
+        rec = read_stream_record(str(tmp_path / "ckpt" / "stream-73.json"))
+        assert rec["t_next"] == 3 and [p[1] for p in rec["pending"]] == [0, 1, 2]
+    else:
+        assert eng.start_at == 3
+        assert [g.seq for g in h.recv(3)] == [0, 1, 2]
+
+
+class SlowFakeEngine(FakeEngine):
+    def push(self, x):
+        time.sleep(2e-4)
+        return super().push(x)
+
+
+def test_max_samples_does_not_read_the_queued_input():
+    """run(max_samples=N) stops after the read that reaches N: the shutdown no longer
+    drains what is still queued (serve --max-samples 1000 served all 20,000 sent)."""
+    h = Harness(engine=SlowFakeEngine, batch_size=64, run_kw={"max_samples": 1000})
+    try:
+        for seq in range(6000):
+            h.sample(b"s", seq, _values(0, seq))
+        h.thread.join(30)
+        assert not h.thread.is_alive()
+        m = h.service.metrics()
+        assert 1000 <= m["samples"] < 1000 + 64, m["samples"]
+        got = h.recv(m["samples"])    # every sample read got its posterior (the lag flushed)
+        assert [g.seq for g in got] == list(range(m["samples"]))
+    finally:
+        h.close()
+
+
+def test_a_heartbeat_below_two_milliseconds_does_not_spin(harness):
+    """The poll's timeout was int(heartbeat / 2 * 1000) ms: 0 below a 2 ms heartbeat, an
+    idle loop taking a whole core."""
+    h = harness(heartbeat_interval=0.0015)
+    t0, c0 = time.monotonic(), time.thread_time()
+    cpu0 = time.process_time()
+    time.sleep(1.0)
+    used = (time.process_time() - cpu0) - (time.thread_time() - c0)
+    print(f"service CPU over {time.monotonic() - t0:.2f} s idle: {used:.3f} s")
+    assert used < 0.5
+    h.stop()
 
 
 class UnwritableWarmupFakeEngine(WarmupFakeEngine):
@@ -1298,7 +1377,7 @@ def test_the_learner_of_an_idle_stream_is_held_until_its_next_sample(tmp_path):
         svc._housekeeping(t0 + 61.0)
         assert a.calls == [True] and b.calls == [True]        # (b held once, at its end)
         assert svc.metrics(engines=False)["learners_held"] == 2
-        assert ", learners held 2, subscribers" in svc.status_line()
+        assert ", learners held 2, subscriptions" in svc.status_line()
         svc._housekeeping(t0 + 120.0)
         assert a.calls == [True]
         feed(_s(b"a", 3))                                     # a goes on

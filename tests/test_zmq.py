@@ -339,6 +339,61 @@ def test_replay_waits_for_subscriber_and_loses_nothing(ctx, fmt):
     src.close(0)
 
 
+def test_source_checks_the_decoded_topic_against_its_topics(ctx):
+    """ZeroMQ's subscription matches a one-frame JSON message's bytes: with topics=["a"],
+    {"topic":"a1","topic":"b1",...} (the last key wins) was served as topic b1, another
+    shard's stream. The decoded topic is checked too (counted as a "topic" error)."""
+    src = ZmqSource("inproc://topics-checked", 3, topics=["a", "c"], bind=True, context=ctx,
+                    subscribe=False, linger_ms=0)
+    everything = ZmqSource("inproc://topics-all", 3, bind=True, context=ctx, subscribe=False,
+                           linger_ms=0)
+    dup = b'{"topic":"a1","topic":"b1","seq":0,"ts":0,"values":[1,2,3]}'
+    assert src.feed([dup]) is None
+    assert src.errors["topic"] == 1 and src.n_malformed == 1 and b"b1" not in src.streams
+    for frames in ([b'{"topic":"a1","seq":0,"ts":0,"values":[1,2,3]}'],
+                   encode_sample(b"c7", 0, 0.0, np.ones(3))):
+        item = src.feed(frames)
+        assert type(item) is Sample and item.topic in (b"a1", b"c7")
+    assert src.errors["topic"] == 1
+    assert everything.feed([dup]).topic == b"b1"    # no topics: every topic is served
+    src.close(0)
+    everything.close(0)
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_ipv6_endpoints_bind_and_connect(ctx):
+    """tcp://[::1]:* passed the command line's endpoint check but no socket turned IPv6
+    on: binding or connecting it failed with "No such device"."""
+    src = ZmqSource("tcp://[::1]:*", 3, bind=True, context=ctx, linger_ms=0)
+    assert src.endpoint.startswith("tcp://[::1]:")
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.setsockopt(zmq.IPV6, 1)
+    pub.connect(src.endpoint)
+    deadline = time.monotonic() + 10
+    items = []
+    while not items and time.monotonic() < deadline:   # (a PUB drops until connected)
+        pub.send_multipart(encode_sample(b"s", 0, 0.0, np.arange(3.0)))
+        time.sleep(0.05)
+        items = src.recv_ready(10)
+    assert items and items[0].values.tolist() == [0.0, 1.0, 2.0]
+    sink = ZmqSink("tcp://[::1]:*", context=ctx, linger_ms=0)
+    assert sink.endpoint.startswith("tcp://[::1]:")
+    pub.close(0)
+    src.close(0)
+    sink.close(0)
+
+
 def _small_buffered_subscriber(ctx, endpoint):
     """A SUB socket with a high-water mark of 10 and a small kernel buffer: a publisher
     reaches its high-water mark soon after this stops reading."""

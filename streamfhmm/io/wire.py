@@ -56,9 +56,13 @@ empty topic ``[b"", {"heartbeat": true, "streams": n, "ts": now}, b""]`` for the
 service; as one JSON frame with ``"topic"`` first in ``--format json``. An empty
 payload is what tells a heartbeat from a posterior.
 
-Sizes are bounded before anything is allocated: a receiving socket refuses any frame
-over :func:`max_frame_bytes` (libzmq's ``MAXMSGSIZE``, which drops the connection; the
-source reconnects), and the header and JSON lengths are checked before parsing.
+Sizes are bounded per frame before anything is allocated: a receiving socket refuses
+any frame over :func:`max_frame_bytes` (libzmq's ``MAXMSGSIZE``, which drops the
+connection; the source reconnects), and the header and JSON lengths are checked before
+parsing. libzmq has no bound on a message's number of frames, and hands a multipart
+message over only once it is whole: one of 50,000 frames under the bound each is held
+whole (100 MB) before it is refused as ``frames``. On a network, take input from
+trusted peers only (CURVE, ``serve --curve-*``).
 
 Every decoding error is a :class:`WireError` whose ``kind`` is one of
 :data:`ERROR_KINDS`.
@@ -92,7 +96,7 @@ __all__ = [
 #: the kinds of malformed input, each counted separately
 ERROR_KINDS = (
     "frames",     # neither 1 nor 3 frames
-    "topic",      # topic longer than MAX_TOPIC_BYTES or not UTF-8
+    "topic",      # topic longer than MAX_TOPIC_BYTES or not UTF-8 (a source: or outside its topics)
     "json",       # header or one-frame message not parseable JSON (or too large to parse)
     "fields",     # JSON parsed, but seq / ts / values / heartbeat missing or of the wrong type
     "size",       # payload not 8 * D bytes, or a JSON "values" list not of length D

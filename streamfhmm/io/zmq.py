@@ -148,6 +148,11 @@ class CurveConfig:
 
 def _attach(socket: zmq.Socket, endpoint: str, bind: bool):
     try:
+        if endpoint.startswith("tcp://["):
+            # an IPv6 address (tcp://[::1]:5555): libzmq takes it only on a socket with
+            # IPv6 on (else "No such device"); set for this endpoint alone, so that a
+            # wildcard bind elsewhere stays on IPv4
+            socket.setsockopt(zmq.IPV6, 1)
         if bind:
             socket.bind(endpoint)
         else:
@@ -292,11 +297,18 @@ class ZmqSource:
         self.endpoint = endpoint
         self.context = context or zmq.Context.instance()
         prefixes = []
+        wanted = []
         for tp in (topics or [b""]):
-            for p in subscription_prefixes(tp):
+            subs = subscription_prefixes(tp)
+            wanted.append(subs[0])   # (the topic prefix itself; b"" for every topic)
+            for p in subs:
                 if p not in prefixes:
                     prefixes.append(p)
         self.prefixes = prefixes
+        # the decoded topic is checked too: ZeroMQ matches a one-frame JSON message's
+        # bytes, and {"topic":"a1","topic":"b1"} (the last key wins) passed a subscription
+        # to "a" as topic b1 (another shard's stream)
+        self._topic_prefixes = None if b"" in wanted else tuple(wanted)
         # a frame larger than any valid one is refused by libzmq before it is allocated
         self.socket = _socket(self.context, zmq.SUB, endpoint, bind, hwm, linger_ms, curve,
                               {zmq.MAXMSGSIZE: max_frame_bytes(self.n_features)}, attach=False)
@@ -376,6 +388,11 @@ class ZmqSource:
             self._log(exc.kind, "skipped a malformed message (%s): %s", exc.kind, exc)
             return None
         topic = item.topic
+        if self._topic_prefixes is not None and not topic.startswith(self._topic_prefixes):
+            self.errors["topic"] += 1
+            self._log("topic", "skipped a message of topic %r: it begins with none of the "
+                      "subscribed prefixes", topic_name(topic[:40]))
+            return None
         heartbeat = type(item) is Heartbeat
         st = self._stream(topic, 1, not heartbeat)
         if st is None:
