@@ -21,6 +21,7 @@ import io
 import logging
 import math
 import os
+import re
 import shlex
 import signal
 import sys
@@ -335,6 +336,12 @@ def _first_non_utf8(path, block_size: int = 1 << 20):
     read)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, line = 0, 1      # (of the block's first byte)
+    after_cr = False         # (the last block ended with "\r", counted as a line break)
+
+    def breaks(data):   # line breaks as the csv module reads them: \n, \r\n and a lone \r
+        n = data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+        return n - 1 if after_cr and data[:1] == b"\n" else n   # (\r\n across two blocks)
+
     try:
         with open(path, "rb") as fh:
             while True:
@@ -344,11 +351,12 @@ def _first_non_utf8(path, block_size: int = 1 << 20):
                     decoder.decode(block, final=not block)
                 except UnicodeDecodeError as exc:   # (its positions count from the pending bytes)
                     data = pending + block
-                    return (line + data[:exc.start].count(b"\n"), offset - len(pending) + exc.start,
+                    return (line + breaks(data[:exc.start]), offset - len(pending) + exc.start,
                             data[exc.start])
                 if not block:
                     return None
-                line += block.count(b"\n")
+                line += breaks(block)
+                after_cr = block[-1:] == b"\r"
                 offset += len(block)
     except OSError:
         return None
@@ -544,6 +552,22 @@ def _port(s):
     if not 1 <= v <= 65535:
         raise argparse.ArgumentTypeError(f"expected a TCP port number in 1..65535, got {v}")
     return v
+
+
+def _topic(s):
+    """A topic (or topic prefix) as given: UTF-8 text of at most MAX_TOPIC_BYTES bytes
+    (a non-UTF-8 argument failed after the data was loaded and the socket bound, with
+    Python's encoding error naming no option)."""
+    from .io.wire import MAX_TOPIC_BYTES
+    try:
+        n = len(s.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"expected UTF-8 text (topics are UTF-8), got "
+                                         f"{s.encode('utf-8', 'surrogateescape')!r}") from None
+    if n > MAX_TOPIC_BYTES:
+        raise argparse.ArgumentTypeError(f"a topic is at most {MAX_TOPIC_BYTES} bytes of UTF-8, "
+                                         f"got {n}")
+    return s
 
 
 def _endpoint(s):
@@ -754,6 +778,26 @@ def _cmd_score(args) -> int:
     return 0
 
 
+#: names of a stream this process has open: /dev/stdout, /dev/stderr, /dev/fd/N,
+#: /proc/self/fd/N (and /proc/<its pid>/fd/N)
+_FD_PATH = re.compile(r"/dev/(?:(stdout)|(stderr)|fd/(\d+))|/proc/(?:self|thread-self|(\d+))/fd/(\d+)")
+
+
+def _stream_fd(path) -> int | None:
+    """The file descriptor ``path`` names when it is one of this process's open streams
+    (:data:`_FD_PATH`), else None. Such a path is written where the stream stands: taken
+    as a file, it was resolved to the file the shell redirected the stream to, and that
+    file was replaced (``> all.txt``: the lines written before were lost; ``>>``: the
+    file's earlier lines too)."""
+    m = _FD_PATH.fullmatch(os.path.normpath(path))
+    if m is None:
+        return None
+    stdout, stderr, dev_fd, pid, proc_fd = m.groups()
+    if pid is not None and int(pid) != os.getpid():
+        return None   # (another process's stream: a file like any other to us)
+    return 1 if stdout else 2 if stderr else int(dev_fd or proc_fd)
+
+
 def _write_table(path, A, names):
     def write(fh):   # (binary: the same bytes on every platform)
         if path.endswith(".npy"):
@@ -761,10 +805,19 @@ def _write_table(path, A, names):
             return
         fh.write((_csv_line(names) + "\n").encode())   # (a name holding a comma quoted)
         np.savetxt(fh, A, delimiter=",", fmt="%.10g")
-    if path == "-":
+    if path == "-" or _stream_fd(path) == 1:
         sys.stdout.flush()
         write(sys.stdout.buffer)
         sys.stdout.buffer.flush()
+        return
+    fd = _stream_fd(path)
+    if fd is not None:   # /dev/stderr, /dev/fd/3...: written at the stream's position
+        sys.stderr.flush()
+        try:
+            with open(fd, "wb", closefd=False) as fh:
+                write(fh)
+        except OSError as exc:
+            raise CliError(f"--out {path}: cannot write: {exc.strerror or exc}") from None
         return
     if os.path.exists(path) and not os.path.isfile(path):
         with open(path, "wb") as fh:   # /dev/null, a FIFO...: written in place, never replaced
@@ -780,7 +833,7 @@ def _write_table(path, A, names):
 
 
 def _cmd_predict(args) -> int:
-    if args.out == "-":
+    if args.out == "-" or _stream_fd(args.out) == 1:
         _require_stdout("the table; give --out FILE")
     model = _load_model(args.model)
     has_net = getattr(model, "net_", None) is not None
@@ -796,7 +849,7 @@ def _cmd_predict(args) -> int:
         raise CliError(f"{args.data} has missing values; --method {args.method or 'exact/smf'} needs "
                        "complete rows (--method recognition, a model fitted with --method svi, takes "
                        "missing values)")
-    if args.out != "-":
+    if args.out != "-" and _stream_fd(args.out) is None:
         _check_out_file(args.out, "--out")
     if args.reconstruct:
         A = model.reconstruct(X, method=args.method)
@@ -894,17 +947,23 @@ def _cmd_bench(args) -> int:
                 bar.update(1000)
             if deadline is not None and done % 256 == 0 and pc() > deadline:
                 break
-        engine.flush()
-        elapsed = time.perf_counter() - t0
+        pushed = pc() - t0
+        # (timed apart: the end of the stream flushes the smoothing lag, and a warm-up
+        # not yet complete, which fits the model from the samples buffered: counted in
+        # the push throughput, it made the pushes look slow)
+        t1 = pc()
+        tail = len(engine.flush())
+        flushed = pc() - t1
     finally:
         if bar is not None:
             bar.close()
         engine.close()
     lat = lat[:done] * 1e6
-    rate = done / elapsed
+    rate = done / pushed
     print(f"streamed {done:,} samples through StreamEngine(mode={args.mode!r}, learn={args.learn}, "
-          f"posterior={args.posterior!r}) in {elapsed:.2f} s")
-    print(f"  push throughput   {rate:12,.0f} samples/s")
+          f"posterior={args.posterior!r}) in {pushed + flushed:.2f} s: {pushed:.2f} s of pushes, "
+          f"{flushed:.3f} s of the final flush ({tail:,} posterior(s))")
+    print(f"  push throughput   {rate:12,.0f} samples/s ({done / (pushed + flushed):,.0f} with the flush)")
     print(f"  push latency      p50 {np.percentile(lat, 50):8.1f} us   p99 {np.percentile(lat, 99):8.1f} us   "
           f"max {lat.max():8.1f} us")
     print(f"  batch predict_proba ({method or 'default'}) {batch_rate:12,.0f} samples/s; streaming / batch "
@@ -1577,7 +1636,8 @@ def build_parser() -> argparse.ArgumentParser:
     bc = sv.add_mutually_exclusive_group()
     bc.add_argument("--bind", action="store_true", help="bind both endpoints (sensors connect to the service)")
     bc.add_argument("--connect", action="store_true", help="connect both endpoints (to forwarders)")
-    sv.add_argument("--topics", nargs="+", metavar="PREFIX", help="subscribe to these topic prefixes only")
+    sv.add_argument("--topics", nargs="+", metavar="PREFIX", type=_topic,
+                    help="subscribe to these topic prefixes only")
     sv.add_argument("--learn", action="store_true", help="keep learning from the stream")
     sv.add_argument("--learner-duty", type=_duty, metavar="FRACTION",
                     help="with --learn: the fraction of one core each stream's background learner "
@@ -1677,7 +1737,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--connect", action="store_true", help="connect to --pub instead of binding it")
     r.add_argument("--rate", type=_nonneg_float, default=1000.0,
                    help="messages per second (default 1000; 0: as fast as possible)")
-    r.add_argument("--topic", default="", help="topic (stream name) of the messages (default empty)")
+    r.add_argument("--topic", default="", type=_topic,
+                   help="topic (stream name) of the messages (default empty)")
     r.add_argument("--format", choices=("binary", "json"), default="binary", help="message format")
     r.add_argument("--wait-subscribers", type=_nonneg_int, default=1, metavar="N",
                    help="start once N subscriptions take the topic (default 1; 0: do not wait; a "

@@ -2,6 +2,7 @@
 (message and exit status)."""
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 
@@ -153,6 +154,9 @@ def test_bench(files, capsys):
     assert code == 0
     assert "streamed 500 samples" in out and "push throughput" in out and "streaming / batch" in out
     assert "batch predict_proba (recognition)" in out
+    # the final flush (the smoothing lag of window 3: one posterior) is timed apart from
+    # the pushes (it was counted in the push throughput)
+    assert re.search(r"s of pushes, [0-9.]+ s of the final flush \(1 posterior\(s\)\)", out), out
 
 
 def test_bench_exact_posterior_is_compared_with_the_exact_batch_pass(files, capsys):
@@ -1108,6 +1112,54 @@ def test_predict_out_through_a_symlink_keeps_the_link(files, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "real.csv"]
 
 
+@pytest.mark.parametrize("name, fd", [("/dev/stdout", 1), ("/proc/self/fd/1", 1),
+                                      ("/dev/stderr", 2), ("/dev/fd/2", 2)])
+def test_predict_out_to_an_open_stream_writes_where_it_stands(files, tmp_path, name, fd):
+    """--out /dev/stdout (or /dev/stderr, /dev/fd/N, /proc/self/fd/N) with the stream
+    redirected to a file appended to: the table went into a new file that replaced it
+    (its earlier lines were lost, and what the shell wrote after went to the old one)."""
+    log = tmp_path / "log.txt"
+    log.write_text("old line 1\nold line 2\n")
+    with open(log, "ab") as f:
+        proc = subprocess.run([sys.executable, "-m", "streamfhmm", "predict", files["npy"], "--model",
+                               files["model"], "--method", "exact", "--out", name],
+                              stdout=f if fd == 1 else subprocess.DEVNULL,
+                              stderr=f if fd == 2 else subprocess.PIPE, timeout=300)
+        f.write(b"after\n")
+    assert proc.returncode == 0, proc.stderr
+    lines = log.read_text().splitlines()
+    assert lines[:3] == ["old line 1", "old line 2", "theta_0,theta_1"]
+    n = len(files["X"])
+    table = np.array([[float(v) for v in line.split(",")] for line in lines[3:3 + n]])
+    assert table.shape == (n, 2) and lines[-1] == "after"
+    assert len(lines) == 3 + n + 1 + (fd == 2)   # (on stderr, also predict's one-line note)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt"]
+
+
+@pytest.mark.parametrize("argv", [["replay", "{csv}", "--topic", "a\udcff", "--pub", "tcp://127.0.0.1:*"],
+                                  ["serve", "--model", "{model}", "--topics", "ok", "\udcff",
+                                   "--sub", "tcp://127.0.0.1:5999"],
+                                  ["replay", "{csv}", "--topic", "x" * 256, "--pub", "tcp://127.0.0.1:*"]])
+def test_topics_are_checked_as_options(files, capsys, argv):
+    """A topic that is not UTF-8 (a non-UTF-8 byte in argv arrives as a lone surrogate)
+    failed after the data was loaded and the socket bound, with Python's encoding error
+    naming no option; one over 255 bytes likewise, without the option's name."""
+    argv = [a.format(csv=files["csv"], model=files["model"]) for a in argv]
+    code, _, err = _run(argv, capsys)
+    option = "--topic" if argv[0] == "replay" else "--topics"
+    assert code == 2
+    assert (f"argument {option}: expected UTF-8 text" in err if "\udcff" in " ".join(argv)
+            else f"argument {option}: a topic is at most 255 bytes of UTF-8, got 256" in err), err
+
+
+def test_stream_fd_names():
+    from streamfhmm.cli import _stream_fd
+    assert [_stream_fd(p) for p in ("/dev/stdout", "/dev/stderr", "/dev/fd/7", "/proc/self/fd/3",
+                                    f"/proc/{os.getpid()}/fd/4", "/dev//stdout")] == [1, 2, 7, 3, 4, 1]
+    assert [_stream_fd(p) for p in ("out.csv", "/dev/null", "/proc/1/fd/1", "/dev/fd/x",
+                                    "/tmp/dev/stdout")] == [None] * 5
+
+
 def test_disaggregate_checks_n_train_against_the_data_before_the_fit(capsys, monkeypatch):
     """--n-train beyond the data is refused after loading, before the fit, by the
     option's name (it failed after 'fitting ...' with the Python argument's name)."""
@@ -1557,6 +1609,19 @@ def test_first_non_utf8_byte_across_blocks(tmp_path):
     assert _first_non_utf8(str(path), 2) == (2, 3, 0xc3)
     path.write_bytes("é\n".encode() * 3)
     assert _first_non_utf8(str(path), 1) is None
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
+def test_first_non_utf8_byte_line_with_any_line_ending(tmp_path, newline):
+    """Lines end in \n, \r\n or a lone \r (as the csv module reads them): with lone \r
+    endings every byte was reported on line 1; a \r\n cut between two blocks counts
+    once."""
+    from streamfhmm.cli import _first_non_utf8
+    path = tmp_path / "x.csv"
+    path.write_bytes(newline.join([b"a,b", b"1,2", b"3,\xe9"]) + newline)
+    at = 2 * (3 + len(newline)) + 2
+    for size in (1, 2, 3, 5, 1 << 20):
+        assert _first_non_utf8(str(path), size) == (3, at, 0xe9), size
 
 
 def test_a_number_with_an_underscore_is_refused(tmp_path):

@@ -635,6 +635,16 @@ def test_a_connecting_source_that_never_connects_says_so(ctx, caplog, monkeypatc
     warned = [r.getMessage() for r in caplog.records if "has not connected" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith(f"input tcp://127.0.0.1:{port} has not connected after")
     assert not lost.connected and ok.connected
+    # checked at every tick, it is a state, not events: the next warning does not count
+    # the checks between as "more" (it said "and 99 more since the last report")
+    for _ in range(5):
+        lost.maintain()
+    lost._log.interval = 0.0
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="streamfhmm.io.zmq"):
+        lost.maintain()
+    warned = [r.getMessage() for r in caplog.records if "has not connected" in r.getMessage()]
+    assert len(warned) == 1 and "more since the last report" not in warned[0], warned
     lost.close(0)
     ok.close(0)
 
@@ -659,6 +669,12 @@ def test_rate_limited_log(caplog):
     with caplog.at_level(logging.WARNING, logger="streamfhmm.test_rate"):
         assert rl("a", "fourth")
     assert caplog.records[-1].getMessage() == "fourth (and 2 more since the last report)"
+    rl.interval = 3600.0     # count=False: a state checked again and again, not counted
+    assert not rl("a", "fifth", count=False) and not rl("a", "sixth", count=False)
+    rl.interval = 0.0
+    with caplog.at_level(logging.WARNING, logger="streamfhmm.test_rate"):
+        assert rl("a", "seventh", count=False)
+    assert caplog.records[-1].getMessage() == "seventh"
 
 
 @pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")

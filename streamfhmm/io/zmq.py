@@ -80,7 +80,9 @@ class RateLimitedLog:
     """Log a message at most once per ``interval`` seconds per kind, counting the rest.
 
     The first event of a kind is logged at once; later ones within ``interval`` are
-    counted and reported with the next logged one.
+    counted and reported with the next logged one. A call with ``count=False`` reports a
+    state checked again and again (a connection still not made), not an event: the calls
+    within ``interval`` are not counted.
     """
 
     def __init__(self, log: logging.Logger, interval: float = 10.0, level: int = logging.WARNING):
@@ -90,11 +92,12 @@ class RateLimitedLog:
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
-    def __call__(self, kind: str, msg: str, *args) -> bool:
+    def __call__(self, kind: str, msg: str, *args, count: bool = True) -> bool:
         now = time.monotonic()
         last = self._last.get(kind)
         if last is not None and now - last < self.interval:
-            self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+            if count:
+                self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
             return False
         self._last[kind] = now
         n = self._suppressed.pop(kind, 0)
@@ -548,7 +551,7 @@ class ZmqSource:
         if not self.connected and time.monotonic() - self._started_at > CONNECT_WARN_SECONDS:
             self._log("connect", "input %s has not connected after %.0f s: is the publisher up, "
                       "and are its host and port right? (ZeroMQ keeps retrying)", self.endpoint,
-                      time.monotonic() - self._started_at)
+                      time.monotonic() - self._started_at, count=False)   # (checked every tick)
         self.disconnects += n
         if self._bind:
             self._dropped_at = None
