@@ -37,9 +37,11 @@ period (:func:`fit_aggregate_baseline`).
 """
 from __future__ import annotations
 
+import datetime
 import math
 import numbers
 import os
+import reprlib
 import tempfile
 import time
 from collections.abc import Mapping
@@ -1210,9 +1212,9 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     plot_dir : str or path-like, optional
         Write ``power_aggregate.png`` (observed vs reconstructed aggregate) and
         ``power_submeters.png`` (estimated vs true sub-meters) there, for one day.
-    plot_day : str or numpy.datetime64, optional
-        The day plotted (default the first whole day of the evaluation period, or its
-        first 24 hours when it holds no whole day).
+    plot_day : str, numpy.datetime64 or datetime.date, optional
+        The day plotted, such as ``"2008-01-15"`` (default the first whole day of the
+        evaluation period, or its first 24 hours when it holds no whole day).
     random_state : int or None
         Seed of the fit.
     progress : bool
@@ -1226,6 +1228,13 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     DisaggregationReport
         ``report.format()`` is the printed table.
 
+    Raises
+    ------
+    ValueError
+        An argument of the wrong kind or out of its range (among them ``plot_day`` not a
+        date and ``before_plots`` not callable, checked before the data are loaded), or
+        periods the data cannot fill; raised before the fit.
+
     Notes
     -----
     Rows the data file filled from the previous day (:attr:`HouseholdPower.imputed`)
@@ -1234,6 +1243,12 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
     at 0 (sub-meter readings are non-negative).
     """
     from . import FHMM
+    # (a bad plot_day or before_plots failed only after the fit, or not at all)
+    plot_day = _check_plot_day(plot_day)
+    if before_plots is not None and not callable(before_plots):
+        raise ValueError(f"before_plots must be None or a callable (called with the report before "
+                         f"the plots are written), got {type(before_plots).__name__} "
+                         f"{reprlib.repr(before_plots)}")
     # the keyword arguments before the data (a typo, or a key this function passes itself,
     # was a TypeError from FHMM() or its fit)
     model_kwargs = _check_keywords(
@@ -1371,6 +1386,44 @@ def disaggregate_report(data=None, model=None, *, n_train: int = N_TRAIN,
         pngs.append(plot_submeters(ts[day], Y[day], est[day], est_base[day], SUBMETER_COLUMNS,
                                    os.path.join(os.fspath(plot_dir), "power_submeters.png")))
     return DisaggregationReport(**report_kw, pngs=pngs)
+
+
+def _check_plot_day(plot_day):
+    """``plot_day`` as a ``numpy.datetime64`` day, or None.
+
+    Parameters
+    ----------
+    plot_day : str, numpy.datetime64, datetime.date or None
+        A day, such as ``"2008-01-15"`` (a time of day in it is ignored).
+
+    Returns
+    -------
+    numpy.datetime64 or None
+        The day (unit ``"D"``); None for None.
+
+    Raises
+    ------
+    ValueError
+        ``plot_day`` is of another kind (a number would be read as days since 1970), does not
+        parse as a date, or is NaT.
+    """
+    if plot_day is None:
+        return None
+    expected = "a date such as '2008-01-15' (a str, numpy.datetime64 or datetime.date)"
+    if not isinstance(plot_day, (str, np.datetime64, datetime.date)):
+        raise ValueError(f"plot_day must be {expected}, got {type(plot_day).__name__} "
+                         f"{reprlib.repr(plot_day)}")
+    if isinstance(plot_day, datetime.datetime):
+        plot_day = plot_day.date()      # (its own day, whatever its time zone)
+    try:
+        day = np.datetime64(plot_day, "D")
+    except (ValueError, TypeError, OverflowError) as exc:
+        why = str(exc)
+        why = why if len(why) <= 80 else why[:77] + "..."
+        raise ValueError(f"plot_day must be {expected}, got {reprlib.repr(plot_day)} ({why})") from None
+    if np.isnat(day):
+        raise ValueError(f"plot_day must be {expected}, got {reprlib.repr(plot_day)} (not a time)")
+    return day
 
 
 def _complete_rows(keep, *arrays) -> int:

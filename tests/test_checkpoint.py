@@ -746,6 +746,133 @@ def test_write_atomically_fsyncs_the_file_and_cleans_up_a_failed_write(tmp_path,
     assert sorted(os.listdir(tmp_path)) == ["f.bin", "f.txt"] and target.read_text() == "old"
 
 
+
+# -- write_atomically: permissions and long names --------------------------------------
+@pytest.fixture
+def umask022():
+    """The process umask set to 022 (the usual one) for the test, then restored."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("perms", [0o600, 0o640, 0o664, 0o400], ids=oct)
+def test_write_atomically_keeps_the_permissions_of_the_file_it_replaces(tmp_path, umask022, perms):
+    """Replacing a file gave the new one 0666 less the umask: a 0600 model or posteriors
+    file became world-readable. The temporary file has the bits before anything is
+    written to it."""
+    from streamfhmm.io.checkpoint import write_atomically
+    target = tmp_path / "private.csv"
+    target.write_text("old")
+    os.chmod(target, perms)
+    seen = []
+
+    def write(fh):
+        seen.extend(os.stat(os.path.join(tmp_path, n)).st_mode & 0o7777
+                    for n in os.listdir(tmp_path) if n != "private.csv")
+        fh.write("new")
+
+    write_atomically(str(target), write, mode="w")
+    assert target.read_text() == "new"
+    assert oct(os.stat(target).st_mode & 0o7777) == oct(perms)
+    assert len(seen) == 1 and seen[0] & ~perms == 0      # (never wider, even while written)
+    assert sorted(os.listdir(tmp_path)) == ["private.csv"]
+    # FHMM.save goes through it too
+    model = tmp_path / "m.npz"
+    save_checkpoint(model, {"a": np.arange(3)}, {})
+    os.chmod(model, perms | 0o200)
+    save_checkpoint(model, {"a": np.arange(4)}, {})
+    assert oct(os.stat(model).st_mode & 0o7777) == oct(perms | 0o200)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_write_atomically_creates_a_new_file_as_open_would(tmp_path, umask):
+    from streamfhmm.io.checkpoint import write_atomically
+    old = os.umask(umask)
+    try:
+        write_atomically(str(tmp_path / "new.bin"), lambda fh: fh.write(b"x"))
+    finally:
+        os.umask(old)
+    assert oct(os.stat(tmp_path / "new.bin").st_mode & 0o777) == oct(0o666 & ~umask)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root (chown)")
+def test_write_atomically_keeps_owner_and_group_or_drops_the_group_bits(tmp_path, umask022, monkeypatch):
+    """Run as root, a rewritten file kept neither its owner nor its group; where the
+    group cannot be kept, the new group must not get the old one's access."""
+    from streamfhmm.io.checkpoint import write_atomically
+    target = tmp_path / "shared.bin"
+    target.write_bytes(b"old")
+    os.chown(target, 4243, 4242)
+    os.chmod(target, 0o640)
+    write_atomically(str(target), lambda fh: fh.write(b"new"))
+    st = os.stat(target)
+    assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)) == (4243, 4242, oct(0o640))
+
+    def refused(fd, uid, gid):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "fchown", refused)
+    write_atomically(str(target), lambda fh: fh.write(b"newer"))
+    st = os.stat(target)
+    assert target.read_bytes() == b"newer" and oct(st.st_mode & 0o7777) == oct(0o600)
+    assert sorted(os.listdir(tmp_path)) == ["shared.bin"]
+
+
+@pytest.mark.parametrize("name", ["y" * 246 + ".npz", "\u00e9" * 125 + ".csv", "z" * 255])
+def test_write_atomically_writes_a_name_as_long_as_the_file_system_takes(tmp_path, name):
+    """The temporary file's name was the target's plus about 30 characters: a valid
+    name of 230-255 bytes failed with "File name too long" (after a whole fit)."""
+    from streamfhmm.io.checkpoint import write_atomically
+    print(f"name of {len(os.fsencode(name))} bytes")
+    target = tmp_path / name
+    during = []
+
+    def write(fh):
+        during.extend(os.listdir(tmp_path))
+        fh.write(b"payload")
+
+    write_atomically(str(target), write)
+    assert target.read_bytes() == b"payload"
+    assert sorted(os.listdir(tmp_path)) == [name]
+    assert len(during) == 1 and during[0].startswith(".") and len(os.fsencode(during[0])) <= 255
+    save_checkpoint(tmp_path / ("c" * 251), {"a": np.arange(3)}, {"k": 1})   # (+ ".npz": 255)
+    meta, arrays = load_checkpoint(tmp_path / ("c" * 251 + ".npz"))
+    assert meta == {"k": 1} and arrays["a"].tolist() == [0, 1, 2]
+
+
+def test_write_atomically_refuses_a_name_too_long_before_writing(tmp_path):
+    import errno
+    from streamfhmm.io.checkpoint import write_atomically
+    called = []
+    with pytest.raises(OSError) as e:
+        write_atomically(str(tmp_path / ("n" * 256)), called.append)
+    assert e.value.errno == errno.ENAMETOOLONG and not called and os.listdir(tmp_path) == []
+
+
+def test_write_atomically_temporary_names_and_no_shared_temporary(tmp_path, monkeypatch):
+    """A short name keeps the ``.NAME.tmp-<pid>-<n>`` pattern (the service removes a
+    crash's leftovers by it); a file already there under the next name (another
+    writer's) is neither truncated nor taken over."""
+    import itertools
+    import re
+    import streamfhmm.io.checkpoint as ck
+    monkeypatch.setattr(ck, "_TMP_COUNTER", itertools.count(7))
+    other = tmp_path / f".stream-73.3.npz.tmp-{os.getpid()}-7"
+    other.write_bytes(b"another writer's")
+    during = []
+
+    def write(fh):
+        during.extend(n for n in os.listdir(tmp_path) if n != other.name)
+        fh.write(b"mine")
+
+    ck.write_atomically(str(tmp_path / "stream-73.3.npz"), write)
+    assert len(during) == 1 and re.fullmatch(r"\.stream-73\.3\.npz\.tmp-\d+-\d+", during[0]), during
+    assert other.read_bytes() == b"another writer's"
+    assert (tmp_path / "stream-73.3.npz").read_bytes() == b"mine"
+    assert sorted(os.listdir(tmp_path)) == sorted([other.name, "stream-73.3.npz"])
+
 # -- resume: overrides, paths and states a review found taken (each test failed before) -----
 def _exact_checkpoint(tmp_path, mode="smooth", n=100, learn=False, seed=70, name="ck", **kw):
     print(f"seed={seed}")

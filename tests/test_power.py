@@ -1,6 +1,7 @@
 """Tests for streamfhmm.power: the Table 2 protocol and the disaggregation helpers."""
 from __future__ import annotations
 
+import datetime
 import importlib.metadata
 import fractions
 import functools
@@ -1107,6 +1108,52 @@ def test_disaggregate_report_checks_its_keyword_arguments_before_the_fit(monkeyp
     with pytest.raises(ValueError, match=re.escape(message)):
         disaggregate_report(_synthetic_household(5, 0), **kw)
 
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(plot_day="garbage"), "plot_day must be a date such as '2008-01-15' (a str, numpy.datetime64 or "
+                               "datetime.date), got 'garbage' (Error parsing datetime string"),
+    (dict(plot_day="garbage", plot_dir="PLOTS"), "plot_day must be a date such as '2008-01-15'"),
+    (dict(plot_day="2009-13-01", plot_dir="PLOTS"), "got '2009-13-01' (Month out of range"),
+    (dict(plot_day=20090104), "plot_day must be a date such as '2008-01-15' (a str, numpy.datetime64 or "
+                              "datetime.date), got int 20090104"),
+    (dict(plot_day="NaT", plot_dir="PLOTS"), "got 'NaT' (not a time)"),
+    (dict(plot_day=np.datetime64("NaT")), "plot_day must be a date such as '2008-01-15'"),
+    (dict(before_plots=3), "before_plots must be None or a callable (called with the report before the "
+                           "plots are written), got int 3"),
+    (dict(before_plots="print", plot_dir="PLOTS"), "before_plots must be None or a callable"),
+], ids=["garbage", "garbage-plot_dir", "month-13", "int", "NaT-str", "NaT", "before_plots-int",
+        "before_plots-str"])
+def test_disaggregate_report_checks_plot_day_and_before_plots_first(monkeypatch, tmp_path, kwargs, message):
+    """before_plots=3 was a TypeError after the whole fit; plot_day="garbage" was taken
+    without plot_dir and numpy's "Error parsing datetime string" (no argument named)
+    with it. Both are checked before the data are loaded or the model fitted."""
+    import streamfhmm.datasets
+    _no_fit(monkeypatch)
+
+    def no_load(*a, **k):
+        raise AssertionError("loaded the data before the arguments were checked")
+    monkeypatch.setattr(streamfhmm.datasets, "load_household_power", no_load)
+    kw = dict(n_train=2 * 1440, calibration_days=1, evaluation_days=1.5)
+    kw.update(kwargs)
+    if kw.get("plot_dir") == "PLOTS":
+        kw["plot_dir"] = tmp_path / "plots"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        disaggregate_report(None, **kw)
+    assert not (tmp_path / "plots").exists()
+
+
+@pytest.mark.parametrize("day", [datetime.date(2012, 1, 1), np.datetime64("2012-01-01T13:00"),
+                                 datetime.datetime(2012, 1, 1, 23, 30, tzinfo=datetime.timezone.utc)],
+                         ids=["date", "datetime64", "aware-datetime"])
+def test_disaggregate_report_takes_plot_day_as_a_date(monkeypatch, tmp_path, day):
+    """The kinds of plot_day documented are read as their day (here one without data)."""
+    _no_fit(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # (no time-zone warning from numpy)
+        with pytest.raises(ValueError, match=re.escape("no data on 2012-01-01")):
+            disaggregate_report(_synthetic_household(5, 0), n_train=2 * 1440, calibration_days=1,
+                                evaluation_days=1.5, plot_dir=tmp_path, plot_day=day)
 
 def test_disaggregate_report_smf_fit_has_no_net_warmup():
     """fit_kwargs={"method": "smf"}: the fit refused the net_warmup the report added (a

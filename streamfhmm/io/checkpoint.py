@@ -9,8 +9,11 @@ never unpickles anything (``allow_pickle=False``).
 """
 from __future__ import annotations
 
+import errno
+import itertools
 import json
 import os
+import stat
 
 import numpy as np
 
@@ -80,7 +83,85 @@ def npz_read_error(path, exc: Exception) -> str:
     return str(exc)
 
 
-def write_atomically(path: str, write, mode: str = "wb") -> None:
+#: the longest file name (bytes) assumed where the file system does not say
+_NAME_MAX = 255
+#: numbers the temporary files of this process's atomic writes
+_TMP_COUNTER = itertools.count()
+
+
+def _name_max(directory: str) -> int:
+    """The longest file name, in bytes, ``directory``'s file system takes."""
+    try:
+        n = os.pathconf(directory, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):   # (no pathconf on Windows)
+        return _NAME_MAX
+    return n if isinstance(n, int) and n > 0 else _NAME_MAX
+
+
+def _temporary_name(name: str, suffix: str, name_max: int) -> str:
+    """``.NAME<suffix>``, with ``name`` cut so that the whole fits in ``name_max`` bytes."""
+    budget = name_max - len(os.fsencode("." + suffix))
+    while name and len(os.fsencode(name)) > budget:
+        name = name[:max(0, min(len(name) - 1, budget))]   # (a character may take 4 bytes)
+    return f".{name}{suffix}"
+
+
+def _create_temporary(directory: str, name: str, mode: int, name_max: int) -> tuple[int, str]:
+    """Create a new file for :func:`write_atomically` in ``directory`` (``O_EXCL``: no
+    other writer's, even one of another process with the same process id); its name is
+    ``.NAME.tmp-<pid>-<n>``, ``name`` cut if the whole would be longer than ``name_max``
+    bytes.
+
+    Returns
+    -------
+    fd : int
+        Opened for writing.
+    tmp : str
+        Its path.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(1000):
+        tmp = os.path.join(directory, _temporary_name(
+            name, f".tmp-{os.getpid()}-{next(_TMP_COUNTER)}", name_max))
+        try:
+            return os.open(tmp, flags, mode), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", tmp)
+
+
+def _keep_owner_and_mode(fd: int, tmp: str, st: os.stat_result) -> None:
+    """Give the temporary file ``fd`` (``tmp``) the group, permission bits and, when
+    running as root, the owner of the file it replaces (``st``).
+
+    Where the group cannot be kept (a group the writer is not a member of), its
+    permission bits are dropped: the file's new group must not read what the old one
+    could. If the mode cannot be set the file keeps the owner-only mode it was created
+    with, never a wider one.
+    """
+    mode = stat.S_IMODE(st.st_mode)
+    if hasattr(os, "fchown"):
+        mine = os.fstat(fd)
+        if st.st_gid != mine.st_gid:
+            try:
+                os.fchown(fd, -1, st.st_gid)
+            except OSError:
+                mode &= ~0o070
+        if st.st_uid != mine.st_uid and os.geteuid() == 0:
+            try:
+                os.fchown(fd, st.st_uid, -1)
+            except OSError:
+                pass
+    try:   # (after fchown, which clears the set-id bits)
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, mode)
+        else:
+            os.chmod(tmp, mode)
+    except OSError:
+        pass
+
+
+def write_atomically(path, write, mode: str = "wb") -> None:
     """Write a file so that readers see the old one or the new one, never a torn file.
 
     ``write(fh)`` fills a temporary file in ``path``'s directory (opened with ``mode``;
@@ -88,11 +169,50 @@ def write_atomically(path: str, write, mode: str = "wb") -> None:
     ``os.replace``; the directory is then fsync'ed, so the rename is durable too. If
     anything fails (a full disk, Ctrl-C) the temporary file is removed, ``path`` is left
     as it was and the error propagates.
+
+    A file replaced keeps its permission bits and group (and, for a writer running as
+    root, its owner); the temporary file has them before anything is written to it. A
+    new file is created as ``open`` would (``0o666`` less the umask).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file written.
+    write : callable
+        ``write(fh)`` writes the content to the open file ``fh``.
+    mode : str
+        The mode the temporary file is opened with (``"wb"`` or ``"w"``).
+
+    Raises
+    ------
+    OSError
+        The file cannot be written (``ENAMETOOLONG`` before anything is written when its
+        name is longer than the file system takes).
     """
+    path = os.fsdecode(os.fspath(path))
     directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}-{id(write)}")
+    name = os.path.basename(path)
+    name_max = _name_max(directory)
+    if len(os.fsencode(name)) > name_max:
+        raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), path)
     try:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        st = None     # (a device or pipe's bits are not a file's)
+    # a file replaced: owner-only until it has the old file's group and bits
+    fd, tmp = _create_temporary(directory, name, 0o666 if st is None else stat.S_IMODE(st.st_mode) & 0o700,
+                                name_max)
+    try:
+        try:
+            if st is not None:
+                _keep_owner_and_mode(fd, tmp, st)
+            fh = os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+        except BaseException:
+            os.close(fd)
+            raise
+        with fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
