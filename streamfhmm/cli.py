@@ -381,15 +381,6 @@ def _named(data: str) -> bool:
     return data == "household" or not data.endswith(".npy")
 
 
-def _unquoted(name: str) -> str:
-    """A model's feature name as the CSV reader reads it now: fits before it skipped the
-    space after a comma kept the quotes of a header field such as ``a, "b"`` (the name
-    ``"b"``), which no header read today matches."""
-    if len(name) >= 2 and name[0] == name[-1] == '"':
-        return name[1:-1].replace('""', '"')
-    return name
-
-
 def _check_features(model, X, data, names, command):
     """``X`` (read from ``data``, its columns called ``names``) as the model's features:
     as many, and, when both the file and the model name them, by the same names in the
@@ -397,7 +388,8 @@ def _check_features(model, X, data, names, command):
     with a warning)."""
     D = model.n_features_in_
     known = getattr(model, "feature_names_in_", None)
-    known = None if known is None else [_unquoted(str(n)) for n in known]
+    from .estimator import _unquoted_name
+    known = None if known is None else [_unquoted_name(str(n)) for n in known]
     choose = "choose them with " + (_columns_option(known) if known else "--columns")
     if X.shape[1] != D:
         if not _named(data):   # (a .npy file's columns are chosen by index)
@@ -858,7 +850,7 @@ def _cmd_predict(args) -> int:
         A = model.predict_proba(X, method=args.method)
         cols = [f"theta_{m}" for m in range(A.shape[1])]
     _write_table(args.out, A, cols)
-    if args.out != "-":
+    if args.out != "-" and _stream_fd(args.out) not in (1, 2):   # (not into the table itself)
         print(f"wrote {A.shape[0]:,} rows x {A.shape[1]} columns to {args.out}", file=sys.stderr)
     return 0
 

@@ -190,6 +190,16 @@ def _start_score(params, X, lengths, rng) -> float:
 _SCORE_ATTRIBUTES = ("init_scores_", "restart_scores_")
 
 
+def _unquoted_name(name: str) -> str:
+    """A model's feature name as the CSV reader reads it now: fits before it skipped the
+    space after a comma kept the quotes of a header field such as ``a, "b"`` (the name
+    ``"b"``), which no header read today matches (the command line and the river
+    adapters read saved names through this)."""
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        return name[1:-1].replace('""', '"')
+    return name
+
+
 def _check_feature_names(names, n_features: int) -> np.ndarray:
     """``feature_names_in_`` as a 1-D str array of ``n_features`` names."""
     try:

@@ -787,6 +787,50 @@ def test_write_atomically_keeps_the_permissions_of_the_file_it_replaces(tmp_path
     assert oct(os.stat(model).st_mode & 0o7777) == oct(perms | 0o200)
 
 
+ACL_XATTR = "system.posix_acl_access"
+
+
+def _posix_acl(entries) -> bytes:
+    """A system.posix_acl_access value: version 2, then (tag, permissions, id) entries."""
+    import struct
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+@pytest.mark.parametrize("copies", [True, False], ids=["acl copied", "acl refused"])
+def test_write_atomically_keeps_a_posix_acl(tmp_path, umask022, monkeypatch, copies):
+    """On a file with an access ACL the group bits are the ACL's mask, not the owning
+    group's rights: copied onto a new file without the ACL, they gave the owning group
+    (group::---) read and write access. The ACL is copied; where it cannot be, the
+    group bits are dropped."""
+    from streamfhmm.io import checkpoint as ck
+    anyone = 0xFFFFFFFF
+    acl = _posix_acl([(0x01, 6, anyone), (0x02, 6, 4321), (0x04, 0, anyone), (0x10, 6, anyone),
+                      (0x20, 0, anyone)])   # user::rw- user:4321:rw- group::--- mask::rw- other::---
+    target = tmp_path / "model.npz"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o600)
+    try:
+        os.setxattr(target, ACL_XATTR, acl)
+    except (AttributeError, OSError) as exc:
+        pytest.skip(f"no POSIX ACLs here: {exc}")
+    assert os.stat(target).st_mode & 0o070 == 0o060   # (the mask)
+    if not copies:
+        def refuse(*args, **kwargs):
+            raise OSError(95, "Operation not supported")
+        monkeypatch.setattr(ck.os, "setxattr", refuse)
+    ck.write_atomically(str(target), lambda fh: fh.write(b"new"))
+    assert target.read_bytes() == b"new"
+    if copies:
+        assert os.getxattr(target, ACL_XATTR) == acl
+        assert os.stat(target).st_mode & 0o777 == 0o660
+    else:
+        try:
+            has_acl = bool(os.getxattr(target, ACL_XATTR))
+        except OSError:
+            has_acl = False
+        assert not has_acl and os.stat(target).st_mode & 0o777 == 0o600
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
 def test_write_atomically_creates_a_new_file_as_open_would(tmp_path, umask):
     from streamfhmm.io.checkpoint import write_atomically

@@ -1132,7 +1132,7 @@ def test_predict_out_to_an_open_stream_writes_where_it_stands(files, tmp_path, n
     n = len(files["X"])
     table = np.array([[float(v) for v in line.split(",")] for line in lines[3:3 + n]])
     assert table.shape == (n, 2) and lines[-1] == "after"
-    assert len(lines) == 3 + n + 1 + (fd == 2)   # (on stderr, also predict's one-line note)
+    assert len(lines) == 3 + n + 1   # (on stderr, without predict's note "wrote ... rows")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt"]
 
 

@@ -393,7 +393,6 @@ def _cold_start_params():
     return FHMMParams.from_natural(W, 0.5 ** 2 * np.eye(4), A)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("learn", [False, True])
 def test_pickle_and_copy_say_how_to_save_an_engine(learn, tmp_path):
     """pickle, copy.copy and copy.deepcopy failed on a lock with "cannot pickle
@@ -417,6 +416,7 @@ def test_pickle_and_copy_say_how_to_save_an_engine(learn, tmp_path):
         assert back.n_samples == 300
 
 
+@pytest.mark.slow
 def test_cold_start_reaches_exact_smoothing():
     seed = 20
     print(f"seed={seed}")

@@ -561,6 +561,27 @@ def test_feature_order_missing_and_extra_keys():
         tr2.learn_one(y)
 
 
+def test_a_model_file_with_quoted_feature_names_takes_them_as_read_now():
+    """A model fitted before the CSV reader skipped the space after a comma kept a
+    header's quotes ('"b"'): its feature names are read as the command line reads them
+    ("b"), so the key "b" reaches its column (it was an unknown key, every value missing,
+    and features=['a', 'b'] was refused)."""
+    m = _model(M=2, D=2, seed=56)
+    m.feature_names_in_ = np.array(["a", '"b"'])
+    print("data seed=57")
+    X, _ = m.params_.sample(30, random_state=57)
+    _, logc = naive_filter(m.params_, X)
+    for kw in ({}, {"features": ["a", "b"]}):
+        with FHMMAnomalyScorer(model=m, posterior="exact", learn=False, **kw) as sc:
+            scores = []
+            for row in X:
+                x = {"a": float(row[0]), "b": float(row[1])}
+                scores.append(sc.score_one(x))
+                sc.learn_one(x)
+            assert sc.features_ == ("a", "b") and sc.metrics()["unknown_key_samples"] == 0
+            np.testing.assert_allclose(scores, -logc, atol=1e-9)
+
+
 def test_a_model_with_feature_names_takes_its_columns_by_name():
     """A model that names its features (feature_names_in_, as `streamfhmm fit` saves
     them) gets each dict's values in its own column order; before, without `features`

@@ -360,6 +360,31 @@ def test_source_checks_the_decoded_topic_against_its_topics(ctx):
     everything.close(0)
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_topics_check_on_both_receive_paths(ctx, fast):
+    """A binary message whose topic frame reads like the JSON form's prefix
+    ('{"topic":"a1') matches the subscription to '{"topic":"a' that topics=["a"] makes;
+    the compiled receive path served it as its own stream (the Python path refused it)."""
+    pub, ep = _pub(ctx)
+    src = ZmqSource(ep, 2, topics=["a"], context=ctx, linger_ms=0, fast=fast)
+    for _ in src.prefixes:                       # one subscription message per prefix
+        _wait_sub(pub)
+    for seq in range(5):
+        pub.send_multipart(encode_sample(b'{"topic":"a1', seq, 0.0, [1.0, 2.0]))
+        pub.send_multipart(encode_sample(b"a2", seq, 0.0, [1.0, 2.0]))
+    got = []
+    deadline = time.monotonic() + 10
+    while sum(len(i.seq) if hasattr(i.seq, "__len__") else 1 for i in got) < 5 \
+            and time.monotonic() < deadline:
+        got += src.recv_runs(100)
+        time.sleep(0.01)
+    time.sleep(0.1)
+    got += src.recv_runs(100)
+    assert {i.topic for i in got} == {b"a2"}
+    assert src.errors["topic"] == 5 and list(src.streams) == [b"a2"]
+    src.close(0)
+
+
 def _ipv6_loopback() -> bool:
     import socket
     try:

@@ -96,7 +96,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
         from None
 
 from .._validation import check_bool, check_positive_int
-from ..estimator import FHMM
+from ..estimator import FHMM, _unquoted_name
 from ..exact import MAX_EXACT_CHAINS
 from ..io.checkpoint import load_checkpoint, save_checkpoint
 from ..kernels import exact as _kx
@@ -438,7 +438,8 @@ def _model_names(model) -> tuple | None:
     """The names of ``model``'s features in its column order (``feature_names_in_``, as
     ``streamfhmm fit`` saves them), or None for a model without them (or no model)."""
     names = getattr(model, "feature_names_in_", None) if model is not None else None
-    return None if names is None else tuple(str(n) for n in names)
+    # (as the CSV reader reads them now: a model fitted before it kept a header's quotes)
+    return None if names is None else tuple(_unquoted_name(str(n)) for n in names)
 
 
 def _check_model_features(model, features):

@@ -130,16 +130,27 @@ def _create_temporary(directory: str, name: str, mode: int, name_max: int) -> tu
     raise FileExistsError(errno.EEXIST, "no free temporary file name", tmp)
 
 
-def _keep_owner_and_mode(fd: int, tmp: str, st: os.stat_result) -> None:
-    """Give the temporary file ``fd`` (``tmp``) the group, permission bits and, when
-    running as root, the owner of the file it replaces (``st``).
+#: the extended attribute holding a file's POSIX access ACL (Linux)
+_ACL_XATTR = "system.posix_acl_access"
+
+
+def _keep_owner_and_mode(fd: int, tmp: str, st: os.stat_result, path: str) -> None:
+    """Give the temporary file ``fd`` (``tmp``) the group, permission bits, POSIX access
+    ACL and, when running as root, the owner of the file ``path`` it replaces (``st``).
 
     Where the group cannot be kept (a group the writer is not a member of), its
     permission bits are dropped: the file's new group must not read what the old one
-    could. If the mode cannot be set the file keeps the owner-only mode it was created
-    with, never a wider one.
+    could. So are they where the old file has an ACL that cannot be copied: its group
+    bits are then the ACL's mask, not the owning group's rights. If the mode cannot be
+    set the file keeps the owner-only mode it was created with, never a wider one.
     """
     mode = stat.S_IMODE(st.st_mode)
+    acl = None
+    if hasattr(os, "getxattr"):
+        try:
+            acl = os.getxattr(path, _ACL_XATTR)
+        except OSError:   # (none, or no ACLs on this file system)
+            acl = None
     if hasattr(os, "fchown"):
         mine = os.fstat(fd)
         if st.st_gid != mine.st_gid:
@@ -152,6 +163,11 @@ def _keep_owner_and_mode(fd: int, tmp: str, st: os.stat_result) -> None:
                 os.fchown(fd, st.st_uid, -1)
             except OSError:
                 pass
+    if acl is not None:
+        try:
+            os.setxattr(fd, _ACL_XATTR, acl)   # (sets the group bits to its mask too)
+        except OSError:
+            mode &= ~0o070
     try:   # (after fchown, which clears the set-id bits)
         if hasattr(os, "fchmod"):
             os.fchmod(fd, mode)
@@ -207,7 +223,7 @@ def write_atomically(path, write, mode: str = "wb") -> None:
     try:
         try:
             if st is not None:
-                _keep_owner_and_mode(fd, tmp, st)
+                _keep_owner_and_mode(fd, tmp, st, path)
             fh = os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
         except BaseException:
             os.close(fd)

@@ -391,10 +391,7 @@ class ZmqSource:
             self._log(exc.kind, "skipped a malformed message (%s): %s", exc.kind, exc)
             return None
         topic = item.topic
-        if self._topic_prefixes is not None and not topic.startswith(self._topic_prefixes):
-            self.errors["topic"] += 1
-            self._log("topic", "skipped a message of topic %r: it begins with none of the "
-                      "subscribed prefixes", topic_name(topic[:40]))
+        if self._outside_topics(topic, 1):
             return None
         heartbeat = type(item) is Heartbeat
         st = self._stream(topic, 1, not heartbeat)
@@ -413,6 +410,18 @@ class ZmqSource:
         if self._accept(topic, st, seq, 1):
             return None
         return item
+
+    def _outside_topics(self, topic: bytes, n: int) -> bool:
+        """Whether ``topic`` begins with none of this source's topics (its ``n`` messages
+        are then counted as "topic" errors): a subscription matches bytes, so a one-frame
+        JSON message with a repeated "topic" key, or a topic frame that reads like the
+        JSON form's prefix (``{"topic":"a1``), passed one to "a" as another topic."""
+        if self._topic_prefixes is None or topic.startswith(self._topic_prefixes):
+            return False
+        self.errors["topic"] += n
+        self._log("topic", "skipped a message of topic %r: it begins with none of the "
+                  "subscribed prefixes", topic_name(topic[:40]))
+        return True
 
     def _stream(self, topic: bytes, n: int, samples: bool = True) -> StreamSeq | None:
         """The bookkeeping of ``topic`` (new if there is room), or None: its n messages
@@ -697,6 +706,8 @@ class ZmqSource:
         sequence numbers); returns the run of those accepted, or None."""
         topic = b["topic"][a, :b["topic_len"][a]].tobytes()
         n = e - a
+        if self._outside_topics(topic, n):
+            return None
         st = self._stream(topic, n)
         if st is None:
             return None
