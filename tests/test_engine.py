@@ -641,6 +641,37 @@ def test_learn_samples_holds_the_model_fixed(path, tmp_path):
         assert again.learning        # and the passed limit does not turn it off again
 
 
+@pytest.mark.parametrize("overrides", [{}, {"learn_samples": 40}])
+def test_learn_samples_passed_inside_a_warm_up_checkpoint_still_applies(overrides, tmp_path):
+    """A warm-up checkpoint that already counts more samples than learn_samples (60 of a
+    100-sample warm-up, limit 40): resume took the limit as passed and dropped it, so the
+    start's fit took the whole warm-up and learning never turned off (1,630 steps after
+    20,000 samples, against 50 uninterrupted); with the limit given again, the fit still
+    took all 100 rows. It resumes as the uninterrupted engine goes on."""
+    model = _model(M=2, D=2, window=5, n_hidden=8, seed=28)
+    X = _data(model, 3000, seed=29)
+
+    def make():
+        return StreamEngine(FHMM(n_chains=2, window=5, n_hidden=8, random_state=0), learn=True,
+                            warmup=100, warmup_steps=50, learn_samples=40, random_state=0)
+
+    with make() as ref:
+        ref.push_many(X[:100])
+        assert not ref.learning
+        W_ref, steps_ref = ref.params.W.copy(), ref.learner_steps
+    with make() as eng:
+        eng.push_many(X[:60])
+        path = eng.checkpoint(tmp_path / "warm.npz")
+    with StreamEngine.resume(path, **overrides) as back:
+        assert back.warming_up and back.learning
+        back.push_many(X[60:100])
+        assert not back.learning and back.learner_steps == steps_ref
+        np.testing.assert_array_equal(back.params.W, W_ref)
+        back.push_many(X[100:3000])
+        _full_learner_round(back)
+        assert back.learner_steps == steps_ref and not back.learning
+
+
 def test_learn_samples_errors():
     model = _model(seed=28)
     with pytest.raises(ValueError, match="learn_samples needs learn=True"):

@@ -2169,10 +2169,14 @@ class StreamEngine:
                 raise ValueError(f"state counters out of range: {st}")
             self._lat_n = 0
             self._seq_open = bool(seq_open)
-            if self._learn_stop is not None and self._n_samples >= self._learn_stop:
+            if (self._learn_stop is not None and self._n_samples >= self._learn_stop
+                    and self._phase != "warmup"):
                 # a limit that has passed: the checkpoint's own is not applied again (the
                 # engine turned learning off when it passed; a host that switched it back
-                # on keeps it), an explicit override switches learning off now
+                # on keeps it), an explicit override switches learning off now. Not in a
+                # warm-up: its samples are only buffered, the limit cuts the start's fit
+                # and turns learning off at the warm-up's end (_initialise), as it would
+                # have without the checkpoint (dropped, learning went on for ever)
                 self._learn_stop = None
                 if overrides.get("learn_samples") is not None:
                     self._learning_wanted = False
