@@ -672,6 +672,40 @@ def test_learn_samples_passed_inside_a_warm_up_checkpoint_still_applies(override
         assert back.learner_steps == steps_ref and not back.learning
 
 
+@pytest.mark.parametrize("path", ["push", "push_many"])
+def test_learn_samples_stops_feeding_the_learner(path, tmp_path):
+    """Once learn_samples turned learning off for good the learner is handed no more
+    subchains (it took no step on them, but copying them into its reservoir made
+    push_many ten times dearer than learn=False's and every checkpoint differ); a host
+    that turns learning on again feeds it again, and a resumed engine stays as it was."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=30)
+    X = _data(model, 4000, seed=31)
+    eng = StreamEngine(model, learn=True, net=_net(model, "centred", X, seed=32),
+                       learn_samples=1000, random_state=0)
+
+    def seen(e):   # subchains handed to the learner so far
+        _full_learner_round(e)
+        lr = e._learner
+        return lr.reservoir.n_seen + len(lr.pending) + lr.dropped
+
+    push = (lambda e, Y: [e.push(x) for x in Y]) if path == "push" else StreamEngine.push_many
+    with eng:
+        push(eng, X[:1500])
+        assert not eng.learning
+        before = seen(eng)
+        push(eng, X[1500:2500])
+        assert seen(eng) == before
+        path_ck = eng.checkpoint(tmp_path / "stopped.npz")
+        eng.learning = True
+        push(eng, X[2500:3000])
+        assert seen(eng) > before
+    with StreamEngine.resume(path_ck) as back:
+        assert not back.learning
+        n = seen(back)
+        push(back, X[2500:3500])
+        assert seen(back) == n
+
+
 def test_learn_samples_errors():
     model = _model(seed=28)
     with pytest.raises(ValueError, match="learn_samples needs learn=True"):

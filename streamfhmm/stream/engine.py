@@ -668,6 +668,9 @@ class StreamEngine:
         self._ready = False
         self._learning_wanted = True
         self._learner_paused = False
+        # the learner is handed the stream's subchains (off once learn_samples turned
+        # learning off for good: until the host turns it on again)
+        self._feeding = True
         self._t = 0
         self._seq_open = False
         self._seq_start = 0
@@ -1000,10 +1003,14 @@ class StreamEngine:
             self._periodic_checkpoint()
 
     def _check_learn_samples(self):
-        """Turn learning off for good once ``learn_samples`` samples were accepted."""
+        """Turn learning off for good once ``learn_samples`` samples were accepted, and
+        stop handing the learner subchains (it took no step on them, but copying them
+        into its reservoir made a stopped engine's push_many ten times dearer than
+        learn=False's, and every checkpoint differ)."""
         if self._n_samples >= self._learn_stop:
             self._learn_stop = None
             self.learning = False
+            self._feeding = False
 
     def _push_warmup(self, x, status):
         # a sample without a value (all NaN) is only counted: a warm-up that lacks
@@ -1208,7 +1215,7 @@ class StreamEngine:
         learner = self._learner
         if learner is not None:
             n_in = t - self._seq_start + 1 - self._S
-            if n_in >= 0 and n_in % self._L == 0:
+            if n_in >= 0 and n_in % self._L == 0 and self._feeding:
                 self._feed(self._ring.last(t, self._S), t)
             if self._learn_stop is not None:
                 self._check_learn_samples()
@@ -1344,7 +1351,7 @@ class StreamEngine:
             out.commit(ne)
             self._recognised(t, m, ne)
         learner = self._learner
-        if feed and learner is not None:
+        if feed and learner is not None and self._feeding:
             self._feed_learner(Xc, self._t - Xc.shape[0])
 
     def _recognised(self, t, m, ne):
@@ -1383,7 +1390,7 @@ class StreamEngine:
         :meth:`_lane_state`) and emitted ne posteriors: what :meth:`push_many` does after
         that kernel (counters, the learner's subchains, a periodic checkpoint)."""
         self._recognised(t, Xc.shape[0], ne)
-        if self._learner is not None:
+        if self._learner is not None and self._feeding:
             self._feed_learner(Xc, t)
         if self._learn_stop is not None:
             self._check_learn_samples()
@@ -1624,6 +1631,8 @@ class StreamEngine:
         if value and not self._learn:
             raise ValueError("this engine was built with learn=False: it has no learner")
         self._learning_wanted = value
+        if value:
+            self._feeding = True
         self._enable_learner()
 
     def _enable_learner(self):
@@ -2180,6 +2189,7 @@ class StreamEngine:
                 self._learn_stop = None
                 if overrides.get("learn_samples") is not None:
                     self._learning_wanted = False
+                self._feeding = self._learning_wanted
             self._loglik, ln = (float(v) for v in arrays["loglik"])
             self._loglik_n = int(ln)
             if self._exact_mode:
