@@ -431,7 +431,8 @@ def test_cold_start_reaches_exact_smoothing():
         params = eng.params
         m = eng.metrics()
     b = PosteriorBatch.concat(out)
-    assert (b.flags[:2000 - 2] & FLAG_WARMUP).all() and not (b.flags[2000:] & FLAG_WARMUP).any()
+    # every warm-up sample's posterior, the last lag's (emitted by later pushes) too
+    assert (b.flags[:2000] & FLAG_WARMUP).all() and not (b.flags[2000:] & FLAG_WARMUP).any()
     t = np.concatenate([b.t, [p.t for p in tail]])
     theta = np.concatenate([b.theta, [p.theta for p in tail]])
     np.testing.assert_array_equal(t, np.arange(50_000))
@@ -704,6 +705,39 @@ def test_learn_samples_stops_feeding_the_learner(path, tmp_path):
         n = seen(back)
         push(back, X[2500:3500])
         assert seen(back) == n
+
+
+@pytest.mark.parametrize("posterior", ["exact", "recognition"])
+@pytest.mark.parametrize("how", ["push", "push_many", "flush", "resume"])
+def test_every_warm_up_posterior_is_flagged(posterior, how, tmp_path):
+    """FLAG_WARMUP marks the posteriors of every warm-up sample: the last h of a smooth
+    engine's warm-up wait for h more samples (or a flush) and came without it (and with
+    a warm-up shorter than h, none had it)."""
+    model = _model(M=2, D=2, window=9, n_hidden=4, seed=33)
+    X = _data(model, 120, seed=34)
+    eng = StreamEngine(FHMM(n_chains=2, window=9, n_hidden=4, random_state=0), mode="smooth",
+                       posterior=posterior, learn=True, warmup=30, warmup_steps=5, random_state=0)
+    out = []
+    with eng:
+        if how == "push":
+            for x in X:
+                out += eng.push(x)
+        elif how == "flush":
+            out += eng.push_many(X[:20])
+            out += eng.flush()            # ends the warm-up early: all 20 are warm-up's
+            out += eng.push_many(X[20:])
+        else:
+            out += eng.push_many(X[:30])    # completes the warm-up; 4 posteriors wait
+            if how == "resume":
+                path = eng.checkpoint(tmp_path / "ck.npz")
+                eng.close()
+                eng = StreamEngine.resume(path)
+            out += eng.push_many(X[30:32])
+            out += eng.push_many(X[32:])
+        out += eng.flush()
+    n_warm = 20 if how == "flush" else 30
+    assert [p.t for p in out] == list(range(120))
+    assert [p.t for p in out if p.flags & FLAG_WARMUP] == list(range(n_warm))
 
 
 def test_learn_samples_errors():

@@ -93,7 +93,7 @@ def _traffic(rng, n, topics=(b"s",), ends=True):
 class _Side:
     """A source, a sink, a service and a consumer of its output."""
 
-    def __init__(self, ctx, port, model, net, lane, batch, ckpt_dir, fmt, mode):
+    def __init__(self, ctx, port, model, net, lane, batch, ckpt_dir, fmt, mode, engine_kw=None):
         self.source = ZmqSource(f"tcp://127.0.0.1:{port}", D, hwm=0, context=ctx)
         self.sink = ZmqSink("tcp://127.0.0.1:*", format=fmt, hwm=0, context=ctx)
         self.out = ctx.socket(zmq.SUB)
@@ -103,9 +103,11 @@ class _Side:
         self.fed = {}
 
         def factory(topic):
-            eng = StreamEngine(model, mode=mode, learn=True, net=net, learner_duty=1e-3, random_state=0)
+            eng = StreamEngine(model, mode=mode, learn=True, net=net, learner_duty=1e-3, random_state=0,
+                               **(engine_kw or {}))
             got = self.fed.setdefault(topic, [])
-            eng._learner.feed = lambda seg, t: got.append((t, seg.copy()))
+            if eng._learner is not None:   # (a cold start's comes with its model)
+                eng._learner.feed = lambda seg, t: got.append((t, seg.copy()))
             return eng
 
         self.svc = StreamService(self.source, self.sink, factory, heartbeat_interval=0, batch_size=batch,
@@ -128,13 +130,13 @@ class _Side:
 def sides(tmp_path):
     made = []
 
-    def make(model, net, batch, fmt="binary", mode="smooth"):
+    def make(model, net, batch, fmt="binary", mode="smooth", engine_kw=None):
         ctx = zmq.Context()
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.SNDHWM, 0)
         port = pub.bind_to_random_port("tcp://127.0.0.1")
-        a = _Side(ctx, port, model, net, True, batch, str(tmp_path / "lane"), fmt, mode)
-        b = _Side(ctx, port, model, net, False, batch, str(tmp_path / "general"), fmt, mode)
+        a = _Side(ctx, port, model, net, True, batch, str(tmp_path / "lane"), fmt, mode, engine_kw)
+        b = _Side(ctx, port, model, net, False, batch, str(tmp_path / "general"), fmt, mode, engine_kw)
         made.append((ctx, pub, a, b))
         for s in (a, b):
             assert s.sink.wait_for_subscribers(1, timeout=30)
@@ -283,6 +285,22 @@ def test_the_lane_takes_an_unbroken_stream(sides, batch, fmt):
     assert _counters(a) == _counters(b) and a.svc.counters["samples"] == 2000
     # all but the first read's samples (the stream is opened by the general path)
     assert a.svc.lane_samples >= 2000 - batch and b.svc.lane_samples == 0
+
+
+@pytest.mark.parametrize("batch", [1, 50])
+def test_the_lane_leaves_the_warm_ups_last_posteriors_to_the_general_path(sides, batch):
+    """A cold start's warm-up posteriors are all flagged warm-up, the last lag's too
+    (they come with the samples after the warm-up): the lane, which flags nothing,
+    waits for them."""
+    pub, a, b = sides(FHMM(n_chains=2, window=5, n_hidden=6), None, batch,
+                      engine_kw={"warmup": 200, "warmup_steps": 5})
+    X = np.random.default_rng(12).normal(size=(1000, D))
+    print("seed=12")
+    _run(pub, (a, b), [encode_sample(b"s", i, 1e9 + i, x) for i, x in enumerate(X)])
+    for side in (a, b):
+        flagged = [_parts(m)[1]["t"] for m in side.messages if _parts(m)[1].get("flags", 0) & 2]
+        assert flagged == list(range(200))
+    assert a.svc.lane_samples > 500 and b.svc.lane_samples == 0
 
 
 def test_a_second_topic_moves_the_service_to_the_general_path(sides):

@@ -391,7 +391,9 @@ class StreamEngine:
         model (or a new network) is initialised, and at least ``max(n_chains + 2, 4)``
         (one, for a fitted model); samples without a value are buffered too (they get
         their posteriors at the start) but do not count. The warm-up posteriors are
-        emitted, flagged ``FLAG_WARMUP``, by the call that completes the warm-up.
+        emitted, flagged ``FLAG_WARMUP``, by the call that completes the warm-up, but
+        in smooth mode the last ``h``, which wait for ``h`` later samples (or a flush),
+        flagged too.
         The buffer grows with the samples (it is not allocated for ``warmup`` rows up
         front).
     warmup_steps : int
@@ -671,6 +673,8 @@ class StreamEngine:
         # the learner is handed the stream's subchains (off once learn_samples turned
         # learning off for good: until the host turns it on again)
         self._feeding = True
+        # the posteriors of positions before it are of warm-up samples (FLAG_WARMUP)
+        self._warm_end = 0
         self._t = 0
         self._seq_open = False
         self._seq_start = 0
@@ -930,6 +934,8 @@ class StreamEngine:
             self._ready = True
             if self._learn_stop is not None:
                 self._check_learn_samples()
+        # (the replay emitted all but the last lag's: those come later, flagged too)
+        self._warm_end = self._t
         # a periodic checkpoint due by now (the replay writes none, see _process) is
         # written here, with the counters restored, before the learner starts
         self._periodic_checkpoint_due()
@@ -1202,9 +1208,9 @@ class StreamEngine:
         out = []
         if emit:
             a = t - W + 1
-            flags = 0
+            flags = FLAG_WARMUP if t - lag < self._warm_end else 0
             if a < self._seq_start and not self._exact_mode:
-                flags = FLAG_EDGE
+                flags |= FLAG_EDGE
             if self._last_nan >= a:
                 flags |= FLAG_IMPUTED
             out.append(Posterior(t - lag, self._tb[i],
@@ -1327,6 +1333,8 @@ class StreamEngine:
         batch = out.finish()
         if extra_flags & FLAG_WARMUP:
             self._last_init_batch = batch
+        elif len(batch) and batch.t[0] < self._warm_end:   # (the warm-up's last lag)
+            batch.flags[batch.t < self._warm_end] |= FLAG_WARMUP
         return batch
 
     def _periodic_checkpoint_due(self):
@@ -1370,14 +1378,21 @@ class StreamEngine:
         """Whether :meth:`_lane_state` can give a state once a sequence is open: not
         closed, past the warm-up, recognition posteriors (what a few more samples cannot
         change; the service reads the rest of its input the general way otherwise)."""
-        return not self._closed and self._phase == "running" and not self._exact_mode
+        return (not self._closed and self._phase == "running" and not self._exact_mode
+                and not self._warm_pending())
+
+    def _warm_pending(self) -> bool:
+        """Whether posteriors of warm-up samples are still to come (the smoothing lag's
+        after the warm-up: flagged ``FLAG_WARMUP`` here, not on the serving lane)."""
+        return self._warm_end > max(self._t - self._lag, self._seq_start)
 
     def _lane_state(self) -> "LaneState | None":
         """The block kernel's state for a compiled caller that runs it on samples it
         received itself (:func:`streamfhmm.io.lane.serve_lane`, in this order); None
         when a block cannot go straight to that kernel (closed, warming up, exact
         posteriors, no open sequence). At most ``_CHUNK`` samples."""
-        if self._closed or self._phase != "running" or self._exact_mode or not self._seq_open:
+        if (self._closed or self._phase != "running" or self._exact_mode or not self._seq_open
+                or self._warm_pending()):
             return None
         snap = self._snapshot
         return LaneState(self._ring.buf, self._ring.capacity, self._t, self._seq_start, self._window,
@@ -1489,6 +1504,7 @@ class StreamEngine:
             theta = np.empty((n, self._M))
             mean = np.empty((n, self._D))
             flags = np.full(n, FLAG_EDGE, np.int64)
+            flags[np.arange(tau0, tau0 + n) < self._warm_end] |= FLAG_WARMUP
             if self._exact_mode:
                 ex = snap.exact
                 _ko.exact_tail(t_last, tau0, self._alpha_ring, self._le_ring, ex.A, self._beta,
@@ -1815,6 +1831,7 @@ class StreamEngine:
                 "shared_net": self._learner_net is self._net and self._net is not None,
                 "learner": self._learner is not None, "learning": bool(self._learning_wanted),
                 "imputed_start": self._imputed_start,
+                "warm_end": self._warm_end,
                 # (the warm-up's start, networks and reservoir draw from it: a seeded
                 # engine resumed mid-warm-up starts as the uninterrupted one)
                 "rng": generator_to_json(self._rng),
@@ -2109,6 +2126,10 @@ class StreamEngine:
         self._init_counters()
         self._learning_wanted = bool(meta.get("learning", True))
         self._imputed_start = bool(meta.get("imputed_start", False))
+        warm_end = meta.get("warm_end", 0)   # (absent before it was written: 0)
+        if type(warm_end) is not int or warm_end < 0:
+            raise ValueError(f"warm_end must be a stream position (an integer >= 0), got {warm_end!r}")
+        self._warm_end = warm_end
         self._learner = None
         self._thread = None
         self._snapshot = None
