@@ -372,6 +372,37 @@ def test_checkpoint_count_in_a_file_written_by_the_learner_thread(tmp_path, monk
         monkeypatch.setattr(engine_mod, "_save_newest", real_save)
 
 
+def test_exact_mode_learner_network_survives_a_resume_without_learning(tmp_path):
+    """Exact posteriors with learning: the learner trains a network of its own, whose
+    weights live in its state (lnet.* holds the network it started from). Resumed with
+    learn=False the state was left, and a checkpoint of that engine resumed with
+    learning again started from the untrained network, without the burn-in that protects
+    the model from one. The trained weights are kept."""
+    seed = 65
+    print(f"seed={seed}")
+    model = _model(seed, M=2, D=2, window=3, n_hidden=4)
+    X, _ = model.sample(3000, random_state=seed)
+    with StreamEngine(model, mode="filter", posterior="exact", learn=True, learner_duty=1.0,
+                      net_burnin=50, random_state=seed) as eng:
+        eng.push_many(X[:2000])
+        deadline = time.monotonic() + 60
+        while eng.learner_steps < 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        a = eng.checkpoint(tmp_path / "a.npz")
+        initial = eng._learner_net.weights.copy()
+    _, arrays = load_checkpoint(a)
+    nm = arrays["learner.x"].shape[0] - initial.shape[0]
+    trained = arrays["learner.x"][nm:]
+    assert not np.allclose(trained, initial)
+    with StreamEngine.resume(a, learn=False) as off:
+        off.push_many(X[2000:2010])
+        b = off.checkpoint(tmp_path / "b.npz")
+    with StreamEngine.resume(b, learn=True) as again:
+        lr = again._learner
+        with lr.lock:
+            np.testing.assert_array_equal(lr.x[lr.nm:], trained)
+
+
 def test_a_failing_checkpoint_is_recorded_and_does_not_fail_the_warmup(tmp_path, monkeypatch):
     """A periodic checkpoint that fails on the learner thread is recorded in
     checkpoint_error (it was swallowed); one that falls due in the warm-up's replay

@@ -465,6 +465,16 @@ class StreamEngine:
         Seeds initialisation, the reservoir and minibatch sampling (default:
         ``model.random_state``).
 
+    Notes
+    -----
+    Threads: the stream's calls (:meth:`push`, :meth:`push_many`, :meth:`flush`,
+    :meth:`checkpoint`, :meth:`close`) must come from one thread at a time, as a
+    stream's samples do; they take no lock, so a :meth:`checkpoint` taken from another
+    thread during a push can capture a state half-way through it (it resumes to other
+    posteriors). :meth:`metrics`, :attr:`params`, :attr:`version` and :attr:`learning`
+    may be read from any thread; the background learner synchronises with the stream
+    itself.
+
     Examples
     --------
     >>> import numpy as np
@@ -2282,6 +2292,16 @@ class StreamEngine:
                 if self.posterior == "recognition" and self._net is None:
                     raise ValueError("this checkpoint has no recognition network")
                 self._fresh_learner(params)
+            elif meta["learner"] and self._learner_net is not None and self._learner_net is not self._net:
+                # learn=False in exact mode: the learner's state is left, but not the
+                # weights it trained its own network to (lnet.* holds the network it
+                # started from): a checkpoint of this engine resumed with learning again
+                # went on from untrained weights, without the burn-in that protects the
+                # model from them
+                x = np.asarray(arrays.get("learner.x", np.empty(0)))
+                nm = x.shape[0] - self._learner_net.n_weights
+                if x.ndim == 1 and nm > 0 and x.dtype.kind == "f" and np.isfinite(x[nm:]).all():
+                    self._learner_net.weights = x[nm:].copy()
             if self._learner is not None:
                 self._start_thread()
             self._ready = True
