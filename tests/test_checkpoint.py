@@ -401,6 +401,12 @@ def test_exact_mode_learner_network_survives_a_resume_without_learning(tmp_path)
         lr = again._learner
         with lr.lock:
             np.testing.assert_array_equal(lr.x[lr.nm:], trained)
+    # a learner state of another layout is refused without learning too (it was copied,
+    # its last values taken as the network's weights)
+    meta, arrays = load_checkpoint(a)
+    bad = _damaged(tmp_path, meta, arrays, array_changes=[("learner.x", arrays["learner.x"][1:])])
+    with pytest.raises(ValueError, match=r"learner.x must hold \d+ finite numbers"):
+        StreamEngine.resume(bad, learn=False)
 
 
 def test_a_failing_checkpoint_is_recorded_and_does_not_fail_the_warmup(tmp_path, monkeypatch):
@@ -594,6 +600,11 @@ def test_resume_refuses_a_checkpoint_that_contradicts_its_configuration(tmp_path
         (ex, [("shared_net", True), ("config.learn", True)], [],
          "shares the inference network, and it has none"),
         (rec, [("config.learn", "no")], [], "learn must be True or False, got 'no'"),
+        # (a warm-up's end after the position flagged every later posterior and kept the
+        # serving lane off for good)
+        (rec, [("warm_end", 81)], [], "warm_end 81 lies after the stream position 80"),
+        (rec, [("warm_end", -1)], [], "warm_end must be a stream position"),
+        (rec, [("feeding", "yes")], [], "feeding must be true or false, got 'yes'"),
     ]
     assert S < 1000 and (ring.shape == (2 * C, D))
     for (meta, arrays), meta_changes, array_changes, message in cases:

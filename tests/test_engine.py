@@ -740,6 +740,60 @@ def test_every_warm_up_posterior_is_flagged(posterior, how, tmp_path):
     assert [p.t for p in out if p.flags & FLAG_WARMUP] == list(range(n_warm))
 
 
+@pytest.mark.parametrize("blocks", [[3000], [999, 2001], [7] * 428 + [4]])
+def test_learn_samples_ends_the_subchains_where_push_does(blocks):
+    """push_many hands the learner the subchains push does, up to the sample that
+    reaches learn_samples (it handed those of the rest of its 4,096-row chunk too)."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=35)
+    X = _data(model, 3000, seed=36)
+    net = _net(model, "centred", X, seed=37)
+
+    def ends(use_blocks):
+        with StreamEngine(model, learn=True, net=net, learn_samples=1000, learner_duty=1e-3) as eng:
+            got = []
+            eng._learner.feed = lambda seg, t: got.append(t)
+            if use_blocks:
+                s = 0
+                for b in blocks:
+                    eng.push_many(X[s:s + b])
+                    s += b
+            else:
+                for x in X:
+                    eng.push(x)
+            assert not eng.learning
+        return got
+
+    one = ends(False)
+    assert one == ends(True) and one[-1] < 1000 <= one[-1] + 3
+
+
+def test_a_paused_learner_after_learn_samples_is_fed_after_a_resume(tmp_path):
+    """Past learn_samples, a host that turns learning on and then pauses it: the engine
+    still hands the paused learner its subchains (as any paused engine), and so does
+    the engine resumed from its checkpoint (it took the limit's stop for its own)."""
+    model = _model(M=2, D=2, window=3, n_hidden=4, seed=38)
+    X = _data(model, 3000, seed=39)
+
+    def fed_during(e, Y):
+        got = []
+        e._learner.feed = lambda seg, t: got.append(t)
+        e.push_many(Y)
+        return len(got)
+
+    with StreamEngine(model, learn=True, net=_net(model, "centred", X, seed=40), learn_samples=500,
+                      random_state=0) as eng:
+        eng.push_many(X[:1000])
+        eng.learning = True
+        eng.learning = False
+        path = eng.checkpoint(tmp_path / "paused.npz")
+        n = fed_during(eng, X[1000:2000])
+    assert n > 0
+    with StreamEngine.resume(path) as back:
+        assert not back.learning and fed_during(back, X[1000:2000]) == n
+    with StreamEngine.resume(path, learn_samples=700) as again:   # an explicit limit, passed
+        assert not again.learning and fed_during(again, X[1000:2000]) == 0
+
+
 def test_learn_samples_errors():
     model = _model(seed=28)
     with pytest.raises(ValueError, match="learn_samples needs learn=True"):

@@ -45,6 +45,7 @@ from .._validation import (MAX_ABS_VALUE, check_bool, check_fit_magnitude, check
 from .._blas import BlasHold
 from ..kernels import online as _ko
 from ..kernels import recognition as _rk
+from ..kernels.svi import model_vec_size as _model_vec_size
 from ..model import FHMMParams
 from ..network import RecognitionNet, check_net
 from .learner import (DEFAULT_LEARNER_DUTY, Learner, LearnerThread, Snapshot, check_duty,
@@ -1429,11 +1430,16 @@ class StreamEngine:
         base = t - self._seq_start + 1 - S          # samples past S at the block's first row
         j = max(0, -base)
         j += (-(base + j)) % L
-        if j >= m:
+        end = m
+        if self._learn_stop is not None:
+            # as push: the subchains ending before the sample that reaches learn_samples
+            # (the block's rows are counted already: row j is sample n_samples - m + j)
+            end = min(m, self._learn_stop - (self._n_samples - m))
+        if j >= end:
             return
         Hn = self._hist
         Z = self._Z   # rows Hn … Hn+m-1 hold the block, the Hn before it its history
-        for j in range(j, m, L):
+        for j in range(j, end, L):
             self._feed(Z[Hn + j - S + 1:Hn + j + 1], t + j)
 
     def _feed(self, seg, t):
@@ -1841,7 +1847,7 @@ class StreamEngine:
                 "shared_net": self._learner_net is self._net and self._net is not None,
                 "learner": self._learner is not None, "learning": bool(self._learning_wanted),
                 "imputed_start": self._imputed_start,
-                "warm_end": self._warm_end,
+                "warm_end": self._warm_end, "feeding": self._feeding,
                 # (the warm-up's start, networks and reservoir draw from it: a seeded
                 # engine resumed mid-warm-up starts as the uninterrupted one)
                 "rng": generator_to_json(self._rng),
@@ -1995,9 +2001,10 @@ class StreamEngine:
             ``learning = True``), ``learner_duty``, ``learn_samples``
             (counted from the stream's start, like :attr:`n_samples`: an explicit
             ``learn_samples`` the checkpoint's position has already reached turns
-            learning off at once; the checkpoint's own limit, once passed, is not applied
-            again, so learning stays as the checkpoint recorded it, e.g. switched back
-            on by the host), ``learning_rate``,
+            learning off at once, or, for a warm-up checkpoint, at the warm-up's end,
+            whose start fit sees only the samples before the limit; the checkpoint's own
+            limit, once passed, is not applied again, so learning stays as the
+            checkpoint recorded it, e.g. switched back on by the host), ``learning_rate``,
             ``lr_decay_steps``, ``min_learning_rate``, ``snapshot_interval``,
             ``checkpoint_path``, ``checkpoint_every``, ``checkpoint_seconds``,
             ``latency_window``, ``blas_threads``, ``random_state``.
@@ -2137,9 +2144,14 @@ class StreamEngine:
         self._learning_wanted = bool(meta.get("learning", True))
         self._imputed_start = bool(meta.get("imputed_start", False))
         warm_end = meta.get("warm_end", 0)   # (absent before it was written: 0)
-        if type(warm_end) is not int or warm_end < 0:
-            raise ValueError(f"warm_end must be a stream position (an integer >= 0), got {warm_end!r}")
-        self._warm_end = warm_end
+        if type(warm_end) is not int or warm_end < 0 or (meta["phase"] == "warmup" and warm_end):
+            raise ValueError(f"warm_end must be a stream position (an integer >= 0; 0 in a "
+                             f"warm-up), got {warm_end!r}")
+        self._warm_end = warm_end   # (checked against the position below)
+        feeding = meta.get("feeding", True)
+        if type(feeding) is not bool:
+            raise ValueError(f"feeding must be true or false, got {feeding!r}")
+        self._feeding = feeding
         self._learner = None
         self._thread = None
         self._snapshot = None
@@ -2209,6 +2221,9 @@ class StreamEngine:
                 raise ValueError(f"state counters out of range: {st}")
             self._lat_n = 0
             self._seq_open = bool(seq_open)
+            if self._warm_end > self._t:
+                raise ValueError(f"warm_end {self._warm_end} lies after the stream position "
+                                 f"{self._t} (the warm-up ended before it)")
             if (self._learn_stop is not None and self._n_samples >= self._learn_stop
                     and self._phase != "warmup"):
                 # a limit that has passed: the checkpoint's own is not applied again (the
@@ -2218,9 +2233,10 @@ class StreamEngine:
                 # and turns learning off at the warm-up's end (_initialise), as it would
                 # have without the checkpoint (dropped, learning went on for ever)
                 self._learn_stop = None
+                if "feeding" not in meta:   # (written before it was recorded)
+                    self._feeding = self._learning_wanted
                 if overrides.get("learn_samples") is not None:
-                    self._learning_wanted = False
-                self._feeding = self._learning_wanted
+                    self._learning_wanted = self._feeding = False
             self._loglik, ln = (float(v) for v in arrays["loglik"])
             self._loglik_n = int(ln)
             if self._exact_mode:
@@ -2299,9 +2315,13 @@ class StreamEngine:
                 # went on from untrained weights, without the burn-in that protects the
                 # model from them
                 x = np.asarray(arrays.get("learner.x", np.empty(0)))
-                nm = x.shape[0] - self._learner_net.n_weights
-                if x.ndim == 1 and nm > 0 and x.dtype.kind == "f" and np.isfinite(x[nm:]).all():
-                    self._learner_net.weights = x[nm:].copy()
+                nm = _model_vec_size(self._M, self._D)
+                want = nm + self._learner_net.n_weights
+                if x.shape != (want,) or x.dtype.kind != "f" or not np.isfinite(x).all():
+                    raise ValueError(f"learner.x must hold {want} finite numbers (the model's "
+                                     f"{nm} and its network's {self._learner_net.n_weights}), "
+                                     f"got shape {x.shape} of {x.dtype}")
+                self._learner_net.weights = x[nm:].copy()
             if self._learner is not None:
                 self._start_thread()
             self._ready = True

@@ -9,7 +9,8 @@ __all__ = ["Posterior", "FLAG_IMPUTED", "FLAG_WARMUP", "FLAG_EDGE"]
 
 #: the window held at least one missing (NaN) value, imputed
 FLAG_IMPUTED = 1
-#: emitted during the cold-start warm-up, before the model was initialised from data
+#: the posterior of a cold-start warm-up sample (by the model initialised from the
+#: warm-up: the call that ends it emits them, the last lag's in smooth mode come later)
 FLAG_WARMUP = 2
 #: the window reached past a stream edge and was padded by repeating the edge sample
 FLAG_EDGE = 4
