@@ -561,6 +561,25 @@ def test_feature_order_missing_and_extra_keys():
         tr2.learn_one(y)
 
 
+def test_a_sample_with_nothing_observed_scores_exactly_zero():
+    """The exact scorer gave ±2.2e-16 for a sample with nothing observed (the filter's
+    sum of the prediction rounds off 1); the docstring says it scores 0, as the
+    recognition scorers' do."""
+    m = _model(M=2, D=2, seed=58)
+    print("data seed=59")
+    X, _ = m.params_.sample(300, random_state=59)
+    with FHMMAnomalyScorer(model=m, posterior="exact", learn=False) as sc:
+        empty = []
+        for i, row in enumerate(X):
+            x = {"a": None, "b": None} if i % 2 else {"a": float(row[0]), "b": float(row[1])}
+            before = sc.score_one(x)
+            sc.learn_one(x)
+            after = sc.score_one(x)
+            if i % 2:
+                empty += [before, after, sc.score_one({})]
+        assert len(empty) == 450 and all(v == 0.0 for v in empty), sorted(set(empty))
+
+
 def test_a_model_file_with_quoted_feature_names_takes_them_as_read_now():
     """A model fitted before the CSV reader skipped the space after a comma kept a
     header's quotes ('"b"'): its feature names are read as the command line reads them

@@ -434,6 +434,13 @@ def _as_value(key, value) -> float:
     return v
 
 
+def _exact_score(logc, v) -> float:
+    """``-log p(x_t | x_<t)`` from the exact filter's ``logc``; 0.0 for a sample with
+    nothing observed (its density is 1: the filter's sum of the prediction rounds to
+    1 ± 2e-16, and the score was ±2.2e-16)."""
+    return 0.0 if np.isnan(v).all() else -float(logc)
+
+
 def _model_names(model) -> tuple | None:
     """The names of ``model``'s features in its column order (``feature_names_in_``, as
     ``streamfhmm fit`` saves them), or None for a model without them (or no model)."""
@@ -1349,12 +1356,12 @@ class FHMMAnomalyScorer(_StreamAdapter, _river_base.AnomalyDetector):
         _check_sample(x, self, "score_one")
         if not self._ready:
             v = self._first_preview(x)
-            return 0.0 if v is None else -float(self._exact_preview(v)[0])
+            return 0.0 if v is None else _exact_score(self._exact_preview(v)[0], v)
         v, _ = self._vector(x)
         if self._is_last(x, v):
             if self._exact:
-                return -float(self._last_logc)
+                return _exact_score(self._last_logc, v)
             return -self._predictive_logpdf(v, self._prev_theta)
         if self._exact:
-            return -float(self._exact_preview(v)[0])
+            return _exact_score(self._exact_preview(v)[0], v)
         return -self._predictive_logpdf(v, self._last_theta)
