@@ -441,6 +441,10 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
     if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 2:
         raise DemoError(f"--warmup must be an integer >= 2 (samples before the model is initialised), "
                         f"got {warmup!r}")
+    least = max(int(n_chains) + 2, 4)   # (what serve's engine starts from: else it waits longer)
+    if warmup < least:
+        raise DemoError(f"--warmup must be at least {least} for {int(n_chains)} chains (the "
+                        f"service starts the model from max(chains + 2, 4) samples), got {warmup}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise DemoError(f"--seed must be an integer >= 0, got {seed!r}")
     _check_out_dir(out_dir)
@@ -468,11 +472,12 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
     Y = data.select(SUBMETER_COLUMNS)[row0:row0 + n]
     ts = data.timestamps[row0:row0 + n]
     imputed = data.imputed[row0:row0 + n]
-    # the periods, from serve's smoothing lag (window // 2): the first posterior after the
-    # warm-up is of minute warmup - lag; the calibration's last one arrives with sample
+    # the periods: the calibration begins with the first minute after the warm-up (the
+    # posteriors of the warm-up's minutes, flagged so, are the start's); with serve's
+    # smoothing lag (window // 2) the calibration's last posterior arrives with sample
     # cal.stop + lag, the last the service learns from
     lag = window // 2
-    first = max(0, warmup - lag)   # (a warm-up shorter than the lag: from minute 0)
+    first = warmup
     n_cal = (n - first) // 3
     capped = calibration_days * _MINUTES_PER_DAY >= n_cal   # (compared as floats: no overflow)
     if not capped:
@@ -592,8 +597,9 @@ def _run_demo(*, seconds, samples, rate, start, out_dir, view, seed, n_chains, w
                 base = fit_aggregate_baseline(A[cal][keep], Y[cal][keep])
                 done = np.flatnonzero(got)
                 est[done] = np.maximum(predict_submeters(theta[done], coef), 0.0)
-                out.message(f"calibrated at minute {cal.stop:,} on {cal.stop - cal.start:,} minutes "
-                            f"({_day(ts[cal.start])} .. {_day(ts[cal.stop - 1])}): non-negative least squares "
+                out.message(f"calibrated at minute {cal.stop:,} on {int(keep.sum()):,} minutes "
+                            f"({_day(ts[cal.start])} .. {_day(ts[cal.stop - 1])}{_left_out(keep)}): "
+                            f"non-negative least squares "
                             f"from the {_plural(M, 'chain posterior')} to the sub-meters; "
                             + ("the service keeps learning" if keep_learning else
                                f"the service learnt from the first {learn_samples:,} minutes and "
@@ -745,25 +751,27 @@ def _frame(elapsed, received, n, last_t, ts, theta, est, Y, rate, version, steps
 
 def _plots(out_dir, ts, ev, A, mean, Y, est, est_base, out) -> list:
     try:
-        from .power import plot_reconstruction, plot_submeters
+        from .power import _plot_window, plot_reconstruction, plot_submeters
         import matplotlib  # noqa: F401
     except ImportError:
         out.message('no PNG: plotting needs matplotlib (pip install "streamfhmm[plot]")')
         return []
-    tse = ts[ev]
-    # the first whole day of the evaluation period, else its last 1,440 minutes
-    day0 = tse[0].astype("datetime64[D]") + np.timedelta64(1, "D")
-    i = int(np.searchsorted(tse, day0.astype("datetime64[s]")))
-    j = int(np.searchsorted(tse, (day0 + np.timedelta64(1, "D")).astype("datetime64[s]")))
-    if j - i < _MINUTES_PER_DAY:
-        j = len(tse)
-        i = max(0, j - _MINUTES_PER_DAY)
-    sl = slice(ev.start + i, ev.start + j)
+    # the first whole day of the evaluation period (one beginning at midnight included:
+    # the next was taken), else its first 24 hours, as the offline report plots
+    w = _plot_window(ts[:ev.stop], ev.start, None)
+    sl = slice(w.start, w.stop)
     os.makedirs(out_dir, exist_ok=True)
     return [plot_submeters(ts[sl], Y[sl], est[sl], est_base[sl], SUBMETER_COLUMNS,
                            os.path.join(os.fspath(out_dir), "demo_submeters.png")),
             plot_reconstruction(ts[sl], A[sl], mean[sl], AGGREGATE_COLUMNS,
                                 os.path.join(os.fspath(out_dir), "demo_aggregate.png"))]
+
+
+def _left_out(keep) -> str:
+    """The note on a period's minutes the file filled from the day before (left out of
+    the fits and the scores, as in the offline report)."""
+    n = int(keep.size - np.count_nonzero(keep))
+    return f"; {n:,} filled from the day before left out" if n else ""
 
 
 def _summary(res: DemoResult, ts, imputed, M, window, rate, on_threshold) -> str:
@@ -781,7 +789,8 @@ def _summary(res: DemoResult, ts, imputed, M, window, rate, on_threshold) -> str
         f"  model: {_plural(M, 'chain')}, window {window}, learnt online from a cold start (warm-up {res.warmup:,} "
         f"samples, first posterior after {res.first_posterior:.1f} s); last snapshot v{res.version}"
         + (f", {res.learner_steps:,} learner steps" if res.learner_steps is not None else ""),
-        f"  calibration {_day(ts[cal.start])} .. {_day(ts[cal.stop - 1])} ({cal.stop - cal.start:,} minutes); "
+        f"  calibration {_day(ts[cal.start])} .. {_day(ts[cal.stop - 1])} ({int((~imputed[cal]).sum()):,} "
+        f"minutes{_left_out(~imputed[cal])}); "
         f"evaluation {_day(ts[ev.start])} .. {_day(ts[ev.stop - 1])} ({n_ev:,} minutes); "
         + ("learning stayed on after calibration" if res.learn_samples is None else
            f"the service learnt from the first {res.learn_samples:,} minutes, to the calibration's end"),

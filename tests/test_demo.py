@@ -139,18 +139,19 @@ def test_short_demo_run(tmp_path):
     assert "calibrated at minute" in out
     # the service learnt up to the calibration's last minute, then held its model fixed
     learnt = re.search(r"the service learnt from the first ([\d,]+) minutes, to the calibration's end", out)
-    cal = re.search(r"calibrated at minute ([\d,]+) on ([\d,]+) minutes", out)
+    cal = re.search(r"calibrated at minute ([\d,]+) on ([\d,]+) minutes \([^;)]*(?:; ([\d,]+) filled "
+                    r"from the day before left out)?\)", out)
     assert learnt and cal, out
     n_learnt, cal_end = (int(v.replace(",", "")) for v in (learnt.group(1), cal.group(1)))
     assert n_learnt == cal_end + 9 // 2      # + serve's smoothing lag (window 9)
-    # the demo fixes the calibration period before the stream starts: it must begin with
-    # the service's first posterior after the warm-up (minute 10,080 - lag)
+    # the demo fixes the calibration period before the stream starts: it begins with the
+    # first minute after the warm-up (minute 10,080), and counts the minutes it fitted on
+    # (the file's filled ones left out, as the offline report does)
     warm = re.search(r"warm-up ([\d,]+) samples, first posterior", out)
     assert warm, out
-    # (the warm-up's posteriors, flagged so, include the last lag's: minutes 10,076-10,079
-    # are in both the warm-up and the calibration, which fits on posteriors, flagged or not)
     assert int(warm.group(1).replace(",", "")) == 10_080
-    assert cal_end - int(cal.group(2).replace(",", "")) == 10_080 - 4
+    fitted, left = (int((v or "0").replace(",", "")) for v in (cal.group(2), cal.group(3)))
+    assert cal_end - fitted - left == 10_080
     # while the service buffers its warm-up, the view shows how far it got (serve's status lines)
     assert re.search(r"warm-up: the service buffered [\d,]+ of 10,080 samples", out), out
     agg = re.search(r"aggregate reconstruction error / variance: (.*)", out).group(1)
@@ -270,6 +271,12 @@ def test_run_demo_refuses_bad_values_before_starting(tmp_path, monkeypatch):
     monkeypatch.setattr(ds, "load_household_power", no_load)
     for kwargs, message in [
         (dict(warmup=1), "--warmup must be an integer >= 2 (samples before the model is initialised), got 1"),
+        # (the service starts from max(chains + 2, 4) samples: the periods were computed
+        # from a warm-up it did not use)
+        (dict(warmup=7), "--warmup must be at least 8 for 6 chains (the service starts the model "
+                         "from max(chains + 2, 4) samples), got 7"),
+        (dict(warmup=3, n_chains=1), "--warmup must be at least 4 for 1 chains (the service starts "
+                                     "the model from max(chains + 2, 4) samples), got 3"),
         (dict(seed=-1), "--seed must be an integer >= 0, got -1"),
         (dict(seconds=math.inf), "--seconds must be a positive number, got inf"),
         (dict(calibration_days=math.nan), "--calibration-days must be a positive number, got nan"),
@@ -340,7 +347,7 @@ def test_demo_without_the_data_package(monkeypatch, capsys):
      "sub-meter map's and the baseline's): raise --calibration-days (got 0.0001)\n"),
     # capped at a third of the stream after the warm-up: more days would not help
     (["--samples", "13000", "--chains", "700", "--calibration-days", "50"],
-     "the calibration period holds 974 complete minutes, fewer than the 1,401 weights its fits need "
+     "the calibration period holds 973 complete minutes, fewer than the 1,401 weights its fits need "
      "(the sub-meter map's and the baseline's): stream more minutes (--seconds, --samples) or use "
      "fewer --chains: the calibration takes at most a third of the stream after the warm-up\n"),
     # the data's first day (which starts at 17:24) is accepted: the stream starts at row 0
@@ -590,13 +597,36 @@ def test_summary_counts_evaluation_minutes_without_imputed_rows():
     ts = np.datetime64("2008-01-01T00:00") + np.arange(100).astype("timedelta64[m]")
     imputed = np.zeros(100, dtype=bool)
     imputed[rng.choice(np.arange(40, 100), size=7, replace=False)] = True
-    imputed[:5] = True   # outside the evaluation: not counted
+    imputed[:5] = True   # outside both periods: not counted
+    imputed[[12, 20]] = True   # in the calibration: left out of its fits, and counted so
     metrics = {"nde": np.array([0.5, 0.6, 0.7]), "f1": np.array([0.5, 0.6, 0.7]),
                "energy_accuracy": np.array(0.4)}
     res = DemoResult(n_samples=100, n_received=100, seconds=1.0, rate=100.0, calibration=slice(10, 40),
                      evaluation=slice(40, 100), fhmm=metrics, baseline=metrics)
     text = _summary(res, ts, imputed, 4, 9, 4000.0, 5.0)
-    assert "(30 minutes); evaluation" in text and "(53 minutes)" in text, text
+    assert "(28 minutes; 2 filled from the day before left out); evaluation" in text, text
+    assert "(53 minutes)" in text, text
+
+
+@pytest.mark.parametrize("ev_start, days, first", [
+    (2 * 1440, 2, "2007-01-03T00:00"),        # midnight: that day (the next was taken)
+    (2 * 1440 + 5, 3, "2007-01-04T00:00"),    # within a day: the next whole one
+    (2 * 1440, 1.3, "2007-01-03T00:00")])     # (a whole day at midnight, none after it)
+def test_the_demo_plots_the_first_whole_day_of_the_evaluation(monkeypatch, tmp_path, ev_start, days,
+                                                              first):
+    """An evaluation beginning at midnight skipped its first day: with no whole day after
+    it, the period's last 24 hours were plotted under the first day's title. The demo
+    plots the day the offline report does."""
+    import streamfhmm.power as power
+    from streamfhmm.demo import _plots
+    plotted = []
+    monkeypatch.setattr(power, "plot_submeters", lambda ts, *a: plotted.append(ts) or "s.png")
+    monkeypatch.setattr(power, "plot_reconstruction", lambda ts, *a: plotted.append(ts) or "a.png")
+    n = ev_start + int(days * 1440)
+    ts = np.datetime64("2007-01-01T00:00", "s") + np.arange(n).astype("timedelta64[m]")
+    z = np.zeros((n, 3))
+    assert _plots(tmp_path, ts, slice(ev_start, n), z, z, z, z, z, None) == ["s.png", "a.png"]
+    assert [str(t[0])[:16] for t in plotted] == [first] * 2 and [len(t) for t in plotted] == [1440] * 2
 
 
 def test_bar_is_clamped_to_its_width():
