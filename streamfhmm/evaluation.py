@@ -101,7 +101,10 @@ def align_params(estimate: FHMMParams, reference: FHMMParams):
     Ae, Ar = estimate.transmat, reference.transmat      # a = A(0, 1), b = A(1, 0)
     ae, be = Ae[:, 0, 1], Ae[:, 1, 0]
     ar, br = Ar[:, 0, 1, None], Ar[:, 1, 0, None]
-    tie = 1e-9 * (1.0 + max(cost_keep.max(), cost_flip.max()))
+    # (per pair, at the scale of its own rows: one scale for all, set by the largest cost,
+    # let a chain of weight 1e5 make the term outweigh real differences of order 1
+    # between two small chains)
+    tie = 1e-9 * (1.0 + (Wr ** 2).sum(-1)[:, None] + (We ** 2).sum(-1)[None, :])
     cost_keep = cost_keep + tie * ((ar - ae) ** 2 + (br - be) ** 2)
     cost_flip = cost_flip + tie * ((ar - be) ** 2 + (br - ae) ** 2)
     cost = np.minimum(cost_keep, cost_flip)

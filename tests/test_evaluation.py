@@ -162,3 +162,27 @@ def test_feature_mismatch_refused(fn):
     ref = FHMMParams.random(2, 3, random_state=seed)
     with pytest.raises(ValueError, match="n_features"):
         fn(est, ref)
+
+
+def test_align_params_with_chains_of_very_different_scales():
+    """The switch-probability tie term was scaled by the largest cost of all pairs: with
+    one chain of weight 1e5 it outweighed W differences of order 1 between the small
+    chains, and the alignment swapped two chains whose W match exactly (brute force over
+    every permutation and flip finds the identity, at W cost 0)."""
+    import itertools
+    W = np.array([[1e5, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    ref = FHMMParams.from_natural(W, np.eye(2), np.array([[[0.9, 0.1], [0.2, 0.8]],
+                                                          [[0.95, 0.05], [0.5, 0.5]],
+                                                          [[0.6, 0.4], [0.05, 0.95]]]))
+    est = FHMMParams.from_natural(W, np.eye(2), np.array([[[0.9, 0.1], [0.2, 0.8]],
+                                                          [[0.6, 0.4], [0.05, 0.95]],
+                                                          [[0.95, 0.05], [0.5, 0.5]]]))
+    aligned, perm, flip = align_params(est, ref)
+
+    def w_cost(perm, flip):
+        return sum(((-1 if f else 1) * est.W[j] - ref.W[i]) @ ((-1 if f else 1) * est.W[j] - ref.W[i])
+                   for i, (j, f) in enumerate(zip(perm, flip)))
+    best = min(w_cost(p, f) for p in itertools.permutations(range(3))
+               for f in itertools.product((False, True), repeat=3))
+    assert best == 0.0 and w_cost(perm, flip) == best
+    assert perm.tolist() == [0, 1, 2] and not flip.any()
