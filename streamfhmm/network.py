@@ -329,8 +329,17 @@ class RecognitionNet:
         count = observed.sum(axis=0)
         Y0 = np.where(observed, Y, 0.0)
         mean = Y0.sum(axis=0) / np.maximum(count, 1)
-        var = (np.where(observed, Y - mean, 0.0) ** 2).sum(axis=0) / np.maximum(count, 1)
-        std = np.sqrt(var)
+        dev = np.where(observed, Y - mean, 0.0)
+        n = np.maximum(count, 1)
+        with np.errstate(over="ignore", under="ignore"):   # (the far ones, redone below)
+            std = np.sqrt((dev ** 2).sum(axis=0) / n)
+        # deviations whose squares overflow (beyond 1e150) or underflow (below 1e-150):
+        # in units of the largest one (±1e160 gave an infinite scale, ±1e-200 scale 1)
+        peak = np.abs(dev).max(axis=0) if dev.shape[0] else np.zeros(dev.shape[1])
+        far = (peak > 1e150) | ((peak > 0.0) & (peak < 1e-150))
+        if far.any():
+            unit = np.where(far, peak, 1.0)
+            std = np.where(far, np.sqrt(((dev / unit) ** 2).sum(axis=0) / n) * unit, std)
         # constant: a spread below rounding of the feature's own magnitude (a floor of
         # 1e-12 in absolute units took data in units of 1e-13 for constant, and the fit
         # was no longer the rescaled one)

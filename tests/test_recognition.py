@@ -381,6 +381,17 @@ def test_fit_scaler():
     assert net3.scale[0] == 1.0 and net3.scale[1] == pytest.approx(np.std([1.0, 2.0, 4.0]), rel=1e-14)
 
 
+@pytest.mark.parametrize("v", [1e-200, 1e-160, 1e160, 1e300])
+def test_fit_scaler_in_any_units(v):
+    """The scale of ±v is v at any magnitude check_observations takes: the squared
+    deviations underflowed (±1e-200 was taken for constant, ±1e-160 lost 6 digits) or
+    overflowed (±1e160 gave an infinite scale, refused by set_scaler)."""
+    Y = np.array([[v, 3.0], [-v, 1.0], [np.nan, 2.0]])
+    net = RecognitionNet(1, 2).fit_scaler(Y)
+    assert net.scale[0] == pytest.approx(v, rel=1e-14) and net.mean[0] == 0.0
+    assert net.scale[1] == pytest.approx(np.std([3.0, 1.0, 2.0]), rel=1e-14)
+
+
 def _bad(**kw):
     args = dict(n_chains=2, n_features=3, window=5, n_hidden=4, share="all", mode="centred")
     args.update(kw)
