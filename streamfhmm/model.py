@@ -180,8 +180,10 @@ class FHMMParams:
         """
         M = check_positive_int(n_chains, "n_chains")
         D = check_positive_int(n_features, "n_features")
-        scale = check_real(scale, "scale")
-        noise = check_real(noise, "noise", low_open=True)
+        # (within ±1e150, as the data a fit takes: noise² overflowed to a raw OverflowError
+        # beyond, and underflowed to "covariance must be positive definite" below 1e-150)
+        scale = check_real(scale, "scale", 0.0, 1e150)
+        noise = check_real(noise, "noise", 1e-150, 1e150)
         if not (isinstance(switch, (tuple, list)) and len(switch) == 2):
             raise ValueError(f"switch must be a pair (low, high) of probabilities, got {switch!r}")
         lo = check_real(switch[0], "switch[0]", 0.0, 1.0)

@@ -638,8 +638,13 @@ def test_params_refuse_what_they_would_change_silently():
     (dict(switch=(0.1, 0.2, 0.3)), r"switch must be a pair"),
     (dict(switch=(0.2, 1.5)), r"switch\[1\] must be a finite number in \[0.2, 1\]"),
     (dict(switch=(0.3, 0.2)), r"switch\[1\] must be a finite number in \[0.3, 1\]"),
-    (dict(noise=0.0), r"noise must be a finite number in \(0, inf\), got 0.0"),
-    (dict(scale="a"), r"scale must be a finite number in \[0, inf\), got 'a'"),
+    (dict(noise=0.0), r"noise must be a finite number in \[1e-150, 1e\+150\], got 0.0"),
+    # (noise² overflowed to a raw OverflowError, or underflowed to an error about the
+    # covariance, an argument not given)
+    (dict(noise=1e200), r"noise must be a finite number in \[1e-150, 1e\+150\], got 1e\+200"),
+    (dict(noise=1e-200), r"noise must be a finite number in \[1e-150, 1e\+150\], got 1e-200"),
+    (dict(scale=1e200), r"scale must be a finite number in \[0, 1e\+150\], got 1e\+200"),
+    (dict(scale="a"), r"scale must be a finite number in \[0, 1e\+150\], got 'a'"),
     (dict(scale=np.nan), r"scale must be a finite number"),
 ])
 def test_random_params_errors(kwargs, message):
