@@ -8,6 +8,23 @@ import time
 import numpy as np
 
 
+def int_in(low: int, high: int | None = None):
+    """An argparse ``type``: an integer in ``[low, high]`` (a usage error otherwise, not
+    a traceback after the set-up)."""
+    import argparse
+
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            v = None
+        if v is None or v < low or (high is not None and v > high):
+            want = f"an integer >= {low}" if high is None else f"an integer in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        return v
+    return parse
+
+
 def best_time(fn, repeat: int = 3, min_time: float = 0.2) -> float:
     """Best wall time of ``fn()`` over ``repeat`` rounds (each round ≥ ``min_time`` s)."""
     best = np.inf

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import best_time, header, table  # noqa: E402
+from _common import best_time, header, int_in, table  # noqa: E402
 
 from streamfhmm import exact  # noqa: E402
 from streamfhmm._blas import limit_blas_threads  # noqa: E402
@@ -46,9 +46,9 @@ def hmmlearn_model(params):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=20000, help="time steps per measurement")
-    ap.add_argument("--chains", type=int, nargs="+", default=[4, 8, 10, 12])
-    ap.add_argument("--hmmlearn-max-chains", type=int, default=10,
+    ap.add_argument("--steps", type=int_in(1), default=20000, help="time steps per measurement")
+    ap.add_argument("--chains", type=int_in(1, 20), nargs="+", default=[4, 8, 10, 12])
+    ap.add_argument("--hmmlearn-max-chains", type=int_in(0, 20), default=10,
                     help="largest M for which hmmlearn (O(4^M) per step) is timed")
     args = ap.parse_args(argv)
     header("exact log-likelihood throughput (D = 6), one core (BLAS limited to 1 thread)")

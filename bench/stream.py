@@ -33,7 +33,7 @@ import scipy.linalg.cython_blas  # noqa: F401  (the BLAS the kernels call: load 
 from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import best_time, header, table  # noqa: E402
+from _common import best_time, header, int_in, table  # noqa: E402
 
 from streamfhmm import FHMM, exact  # noqa: E402
 from streamfhmm.kernels import recognition as rk  # noqa: E402
@@ -164,7 +164,7 @@ def measure_push_many(model, X, chunk=10_000, **kw):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=30_000, help="pushes per measurement")
+    ap.add_argument("--samples", type=int_in(1), default=30_000, help="pushes per measurement")
     ap.add_argument("--quick", action="store_true", help="fewer samples, smaller table")
     args = ap.parse_args(argv)
     n = 5000 if args.quick else args.samples

@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import header, table  # noqa: E402
+from _common import header, int_in, table  # noqa: E402
 
 from streamfhmm import FHMM  # noqa: E402
 from streamfhmm.evaluation import loglik_per_step, recovery_errors  # noqa: E402
@@ -74,8 +74,8 @@ def run(seed: int, iterations: int, progress: bool):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--iterations", type=int, default=20000, help="SVI steps")
+    ap.add_argument("--seeds", type=int_in(0), nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--iterations", type=int_in(1), default=20000, help="SVI steps")
     ap.add_argument("--progress", action="store_true")
     args = ap.parse_args(argv)
     header("validation experiment: T=1000, D=2, M=2 (the protocol of the paper's Table 1, simulated "
