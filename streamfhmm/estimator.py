@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from . import exact
-from .io.checkpoint import npz_read_error, npz_target, path_str, write_atomically
+from .io.checkpoint import npz_read_error, npz_target, path_str, read_npz, write_atomically
 from ._validation import (check_bool, check_fit_magnitude, check_lengths, check_observations,
                           check_positive_int, check_random_state, check_real)
 from .learn.objective import (COVARIANCE_TYPES, check_covariance_matches, check_covariance_type,
@@ -1036,8 +1036,8 @@ class FHMM:
         if not os.path.exists(path) and not path.endswith(".npz"):
             path += ".npz"  # as save() names it
         try:
-            with np.load(path, allow_pickle=False) as f:
-                data = {k: f[k] for k in f.files}
+            with open(path, "rb") as fh:
+                data = read_npz(fh)   # (no compressed member: no zip bomb)
         except FileNotFoundError:
             raise
         except Exception as exc:
@@ -1069,7 +1069,8 @@ class FHMM:
                       for name in _SCORE_ATTRIBUTES if name[:-1] in data}
             names = (_check_feature_names(data["feature_names"], params.n_features)
                      if "feature_names" in data else None)
-        except (KeyError, ValueError, TypeError, OverflowError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+            # (RecursionError: JSON nested 100,000 deep)
             raise ValueError(f"{damaged}: {exc}") from None
         if net is not None and (net.n_chains, net.n_features) != (params.n_chains, params.n_features):
             raise ValueError(f"{damaged}: its recognition networks have {net.n_chains} chains and "

@@ -1,5 +1,6 @@
 """Checkpoint files: atomic writes, clear errors, and engine round trips (including a
 process killed with SIGKILL while it writes checkpoints)."""
+import json
 import os
 import select
 import signal
@@ -16,7 +17,7 @@ import pytest
 import streamfhmm
 
 from streamfhmm import FHMM
-from streamfhmm.io.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from streamfhmm.io.checkpoint import FORMAT_TAG, FORMAT_VERSION, load_checkpoint, save_checkpoint
 from streamfhmm.model import FHMMParams
 from streamfhmm.network import RecognitionNet
 from streamfhmm.stream.engine import PosteriorBatch, StreamEngine
@@ -563,6 +564,47 @@ def _damaged(tmp_path, meta, arrays, meta_changes=(), array_changes=()):
     for key, value in array_changes:
         arrays[key] = value
     return save_checkpoint(tmp_path / "bad.npz", arrays, meta)
+
+
+def test_damaged_files_are_refused_by_name_without_a_large_allocation(tmp_path):
+    """Three ways a damaged file escaped the rule "a ValueError naming the file": JSON
+    nested 100,000 deep raised RecursionError (checkpoint meta, model hyper-parameters);
+    a compressed member was inflated before any check (534 kB read as 512 MB); the
+    engine's own checks of a checkpoint said what was wrong but not in which file."""
+    seed = 73
+    print(f"seed={seed}")
+    model = _model(seed, M=2, D=2, window=3, n_hidden=4)
+    X, _ = model.sample(100, random_state=seed)
+    with StreamEngine(model, mode="smooth", learn=False, posterior="exact") as eng:
+        eng.push_many(X)
+        meta, arrays = load_checkpoint(eng.checkpoint(tmp_path / "ok.npz"))
+    model.save(tmp_path / "m.npz")
+    with np.load(tmp_path / "m.npz") as f:
+        model_arrays = dict(f)
+    deep = np.array("[" * 100_000 + "]" * 100_000)
+    cases = []
+    bad = dict(arrays, format=np.array(FORMAT_TAG), version=np.array(FORMAT_VERSION), meta=deep)
+    np.savez(tmp_path / "deep.npz", **bad)
+    cases.append((tmp_path / "deep.npz", StreamEngine.resume, "damaged streamfhmm checkpoint: maximum recursion"))
+    np.savez(tmp_path / "deep_model.npz", **dict(model_arrays, hyper=deep))
+    cases.append((tmp_path / "deep_model.npz", FHMM.load, "damaged streamfhmm model file: maximum recursion"))
+    good = dict(arrays, format=np.array(FORMAT_TAG), version=np.array(FORMAT_VERSION),
+                meta=np.array(json.dumps(meta)))
+    np.savez_compressed(tmp_path / "zipped.npz", **good)
+    cases.append((tmp_path / "zipped.npz", StreamEngine.resume, "is compressed; streamfhmm writes its files "
+                                                                "uncompressed"))
+    np.savez_compressed(tmp_path / "zipped_model.npz", **model_arrays)
+    cases.append((tmp_path / "zipped_model.npz", FHMM.load, "is compressed"))
+    np.savez(tmp_path / "mode.npz", **dict(good, meta=np.array(json.dumps(
+        dict(meta, config=dict(meta["config"], mode="bogus"))))))
+    cases.append((tmp_path / "mode.npz", StreamEngine.resume, "mode must be one of"))
+    for path, load, message in cases:
+        with pytest.raises(ValueError) as info:
+            load(path)
+        assert str(path) in str(info.value) and message in str(info.value), str(info.value)[:300]
+    np.savez(tmp_path / "same.npz", **good)       # the same, uncompressed: resumes
+    with StreamEngine.resume(tmp_path / "same.npz") as back:
+        assert back.n_samples == 100
 
 
 def test_resume_refuses_a_checkpoint_that_contradicts_its_configuration(tmp_path):

@@ -63,6 +63,22 @@ def npz_target(path, what: str = "path") -> str:
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
 
+def read_npz(fh) -> dict:
+    """The arrays of the ``.npz`` archive open as ``fh`` (binary, seekable), read only if
+    every member is stored uncompressed, as ``np.savez`` writes them: a compressed
+    member's data is not bounded by the file's size (a 534 kB checkpoint inflated to
+    512 MB before any check could refuse it). ValueError otherwise."""
+    import zipfile
+    with zipfile.ZipFile(fh) as z:
+        for info in z.infolist():
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise ValueError(f"its member {info.filename!r} is compressed; streamfhmm writes "
+                                 f"its files uncompressed (np.savez)")
+    fh.seek(0)
+    with np.load(fh, allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
 def npz_read_error(path, exc: Exception) -> str:
     """What went wrong reading ``path`` with ``np.load``, for an error message.
 
@@ -300,9 +316,8 @@ def load_checkpoint(path) -> tuple[dict, dict]:
     if not os.path.exists(path) and os.path.exists(path + ".npz"):
         path += ".npz"
     try:
-        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
-            # (opened here so that the file is closed even when np.load fails)
-            data = {k: f[k] for k in f.files}
+        with open(path, "rb") as fh:   # (closed even when reading fails)
+            data = read_npz(fh)
     except FileNotFoundError:
         raise
     except IsADirectoryError:
@@ -317,7 +332,8 @@ def load_checkpoint(path) -> tuple[dict, dict]:
         meta = json.loads(str(data.pop("meta")))
         if not isinstance(meta, dict):
             raise TypeError(f"its description is a JSON {type(meta).__name__}, not an object")
-    except (KeyError, ValueError, TypeError, OverflowError) as exc:   # (int(inf): OverflowError)
+    except (KeyError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # (int(inf): OverflowError; JSON nested 100,000 deep: RecursionError)
         raise ValueError(f"{path} is a damaged streamfhmm checkpoint: {exc}") from None
     if version > FORMAT_VERSION:
         raise ValueError(f"{path} has checkpoint format version {version}; this streamfhmm reads "

@@ -2033,8 +2033,10 @@ class StreamEngine:
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"{path} is a damaged streamfhmm checkpoint: missing or malformed "
                              f"{exc}") from None
-        except ValueError:
-            raise
+        except ValueError as exc:   # (named by the file: 477 fuzzed checkpoints were not)
+            if path in str(exc):
+                raise
+            raise ValueError(f"{path}: {exc}") from None
         except Exception as exc:   # (an infinite counter, a field of another type, ...)
             raise ValueError(f"{path} is a damaged streamfhmm checkpoint: {type(exc).__name__}: "
                              f"{exc}") from None
