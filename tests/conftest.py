@@ -15,8 +15,25 @@ A random exploration run can still be asked for with
 """
 import os
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("streamfhmm", derandomize=True, print_blob=True, deadline=None)
 settings.register_profile("explore", derandomize=False, print_blob=True, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "streamfhmm"))
+
+
+@pytest.fixture
+def tqdm_calls(monkeypatch):
+    """``record(module)``: replace ``module.tqdm`` by a wrapper that records the keyword
+    arguments of every bar built (and builds it), and return that list of records."""
+    def record(module):
+        built = []
+        original = module.tqdm
+
+        def recording_tqdm(*args, **kwargs):
+            built.append(kwargs)
+            return original(*args, **kwargs)
+        monkeypatch.setattr(module, "tqdm", recording_tqdm)
+        return built
+    return record

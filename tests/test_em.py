@@ -264,19 +264,12 @@ def test_negative_tol_refused():
 
 
 @pytest.mark.parametrize("progress", [False, True])
-def test_no_progress_bar_without_progress(monkeypatch, progress):
+def test_no_progress_bar_without_progress(tqdm_calls, progress):
     """fit_exact_em(progress=False) builds no tqdm at all (``tqdm(disable=True)`` still
     starts tqdm's monitor thread, which then runs for the life of the process)."""
     import streamfhmm.learn.em as em_module
 
-    built = []
-    original = em_module.tqdm
-
-    def recording_tqdm(*args, **kwargs):
-        built.append(kwargs)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(em_module, "tqdm", recording_tqdm)
+    built = tqdm_calls(em_module)
     seed = 8
     print(f"seed={seed}")
     X, _ = FHMMParams.random(2, 2, random_state=seed).sample(300, random_state=seed)

@@ -357,6 +357,19 @@ def test_constructor_errors():
 
 
 # ------------------------------------------------------------------ the learner
+def _push_in(eng, X, blocks=None):
+    """Stream X: one push per sample, or push_many over consecutive blocks of the
+    given sizes."""
+    if blocks is None:
+        for x in X:
+            eng.push(x)
+        return
+    s = 0
+    for b in blocks:
+        eng.push_many(X[s:s + b])
+        s += b
+
+
 def _full_learner_round(eng, timeout=30.0):
     """Wait until the learner thread has gone through a whole round of its loop (drain
     the pending samples, run a job, decide whether to step) that began after this call:
@@ -752,14 +765,7 @@ def test_learn_samples_ends_the_subchains_where_push_does(blocks):
         with StreamEngine(model, learn=True, net=net, learn_samples=1000, learner_duty=1e-3) as eng:
             got = []
             eng._learner.feed = lambda seg, t: got.append(t)
-            if use_blocks:
-                s = 0
-                for b in blocks:
-                    eng.push_many(X[s:s + b])
-                    s += b
-            else:
-                for x in X:
-                    eng.push(x)
+            _push_in(eng, X, blocks if use_blocks else None)
             assert not eng.learning
         return got
 
@@ -835,14 +841,7 @@ def test_learner_gets_the_same_subchains_from_push_and_push_many(blocks):
             got = []
             eng._learner.feed = lambda seg, t: got.append((t, seg.copy()))
             for part in (X[:60], X[60:]):
-                if use_blocks:
-                    s = 0
-                    for b in blocks:
-                        eng.push_many(part[s:s + b])
-                        s += b
-                else:
-                    for x in part:
-                        eng.push(x)
+                _push_in(eng, part, blocks if use_blocks else None)
                 eng.flush()    # a new sequence starts at 60
             S, L = eng._S, eng._L
         return got, S, L

@@ -101,6 +101,12 @@ def _learner_threads():
     return [t for t in threading.enumerate() if t.name == "streamfhmm-learner" and t.is_alive()]
 
 
+def _cold(cls, **kw):
+    """A small cold-start adapter: 2 chains, window 3, 4 hidden units, a warm-up of 100
+    samples and 20 steps."""
+    return cls(n_chains=2, window=3, n_hidden=4, warmup=100, warmup_steps=20, **kw)
+
+
 def _wait_for(cond, timeout=10.0):
     t0 = time.perf_counter()
     while not cond():
@@ -350,8 +356,7 @@ def test_exact_cold_start_filters_the_whole_warmup():
     m = _model(M=2, D=3, seed=45)
     X, _ = m.params_.sample(130, random_state=46)
     print("data seed=46, adapter seed=0")
-    sc = FHMMAnomalyScorer(n_chains=2, window=3, n_hidden=4, warmup=100, warmup_steps=20,
-                           learn=False, seed=0)
+    sc = _cold(FHMMAnomalyScorer, learn=False, seed=0)
     previews, committed = [], []
     for t, x in enumerate(_dicts(X)):
         previews.append(sc.score_one(x))
@@ -1101,8 +1106,7 @@ def test_clone_with_attributes_and_transformer_union(learn):
     X, _ = m.params_.sample(260, random_state=39)
     print("data seed=39")
     xs = _dicts(X)
-    tr = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=100, warmup_steps=20,
-                         learn=learn, seed=7)
+    tr = _cold(FHMMTransformer, learn=learn, seed=7)
     u = tr + preprocessing.StandardScaler()  # clones the unstarted transformer
     assert isinstance(u, compose.TransformerUnion)
     for x in xs[:200]:
@@ -1139,8 +1143,7 @@ def test_clone_with_attributes_has_a_state_of_its_own(cls, posterior):
     Y, _ = m.params_.sample(200, random_state=50)
     print("data seeds=49, 50; adapter seed=7")
     xs, ys = _dicts(X), _dicts(Y)
-    a = cls(n_chains=2, window=3, n_hidden=4, warmup=100, warmup_steps=20, learn=False,
-            posterior=posterior, seed=7)
+    a = _cold(cls, learn=False, posterior=posterior, seed=7)
     pairs = [(a, pickle.loads(pickle.dumps(a)))]
     streams = [xs]
     out = "transform_one" if cls is FHMMTransformer else "score_one"
@@ -1198,8 +1201,7 @@ def test_pickling_leaves_the_checkpoint_count_alone(tmp_path):
     X, _ = m.params_.sample(300, random_state=57)
     print("data seed=57")
     xs = _dicts(X)
-    a = FHMMTransformer(n_chains=2, window=3, n_hidden=4, warmup=100, warmup_steps=20,
-                        learn=False, seed=0)
+    a = _cold(FHMMTransformer, learn=False, seed=0)
     for x in xs:
         a.learn_one(x)
     assert a.metrics()["checkpoints"] == 0

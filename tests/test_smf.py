@@ -707,20 +707,13 @@ def test_steps_are_oriented():
 
 
 @pytest.mark.parametrize("progress", [False, True])
-def test_no_progress_bar_without_progress(monkeypatch, progress):
+def test_no_progress_bar_without_progress(tqdm_calls, progress):
     """fit(progress=False) builds no tqdm at all: ``tqdm(disable=True)`` still starts
     tqdm's monitor thread, which then runs for the life of the process. With progress
     the bar is built (and the fit is the same)."""
     import streamfhmm.learn.smf as smf_module
 
-    built = []
-    original = smf_module.tqdm
-
-    def recording_tqdm(*args, **kwargs):
-        built.append(kwargs)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(smf_module, "tqdm", recording_tqdm)
+    built = tqdm_calls(smf_module)
     seed = 7
     print(f"seed={seed}")
     X, _ = _model(2, 2, seed).sample(300, random_state=seed)
