@@ -387,9 +387,9 @@ def _check_features(model, X, data, names, command):
     same order (a file that names none of the model's features is read by position,
     with a warning)."""
     D = model.n_features_in_
-    known = getattr(model, "feature_names_in_", None)
-    from .estimator import _unquoted_name
-    known = None if known is None else [_unquoted_name(str(n)) for n in known]
+    from .estimator import _model_names
+    known = _model_names(model)
+    known = None if known is None else list(known)
     choose = "choose them with " + (_columns_option(known) if known else "--columns")
     if X.shape[1] != D:
         if not _named(data):   # (a .npy file's columns are chosen by index)

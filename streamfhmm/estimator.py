@@ -200,6 +200,14 @@ def _unquoted_name(name: str) -> str:
     return name
 
 
+def _model_names(model) -> tuple | None:
+    """The names of ``model``'s features in its column order (``feature_names_in_``, as
+    ``streamfhmm fit`` saves them, read by :func:`_unquoted_name`), or None for a model
+    without them (or no model)."""
+    names = getattr(model, "feature_names_in_", None) if model is not None else None
+    return None if names is None else tuple(_unquoted_name(str(n)) for n in names)
+
+
 def _check_feature_names(names, n_features: int) -> np.ndarray:
     """``feature_names_in_`` as a 1-D str array of ``n_features`` names."""
     try:

@@ -96,7 +96,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
         from None
 
 from .._validation import check_bool, check_positive_int
-from ..estimator import FHMM, _unquoted_name
+from ..estimator import FHMM, _model_names
 from ..exact import MAX_EXACT_CHAINS
 from ..io.checkpoint import load_checkpoint, save_checkpoint
 from ..kernels import exact as _kx
@@ -439,14 +439,6 @@ def _exact_score(logc, v) -> float:
     nothing observed (its density is 1: the filter's sum of the prediction rounds to
     1 ± 2e-16, and the score was ±2.2e-16)."""
     return 0.0 if np.isnan(v).all() else -float(logc)
-
-
-def _model_names(model) -> tuple | None:
-    """The names of ``model``'s features in its column order (``feature_names_in_``, as
-    ``streamfhmm fit`` saves them), or None for a model without them (or no model)."""
-    names = getattr(model, "feature_names_in_", None) if model is not None else None
-    # (as the CSV reader reads them now: a model fitted before it kept a header's quotes)
-    return None if names is None else tuple(_unquoted_name(str(n)) for n in names)
 
 
 def _check_model_features(model, features):

@@ -1345,7 +1345,7 @@ class StreamEngine:
         if extra_flags & FLAG_WARMUP:
             self._last_init_batch = batch
         elif len(batch) and batch.t[0] < self._warm_end:   # (the warm-up's last lag)
-            batch.flags[batch.t < self._warm_end] |= FLAG_WARMUP
+            batch.flags[:self._warm_end - batch.t[0]] |= FLAG_WARMUP   # (t consecutive)
         return batch
 
     def _periodic_checkpoint_due(self):
@@ -1520,7 +1520,7 @@ class StreamEngine:
             theta = np.empty((n, self._M))
             mean = np.empty((n, self._D))
             flags = np.full(n, FLAG_EDGE, np.int64)
-            flags[np.arange(tau0, tau0 + n) < self._warm_end] |= FLAG_WARMUP
+            flags[:max(0, self._warm_end - tau0)] |= FLAG_WARMUP
             if self._exact_mode:
                 ex = snap.exact
                 _ko.exact_tail(t_last, tau0, self._alpha_ring, self._le_ring, ex.A, self._beta,

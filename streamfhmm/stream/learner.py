@@ -280,7 +280,8 @@ class Learner:
                 items.append(pending.popleft())
             if not items:
                 return 0
-        self.reservoir.offer_many([seg for seg, _ in items], [end for _, end in items])
+        # (unchecked: the engine cut every segment from its ring, of the reservoir's shape)
+        self.reservoir._offer_many([seg for seg, _ in items], [end for _, end in items])
         return len(items)
 
     def learning_rates(self, n: int) -> np.ndarray:

@@ -148,6 +148,10 @@ class Reservoir:
         returns the slot it went to, or -1 (ValueError for another shape, the reservoir
         unchanged)."""
         self._check_segment(segment)
+        return self._store(segment, end)
+
+    def _store(self, segment, end: int) -> int:
+        """:meth:`offer` without its check."""
         self.n_seen += 1
         if self.size < self.capacity:
             slot = self.size
@@ -182,10 +186,16 @@ class Reservoir:
                              f"and {len(ends)} ends")
         for segment in segments:   # all before any is stored: a refused call changes nothing
             self._check_segment(segment)
+        return self._offer_many(segments, ends)
+
+    def _offer_many(self, segments, ends) -> int:
+        """:meth:`offer_many` without its checks, for segments known to be of the
+        reservoir's shape (the learner's, cut by the engine from its ring)."""
+        n = len(segments)
         i = 0
         stored = 0
         while i < n and self.size < self.capacity:   # filling: in order
-            self.offer(segments[i], ends[i])
+            self._store(segments[i], ends[i])
             i += 1
             stored += 1
         if i == n:
